@@ -1,0 +1,93 @@
+"""The `megamoe` command.
+
+    megamoe run      the main job: the MoE layer on the default shape and its tolerance report
+                     (a CPU-only machine runs the reference and says so)
+    megamoe report   the same report with explicit shape options and JSON / Markdown files
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def _log(msg: str) -> None:
+    print(f"[megamoe] {msg}", file=sys.stderr, flush=True)
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
+    from megamoe.reference import DEFAULT_CONFIG as d
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--intermediate", type=int, default=d.intermediate)
+    p.add_argument("--experts", type=int, default=d.num_experts)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--ranks", type=int, default=d.num_ranks)
+    p.add_argument("--tokens", type=int, default=d.max_tokens_per_rank, help="tokens per rank")
+    p.add_argument("--clamp", type=float, default=None, help="activation clamp c (default: none)")
+    p.add_argument("--precise", action="store_true", help="precise SiLU instead of fast math")
+    p.add_argument("--distribution", default="uniform")
+    p.add_argument("--masked-ratio", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the report as JSON to this path")
+    p.add_argument("--markdown", help="write the report as a Markdown table to this path")
+
+
+def _report(args: argparse.Namespace, device: str) -> int:
+    from megamoe import reference as ref
+    from megamoe.report import to_json, to_markdown, tolerance_report
+
+    cfg = ref.MoEConfig(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts,
+                        top_k=args.top_k, num_ranks=args.ranks, max_tokens_per_rank=args.tokens,
+                        activation_clamp=args.clamp, fast_math=not args.precise)
+    _log(f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
+         f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
+         f"clamp={cfg.activation_clamp}, routing={args.distribution}")
+    t0 = time.perf_counter()
+    inputs = ref.make_inputs(cfg, args.tokens, seed=args.seed, distribution=args.distribution,
+                             masked_ratio=args.masked_ratio, device=device)
+    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed, device=device)
+    _log(f"inputs quantized in {time.perf_counter() - t0:.2f} s")
+    report = tolerance_report(cfg, inputs, weights, log=_log)
+    print(f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
+          f"{report['reference_seconds']:.2f} s):\n")
+    print(to_markdown(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(to_json(report))
+        _log(f"wrote {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(to_markdown(report) + "\n")
+        _log(f"wrote {args.markdown}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        _log(f"CUDA GPU found ({name}). The fused kernel is not wired into `megamoe run` yet, "
+             "so this runs the reference on the GPU.")
+        return _report(args, "cuda")
+    _log("No CUDA GPU found: running the CPU reference (megamoe.reference), not the kernel.")
+    return _report(args, "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="megamoe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="the main job: default shape, tolerance report")
+    _add_shape_args(p_run)
+    p_run.set_defaults(fn=cmd_run)
+    p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")
+    _add_shape_args(p_rep)
+    p_rep.add_argument("--device", default="cpu")
+    p_rep.set_defaults(fn=lambda a: _report(a, a.device))
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as exc:  # bad input: MegaMoEInputError and friends
+        print(f"megamoe: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1 @@
+"""megamoe.jit — building and launching the CUDA kernels (nvcc flags, cache, launch)."""

@@ -1,0 +1,36 @@
+"""megamoe.reference — the bit-exact pure-PyTorch reference of every stage of SPEC §3.
+
+Runs on CPU or CUDA tensors alike. Stages, in the project's vocabulary:
+    dispatch (D1-D3)  send_counts, receive_counts, source_lists
+    pool (D4)         build_pool, Pool
+    L1 (D5)           l1_gemm
+    SwiGLU/requant    l1_epilogue, swiglu, l1_done (D6)
+    L2 (D7, D8)       l2_gemm, l2_epilogue
+    combine (D9)      combine
+    cleanup (D10)     updated_recv_stats
+and `run_reference` runs them all for R ranks in one process.
+"""
+from .cleanup import updated_recv_stats
+from .combine import combine
+from .config import DEFAULT_CONFIG, MoEConfig
+from .dispatch import Pool, align_up, build_pool, receive_counts, send_counts, source_lists
+from .formats import (as_codes, as_float8, bf16_bits, bf16_tensor, ceil_exponent, decode_bf16,
+                      decode_e2m1, decode_e4m3, decode_ue8m0, encode_bf16, encode_e2m1, encode_e4m3,
+                      pack_fp4, pack_ue8m0, round_bf16, unpack_fp4, unpack_ue8m0)
+from .gemm import block_scaled_gemm, block_scaled_gemm_f64, grouped_gemm
+from .inputs import RankInputs, make_inputs, split_global_batch
+from .l1 import l1_gemm
+from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
+from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
+from .pipeline import ReferenceResult, run_reference
+from .quantize import (Quantized, dequantize_e4m3, dequantize_fp4, quantize_activations,
+                       quantize_weights, requantize_intermediate)
+from .routing import (DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk,
+                      stable_topk, tie_free_logits)
+from .silu_tables import silu_table
+from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
+from .validate import MegaMoEInputError, check_call, check_rank_inputs, check_weights
+from .weights import (ExpertWeights, InterleavedWeights, deinterleave_gate_up, interleave_gate_up,
+                      random_weights, transform_weights, untransform_weights)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,122 @@
+"""Stage "dispatch" (D1-D3) and stage "pool" (D4) of SPEC §3, for R ranks in one process.
+
+D1  send_counts[e]            tokens-topk pairs of this rank routed to global expert e
+D2  recv_counts[s][e_l]       pairs from source rank s to local expert e_l; recv_totals[e_l] = N_e
+D3  source_lists[e_l][s][:]   the set {t·K + k} of those pairs, ascending, padded with -1
+D4  the pool                  local experts expert-major, each starting on a BLOCK_M-aligned row
+
+The reference pool order inside an expert is deterministic: source rank ascending, then t·K + k
+ascending. A kernel may fill rows in any order; the checker maps rows back through `meta`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import MoEConfig
+from .inputs import RankInputs
+from . import formats as F
+
+
+def send_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """D1: int32 [E]."""
+    valid = topk_idx[topk_idx >= 0]
+    return torch.bincount(valid.flatten(), minlength=num_experts).to(torch.int32)
+
+
+def receive_counts(all_send_counts: torch.Tensor, rank: int, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """D2: from the stacked D1 of every rank ([R, E]) -> (recv_counts [R, E_l], recv_totals [E_l])."""
+    e_l = cfg.local_experts
+    counts = all_send_counts[:, rank * e_l:(rank + 1) * e_l].to(torch.int32).contiguous()
+    return counts, counts.sum(dim=0).to(torch.int32)
+
+
+def _pairs(topk_idx: torch.Tensor, expert: int) -> torch.Tensor:
+    """t·K + k of the slots routed to `expert`, ascending."""
+    k = topk_idx.shape[1]
+    t, slot = (topk_idx == expert).nonzero(as_tuple=True)
+    return t * k + slot
+
+
+def source_lists(all_topk_idx: list[torch.Tensor], rank: int, cfg: MoEConfig) -> torch.Tensor:
+    """D3: int32 [E_l, R, T_max]: for each (local expert, source rank) the t·K+k list, -1 padded.
+
+    A token holds an expert at most once, so one list never exceeds T_max entries.
+    """
+    e_l = cfg.local_experts
+    device = all_topk_idx[0].device
+    out = torch.full((e_l, cfg.num_ranks, cfg.max_tokens_per_rank), -1, dtype=torch.int32, device=device)
+    for le in range(e_l):
+        for s, idx in enumerate(all_topk_idx):
+            pairs = _pairs(idx, rank * e_l + le)
+            out[le, s, :pairs.numel()] = pairs.to(torch.int32)
+    return out
+
+
+@dataclass
+class Pool:
+    """D4: the receiving rank's token pool. Padding rows are zero with meta = -1."""
+    x: torch.Tensor  # uint8 E4M3 codes [P, H]
+    x_sf: torch.Tensor  # uint8 UE8M0 [P, H/32]
+    weights: torch.Tensor  # fp32 [P], bit copy of topk_weights_s[t, k]
+    meta: torch.Tensor  # int32 [P, 3]: (source rank s, token t, slot k); -1 on padding rows
+    expert_offsets: torch.Tensor  # int32 [E_l + 1]: first row of each local expert, then P
+    block_arrivals: torch.Tensor  # int32 [P / BLOCK_M]: valid rows per pool block
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.meta[:, 0] >= 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.x.shape[0]
+
+    def expert_rows(self, local_expert: int) -> slice:
+        return slice(int(self.expert_offsets[local_expert]), int(self.expert_offsets[local_expert + 1]))
+
+
+def align_up(n: int, block: int) -> int:
+    return (n + block - 1) // block * block
+
+
+def build_pool(all_inputs: list[RankInputs], rank: int, cfg: MoEConfig) -> Pool:
+    """D4: pull every (s, t, k) routed to this rank's experts into the expert-major pool."""
+    e_l, bm = cfg.local_experts, cfg.block_m
+    device = all_inputs[0].x.device
+    per_expert = []  # list over local experts of (s, t, k) int64 [n, 3]
+    for le in range(e_l):
+        expert = rank * e_l + le
+        rows = []
+        for s, inp in enumerate(all_inputs):
+            t, k = (inp.topk_idx == expert).nonzero(as_tuple=True)
+            rows.append(torch.stack([torch.full_like(t, s), t, k], dim=1))
+        per_expert.append(torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.int64, device=device))
+    sizes = [align_up(r.shape[0], bm) for r in per_expert]
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    p, h = offsets[-1], cfg.hidden
+    pool = Pool(
+        x=torch.zeros(p, h, dtype=torch.uint8, device=device),
+        x_sf=torch.zeros(p, h // 32, dtype=torch.uint8, device=device),
+        weights=torch.zeros(p, dtype=torch.float32, device=device),
+        meta=torch.full((p, 3), -1, dtype=torch.int32, device=device),
+        expert_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+        block_arrivals=torch.zeros(p // bm, dtype=torch.int32, device=device),
+    )
+    for le, rows in enumerate(per_expert):
+        start = offsets[le]
+        for s, inp in enumerate(all_inputs):
+            sel = rows[rows[:, 0] == s]
+            if sel.numel() == 0:
+                continue
+            dst = start + torch.arange(sel.shape[0], device=device)
+            start += sel.shape[0]
+            pool.x[dst] = F.as_codes(inp.x)[sel[:, 1]]
+            pool.x_sf[dst] = inp.x_sf[sel[:, 1]]
+            pool.weights[dst] = inp.topk_weights[sel[:, 1], sel[:, 2]]
+            pool.meta[dst] = sel.to(torch.int32)
+    valid_per_block = pool.valid.reshape(-1, bm).sum(dim=1) if p else torch.zeros(0, device=device)
+    pool.block_arrivals.copy_(valid_per_block.to(torch.int32))
+    return pool

@@ -1,0 +1,83 @@
+"""The float64 oracle: the same layer on the dequantized inputs with no intermediate rounding
+(no bf16 of the accumulators, exact SiLU, no FP8 requantization, fp64 sums), and calc_diff.
+
+It is laid out on the reference pool so that every stage can be compared row for row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import MoEConfig
+from .dispatch import build_pool
+from .gemm import block_scaled_gemm_f64, grouped_gemm
+from .inputs import RankInputs
+from .quantize import dequantize_fp4
+from .weights import ExpertWeights
+
+
+@dataclass
+class OracleRank:
+    acc1: torch.Tensor  # fp64 [P, 2I]
+    activation: torch.Tensor  # fp64 [P, I]
+    acc2: torch.Tensor  # fp64 [P, H]
+    y: torch.Tensor  # fp64 [T, H]
+    valid: torch.Tensor  # bool [P]
+
+
+def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> list[OracleRank]:
+    e_l, i = cfg.local_experts, cfg.intermediate
+    device = inputs[0].x.device
+    ys = [torch.zeros(inp.num_tokens, cfg.hidden, dtype=torch.float64, device=device) for inp in inputs]
+    ranks = []
+    for rank in range(cfg.num_ranks):
+        local = weights.slice(rank * e_l, (rank + 1) * e_l)
+        pool = build_pool(inputs, rank, cfg)
+        acc1 = grouped_gemm(pool.x, pool.x_sf, pool.expert_offsets, local.w1, local.w1_sf,
+                            valid=pool.valid, fn=block_scaled_gemm_f64)
+        act = swiglu_f64(acc1, pool.weights, pool.valid, cfg.activation_clamp)
+        acc2 = torch.zeros(pool.num_rows, cfg.hidden, dtype=torch.float64, device=device)
+        w2 = dequantize_fp4(local.w2, local.w2_sf)
+        for le in range(e_l):
+            rows = pool.expert_rows(le)
+            acc2[rows] = act[rows] @ w2[le].T
+        meta = pool.meta.long()
+        valid = pool.valid
+        for s in range(cfg.num_ranks):
+            sel = valid & (meta[:, 0] == s)
+            ys[s].index_add_(0, meta[sel, 1], acc2[sel])
+        ranks.append(OracleRank(acc1, act, acc2, None, valid))
+    for rank, y in zip(ranks, ys):
+        rank.y = y
+    return ranks
+
+
+def swiglu_f64(acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor,
+               activation_clamp: float | None) -> torch.Tensor:
+    """silu(g) · u · w in float64 with exact sigmoid and no rounding of g or u; padding rows 0."""
+    acc1 = acc1.to(torch.float64)
+    i = acc1.shape[1] // 2
+    g, u = acc1[:, :i], acc1[:, i:]
+    if activation_clamp is not None:
+        c = float(activation_clamp)
+        g, u = g.clamp(max=c), u.clamp(-c, c)
+    act = g * torch.sigmoid(g) * u * route_weights.to(torch.float64)[:, None]
+    return torch.where(valid[:, None], act, torch.zeros_like(act))
+
+
+def combine_f64(combine_buffer: torch.Tensor, topk_idx: torch.Tensor) -> torch.Tensor:
+    """The exact sum of a token's valid combine slots, float64 [T, H]."""
+    t = topk_idx.shape[0]
+    vals = combine_buffer[:, :t].to(torch.float64)
+    mask = (topk_idx.T >= 0)[:, :, None]
+    return torch.where(mask, vals, torch.zeros_like(vals)).sum(dim=0)
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """1 - 2Σxy / Σ(x² + y²) in float64 (0 when both are all zero); DeepGEMM's similarity."""
+    x, y = x.to(torch.float64), y.to(torch.float64)
+    denom = (x * x + y * y).sum()
+    if denom == 0:
+        return 0.0
+    return float(1 - 2 * (x * y).sum() / denom)

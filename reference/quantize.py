@@ -1,0 +1,94 @@
+"""Per-32 block quantizers and dequantizers (SPEC §1, "Scale rule" and the quantizer table).
+
+Three quantizers share one rule (RCEIL on the fp32 bits of amax · fp32(1/max_elem)) and differ
+only in the amax floor and the exponent clamp:
+
+| quantizer                      | amax floor | scale byte clamp | all-zero group          |
+|--------------------------------|------------|------------------|-------------------------|
+| quantize_activations (host)    | 1e-4       | [1, 254]         | byte of 1e-4/448        |
+| quantize_weights (host)        | 1e-4       | [1, 254]         | byte of 1e-4/6          |
+| requantize_intermediate (D6.5) | none       | none             | byte 0, payload 0       |
+
+amax ignores NaN (the fmaxf of the kernel's reduction), so a NaN element stays a NaN code and
+does not poison its group's scale.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from . import formats as F
+
+GROUP = 32
+HOST_AMAX_FLOOR = 1e-4
+
+
+class Quantized(NamedTuple):
+    codes: torch.Tensor  # uint8 element codes, same shape as the input
+    scales: torch.Tensor  # uint8 UE8M0 bytes, [..., K/32]
+
+
+def _per32(values: torch.Tensor, *, inv_max: torch.Tensor, encode: Callable, amax_floor: float | None,
+           clamp_bytes: bool, what: str) -> Quantized:
+    if values.dtype == torch.float64:
+        raise TypeError(f"{what}: float64 input would be rounded twice; round to float32 first")
+    v = values.to(torch.float32)
+    k = v.shape[-1]
+    if k % GROUP:
+        raise ValueError(f"{what}: the last dimension must be a multiple of {GROUP}, got {k}")
+    groups = v.reshape(*v.shape[:-1], k // GROUP, GROUP)
+    mag = groups.abs()
+    amax = torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(dim=-1)
+    if amax_floor is not None:
+        amax = torch.clamp(amax, min=torch.tensor(amax_floor, dtype=torch.float32).item())
+    exp = F.ceil_exponent(amax * inv_max.to(amax.device))
+    if clamp_bytes:
+        exp = exp.clamp(min=1 - 127, max=254 - 127)
+    scale_bytes = (exp + 127).to(torch.uint8)
+    scaled = groups * F.pow2_f32(-exp).unsqueeze(-1)  # fp32 RN multiply, as the kernel does
+    codes = encode(scaled).reshape(v.shape)
+    return Quantized(codes, scale_bytes)
+
+
+def quantize_activations(x: torch.Tensor) -> Quantized:
+    """Host utility: activations [..., H] -> E4M3 codes and per-32 UE8M0 bytes [..., H/32]."""
+    return _per32(x, inv_max=F.INV_E4M3_MAX, encode=F.encode_e4m3, amax_floor=HOST_AMAX_FLOOR,
+                  clamp_bytes=True, what="quantize_activations")
+
+
+def quantize_weights(w: torch.Tensor) -> Quantized:
+    """Host utility: weights [..., N, K] -> packed FP4 [..., N, K/2] and UE8M0 bytes [..., N, K/32].
+
+    Non-finite weights are rejected: E2M1 has no NaN or Inf, so they could only be clipped.
+    """
+    if not torch.isfinite(w).all():
+        bad = (~torch.isfinite(w)).nonzero()[0].tolist()
+        raise ValueError(f"quantize_weights: argument 'w' must be finite; first non-finite value at {bad}")
+    q = _per32(w, inv_max=F.INV_E2M1_MAX, encode=F.encode_e2m1, amax_floor=HOST_AMAX_FLOOR,
+               clamp_bytes=True, what="quantize_weights")
+    return Quantized(F.pack_fp4(q.codes), q.scales)
+
+
+def requantize_intermediate(a: torch.Tensor) -> Quantized:
+    """D6 step 5: fp32 [P, I] -> E4M3 codes and UE8M0 bytes; no amax floor, no byte clamp."""
+    return _per32(a, inv_max=F.INV_E4M3_MAX, encode=F.encode_e4m3, amax_floor=None,
+                  clamp_bytes=False, what="requantize_intermediate")
+
+
+def _expand_scales(scale_bytes: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return F.decode_ue8m0(scale_bytes, dtype).repeat_interleave(GROUP, dim=-1)[..., :k]
+
+
+def dequantize_e4m3(codes: torch.Tensor, scale_bytes: torch.Tensor,
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """E4M3 codes [..., K] with per-32 scales -> values (float64 by default: always exact)."""
+    c = F.as_codes(codes)
+    return F.decode_e4m3(c).to(dtype) * _expand_scales(scale_bytes, c.shape[-1], dtype)
+
+
+def dequantize_fp4(packed: torch.Tensor, scale_bytes: torch.Tensor,
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Packed FP4 [..., K/2] with per-32 scales -> values [..., K] (float64 by default: exact)."""
+    codes = F.unpack_fp4(packed)
+    return F.decode_e2m1(codes).to(dtype) * _expand_scales(scale_bytes, codes.shape[-1], dtype)

@@ -1,0 +1,94 @@
+"""Expert weights: the canonical layout of SPEC §2 and the gate/up interleave of the kernel.
+
+Canonical (per rank, E_l local experts):
+    w1 [E_l, 2I, H/2] packed FP4, w1_sf [E_l, 2I, H/32] UE8M0; rows [0, I) gate, [I, 2I) up
+    w2 [E_l, H, I/2]  packed FP4, w2_sf [E_l, H, I/32]  UE8M0
+
+`interleave_gate_up` puts gate and up rows in blocks of 8, [g0..7, u0..7, g8..15, u8..15, ...],
+so that one L1 output tile holds matching gate and up channels; `deinterleave_gate_up` is its
+exact inverse. Kernel-specific re-encodings are layered on top of this by the kernel package.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import formats as F
+from .quantize import quantize_weights
+
+INTERLEAVE = 8
+
+
+@dataclass
+class ExpertWeights:
+    w1: torch.Tensor
+    w1_sf: torch.Tensor
+    w2: torch.Tensor
+    w2_sf: torch.Tensor
+
+    def to(self, device) -> "ExpertWeights":
+        return ExpertWeights(*(t.to(device) for t in (self.w1, self.w1_sf, self.w2, self.w2_sf)))
+
+    def slice(self, start: int, stop: int) -> "ExpertWeights":
+        """Experts [start, stop): the local weights of one rank from a global set."""
+        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop],
+                             self.w2_sf[start:stop])
+
+
+def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
+    """[E, 2I, X] with gate rows [0, I) and up rows [I, 2I) -> rows interleaved in blocks of 8."""
+    e, two_i, x = rows.shape
+    i = two_i // 2
+    if two_i % 2 or i % INTERLEAVE:
+        raise ValueError(f"interleave_gate_up: 2I = {two_i} must be a multiple of {2 * INTERLEAVE}")
+    gate = rows[:, :i].reshape(e, i // INTERLEAVE, 1, INTERLEAVE, x)
+    up = rows[:, i:].reshape(e, i // INTERLEAVE, 1, INTERLEAVE, x)
+    return torch.cat([gate, up], dim=2).reshape(e, two_i, x)
+
+
+def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
+    """Inverse of interleave_gate_up."""
+    e, two_i, x = rows.shape
+    i = two_i // 2
+    blocks = rows.reshape(e, i // INTERLEAVE, 2, INTERLEAVE, x)
+    return torch.cat([blocks[:, :, 0].reshape(e, i, x), blocks[:, :, 1].reshape(e, i, x)], dim=1)
+
+
+@dataclass
+class InterleavedWeights:
+    """The layout the kernel consumes: w1 and its scales gate/up-interleaved, scales packed 4 per int32."""
+    w1: torch.Tensor  # [E_l, 2I, H/2] uint8, interleaved rows
+    w1_sf: torch.Tensor  # [E_l, 2I, H/128] int32, interleaved rows
+    w2: torch.Tensor  # [E_l, H, I/2] uint8
+    w2_sf: torch.Tensor  # [E_l, H, I/128] int32
+
+
+def transform_weights(w: ExpertWeights) -> InterleavedWeights:
+    """Canonical -> kernel layout (the documented bijection of SPEC §2)."""
+    return InterleavedWeights(
+        w1=interleave_gate_up(w.w1),
+        w1_sf=F.pack_ue8m0(interleave_gate_up(w.w1_sf)),
+        w2=w.w2.clone(),
+        w2_sf=F.pack_ue8m0(w.w2_sf),
+    )
+
+
+def untransform_weights(t: InterleavedWeights) -> ExpertWeights:
+    """Kernel layout -> canonical (inverse of transform_weights, bit-exact)."""
+    return ExpertWeights(
+        w1=deinterleave_gate_up(t.w1),
+        w1_sf=deinterleave_gate_up(F.unpack_ue8m0(t.w1_sf)),
+        w2=t.w2.clone(),
+        w2_sf=F.unpack_ue8m0(t.w2_sf),
+    )
+
+
+def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0,
+                   device="cpu") -> ExpertWeights:
+    """Quantized random weights (global, all experts): w ~ N(0, 1/sqrt(fan_in)), per-row spread."""
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden ** 0.5
+    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate ** 0.5
+    q1, q2 = quantize_weights(w1), quantize_weights(w2)
+    return ExpertWeights(q1.codes, q1.scales, q2.codes, q2.scales).to(device)
