@@ -1,0 +1,39 @@
+"""Regenerate the SiLU tables on a GPU: build kernel/probes/silu_tables.cu with the kernel's own
+nvcc flags and run it.
+
+    python -m megamoe.silu_probe OUT_DIR      writes OUT_DIR/silu_fast.bin and silu_precise.bin
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from megamoe.jit.flags import NVCC_FLAGS
+from megamoe.kernel import KERNEL_DIR
+from megamoe.reference.silu_tables import TABLE_FILES
+
+
+def generate(out_dir: str | Path, nvcc: str = "nvcc") -> dict[bool, Path]:
+    """Compile and run the probe; returns {fast_math: path}."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "silu_tables"
+        build = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "silu_tables.cu")],
+                               capture_output=True, text=True)
+        if build.returncode:
+            raise RuntimeError(f"nvcc failed to build the SiLU probe:\n{build.stderr}")
+        paths = {fast: out_dir / name for fast, name in TABLE_FILES.items()}
+        run = subprocess.run([str(exe), str(paths[True]), str(paths[False])], capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"the SiLU probe failed:\n{run.stdout}{run.stderr}")
+    return paths
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m megamoe.silu_probe OUT_DIR")
+    for fast, path in generate(sys.argv[1]).items():
+        print(f"{'fast' if fast else 'precise'}: {path}")

@@ -1,0 +1,90 @@
+"""The three per-32 quantizers of SPEC §1 and their dequantizers."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from megamoe import reference as ref
+
+
+def _expected_group(values: np.ndarray, max_elem: float, fmt, floor: float | None, clamp: bool):
+    """The rule written the slow way: ceil(log2(amax * fp32(1/max))) and an ml_dtypes cast."""
+    mag = np.where(np.isnan(values), 0, np.abs(values)).astype(np.float32)
+    amax = np.float32(mag.max())
+    if floor is not None:
+        amax = max(amax, np.float32(floor))
+    scaled = np.float32(amax) * np.float32(1.0 / max_elem)
+    e = -127 if scaled == 0 else math.ceil(math.log2(float(scaled)))
+    if clamp:
+        e = min(max(e, -126), 127)
+    payload = (values.astype(np.float32) * np.float32(2.0 ** -e)).clip(-max_elem, max_elem)
+    return e + 127, payload.astype(fmt).view(np.uint8)
+
+
+def test_activations_match_the_rule_written_out():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g) * torch.exp2(torch.randint(-20, 20, (64, 1), generator=g).float())
+    q = ref.quantize_activations(x)
+    assert q.codes.shape == (64, 256) and q.scales.shape == (64, 8)
+    xn = x.numpy()
+    for t in range(0, 64, 7):
+        for grp in range(8):
+            byte, payload = _expected_group(xn[t, 32 * grp:32 * grp + 32], 448, ml_dtypes.float8_e4m3fn, 1e-4, True)
+            assert q.scales[t, grp].item() == byte
+            assert q.codes[t, 32 * grp:32 * grp + 32].numpy().tolist() == payload.tolist()
+
+
+def test_activation_zero_group_uses_the_floor_and_byte_clamp():
+    x = torch.zeros(2, 64)
+    x[1, 32:] = 1e38
+    q = ref.quantize_activations(x)
+    floor_byte = math.ceil(math.log2(float(np.float32(1e-4) * np.float32(1 / 448)))) + 127
+    assert q.scales[0].tolist() == [floor_byte, floor_byte]
+    assert (q.codes[0] == 0).all()
+    assert 1 <= q.scales.min() and q.scales.max() <= 254
+
+
+def test_weights_quantizer_packs_fp4_and_rejects_non_finite():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2, 16, 64, generator=g) / 8
+    q = ref.quantize_weights(w)
+    assert q.codes.shape == (2, 16, 32) and q.scales.shape == (2, 16, 2)
+    deq = ref.dequantize_fp4(q.codes, q.scales)
+    # RCEIL never saturates: the error is at most half an E2M1 step at the group scale (step <= 2^e).
+    step = ref.decode_ue8m0(q.scales, torch.float64).repeat_interleave(32, -1)
+    assert ((deq - w.double()).abs() <= step + 1e-12).all()
+    w[1, 3, 5] = float("nan")
+    with pytest.raises(ValueError, match="argument 'w'"):
+        ref.quantize_weights(w)
+
+
+def test_intermediate_requant_zero_group_is_byte_0_and_no_clamp():
+    a = torch.zeros(1, 96)
+    a[0, 32:64] = 1e-30  # tiny: below the host floor, kept exactly as the kernel does
+    a[0, 64:] = 3.0e38
+    q = ref.requantize_intermediate(a)
+    assert q.scales[0, 0].item() == 0 and (q.codes[0, :32] == 0).all()
+    assert q.scales[0, 1].item() == math.ceil(math.log2(float(np.float32(1e-30) * np.float32(1 / 448)))) + 127
+    assert q.scales[0, 2].item() == math.ceil(math.log2(float(np.float32(3e38) * np.float32(1 / 448)))) + 127
+    back = ref.dequantize_e4m3(q.codes, q.scales)
+    assert torch.allclose(back[0, 32:], a[0, 32:].double(), rtol=2 ** -4)
+
+
+def test_nan_element_keeps_its_group_scale_and_becomes_0x7f():
+    x = torch.ones(1, 32)
+    x[0, 3] = float("nan")
+    for quantize in (ref.quantize_activations, ref.requantize_intermediate):
+        q = quantize(x)
+        assert q.codes[0, 3].item() == 0x7F
+        assert q.scales[0, 0].item() == math.ceil(math.log2(float(np.float32(1 / 448)))) + 127
+
+
+def test_e4m3_dequantize_is_exact():
+    codes = torch.arange(256, dtype=torch.uint8).reshape(8, 32)
+    scales = torch.tensor([[0], [1], [100], [127], [128], [200], [254], [5]], dtype=torch.uint8)
+    deq = ref.dequantize_e4m3(codes, scales)
+    want = ref.decode_e4m3(codes).double() * torch.exp2(scales.double() - 127)
+    assert torch.equal(torch.isnan(deq), torch.isnan(want))
+    assert torch.equal(deq.nan_to_num(), want.nan_to_num())
