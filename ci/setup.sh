@@ -20,6 +20,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
+# setuptools >= 70.1 builds editable wheels by itself (the venv's bundled one may be older).
+"$PY" -m pip install -q "setuptools>=70.1" 2>/dev/null || echo "[setup] could not update setuptools (offline?); using the installed one"
 # --no-build-isolation: build with the setuptools already present, so an offline machine whose
 # dependencies are all installed (the H200 image) needs no package index.
 "$PY" -m pip install -q --no-build-isolation -e ".[test]"

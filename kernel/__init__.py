@@ -1,4 +1,1 @@
-"""megamoe.kernel — the CUDA sources (package data); see kernel/README.md for the layout."""
-from pathlib import Path
-
-KERNEL_DIR = Path(__file__).resolve().parent
+"""CUDA sources of the megamoe kernel (package data of `megamoe.kernel`); built by megamoe.jit."""
