@@ -13,7 +13,7 @@ and `run_reference` runs them all for R ranks in one process.
 from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import DEFAULT_CONFIG, MoEConfig
-from .dispatch import Pool, align_up, build_pool, receive_counts, send_counts, source_lists
+from .dispatch import Pool, align_up, build_pool, receive_counts, region_valid, send_counts, source_lists
 from .formats import (as_codes, as_float8, bf16_bits, bf16_tensor, ceil_exponent, decode_bf16,
                       decode_e2m1, decode_e4m3, decode_ue8m0, encode_bf16, encode_e2m1, encode_e4m3,
                       pack_fp4, pack_ue8m0, round_bf16, unpack_fp4, unpack_ue8m0)
@@ -22,7 +22,7 @@ from .inputs import RankInputs, make_inputs, split_global_batch
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
 from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
-from .pipeline import ReferenceResult, run_reference
+from .pipeline import POINTS, ReferenceResult, StageContext, run_reference, valid_rows
 from .quantize import (Quantized, dequantize_e4m3, dequantize_fp4, quantize_activations,
                        quantize_weights, requantize_intermediate)
 from .routing import (DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk,

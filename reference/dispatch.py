@@ -66,7 +66,18 @@ class Pool:
 
     @property
     def valid(self) -> torch.Tensor:
+        """Rows holding a pulled token (the reference writes meta = -1 on padding rows)."""
         return self.meta[:, 0] >= 0
+
+    @classmethod
+    def from_dump(cls, dump: dict) -> "Pool":
+        return cls(dump["D4.pool_x"], dump["D4.pool_x_sf"], dump["D4.pool_weights"], dump["D4.pool_meta"],
+                   dump["D4.expert_offsets"], dump["D4.block_arrivals"])
+
+    def to_dump(self) -> dict:
+        return {"D4.pool_x": self.x, "D4.pool_x_sf": self.x_sf, "D4.pool_weights": self.weights,
+                "D4.pool_meta": self.meta, "D4.expert_offsets": self.expert_offsets,
+                "D4.block_arrivals": self.block_arrivals}
 
     @property
     def num_rows(self) -> int:
@@ -74,6 +85,16 @@ class Pool:
 
     def expert_rows(self, local_expert: int) -> slice:
         return slice(int(self.expert_offsets[local_expert]), int(self.expert_offsets[local_expert + 1]))
+
+
+def region_valid(expert_offsets: torch.Tensor, recv_totals: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """bool [P]: the valid pool rows by the layout contract — the first N_e rows of expert e's
+    region. This is what a checker uses for a kernel dump, whose padding metadata is unspecified."""
+    row = torch.arange(num_rows, device=expert_offsets.device)
+    expert = torch.bucketize(row, expert_offsets[1:].to(torch.int64), right=True)
+    expert = expert.clamp(max=recv_totals.numel() - 1)
+    start = expert_offsets[:-1].to(torch.int64)[expert]
+    return (row - start) < recv_totals.to(torch.int64)[expert]
 
 
 def align_up(n: int, block: int) -> int:

@@ -32,7 +32,7 @@ def test_default_shape_runs_in_seconds():
     expected = {"D1.send_counts", "D2.recv_counts", "D2.recv_totals", "D3.source_lists", "D4.pool_x",
                 "D4.pool_x_sf", "D4.pool_weights", "D4.pool_meta", "D4.expert_offsets", "D4.block_arrivals",
                 "D5.acc1", "D6.l2_acts", "D6.l2_sf", "D6.l1_done", "D7.acc2", "D8.combine", "D9.y",
-                "D10.recv_stats"}
+                "D10.recv_stats", "D10.counters"}
     assert set(res.dumps[0]) == expected
 
 

@@ -1,0 +1,185 @@
+"""SM90 grouped GEMM on the GPU: D5/D7 GEMM_BOUND (random data) and GEMM_EXACT (grid-snapped),
+D6 bit-exact given the dumped acc1 (both SiLU modes, with and without clamp), D8 bit-exact given
+acc2, padding rows never written, debug and production builds agree.
+
+Run: pytest -s tests/gpu/test_gemm.py  (prints the measured max ratio to the GEMM_BOUND)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+from megamoe import gemm as G  # noqa: E402
+from megamoe.jit import layout as L  # noqa: E402
+
+from .gemm_helpers import (Pool, bound_ratio, emulate_d6, first_diff, log_result, random_weights,  # noqa: E402
+                           reference_acc)
+
+COUNTS = [0, 1, 63, 65, 64, 300]
+
+
+def _setup_l1(H, inter, counts, seed, grid=False, **kw):
+    gen = torch.Generator().manual_seed(seed)
+    pool = Pool(counts, H, gen=gen, grid=grid)
+    E = len(counts)
+    w1, s1 = random_weights(E, 2 * inter, H, gen=gen, grid=grid, **kw)
+    w2, s2 = random_weights(E, H, inter, gen=gen, grid=grid, **kw)
+    kw_ = L.transform_weights(w1, s1, w2, s2)
+    return pool, (w1, s1, w2, s2), kw_
+
+
+def _check_l1_epilogue(pool, res, inter, fast, clamp, tag):
+    for e, n in enumerate(pool.counts):
+        if n == 0:
+            continue
+        r = pool.rows(e)
+        q, sb = emulate_d6(res.acc1[r], pool.w_route[r], inter, fast, clamp)
+        got_q = res.l2_acts[r].view(torch.uint8)
+        assert torch.equal(got_q, q), f"{tag} D6 l2_acts expert {e}: {first_diff(got_q, q)}"
+        assert torch.equal(res.l2_sf[r], sb), f"{tag} D6 l2_sf expert {e}: {first_diff(res.l2_sf[r], sb)}"
+
+
+@pytest.mark.parametrize("H,inter,block_n", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32)])
+def test_l1_bound_and_epilogue(H, inter, block_n):
+    pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=block_n + H)
+    ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
+    worst = 0.0
+    for fast in (True, False):
+        for clamp in (None, 3.0):
+            out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+            out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
+            res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, fast_math=fast,
+                            activation_clamp=clamp, block_n=block_n, debug=True, out=out, out_sf=out_sf)
+            torch.cuda.synchronize()
+            for e, (exact, bound) in ref.items():
+                worst = max(worst, bound_ratio(res.acc1[pool.rows(e)], exact, bound))
+            # padding rows: never written (dump stays NaN, outputs keep the poison)
+            pad = ~pool.valid
+            assert torch.isnan(res.acc1[pad]).all(), "acc1 written on padding rows"
+            assert (res.l2_acts.view(torch.uint8)[pad] == 0x55).all(), "l2_acts written on padding rows"
+            assert (res.l2_sf[pad] == 0x55).all(), "l2_sf written on padding rows"
+            _check_l1_epilogue(pool, res, inter, fast, clamp, f"H{H} I{inter} bn{block_n} fast{fast} clamp{clamp}")
+    log_result(test="l1_bound", H=H, I=inter, block_n=block_n, mode="exact", max_ratio=worst, tau=G.EXACT_TAU)
+    assert worst <= G.EXACT_TAU, f"GEMM_BOUND: max ratio {worst} > tau {G.EXACT_TAU}"
+
+
+def test_l1_production_build_matches_debug():
+    H, inter = 1024, 1024
+    pool, _, kw = _setup_l1(H, inter, COUNTS, seed=7)
+    a = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, block_n=64, debug=True)
+    b = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, block_n=64, debug=False)
+    c = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=False)  # auto tile
+    torch.cuda.synchronize()
+    v = pool.valid
+    for other in (b, c):
+        assert torch.equal(a.l2_acts.view(torch.uint8)[v], other.l2_acts.view(torch.uint8)[v])
+        assert torch.equal(a.l2_sf[v], other.l2_sf[v])
+
+
+@pytest.mark.parametrize("H,inter", [(1024, 1024), (2048, 4096)])
+def test_gemm_exact_grid(H, inter):
+    """GEMM_EXACT: small integers, small scale spread -> every partial sum exact: acc == exact bitwise."""
+    counts = [3, 0, 65, 130]
+    pool, (w1, s1, w2, s2), kw = _setup_l1(H, inter, counts, seed=11, grid=True)
+    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=True)
+    gen = torch.Generator().manual_seed(12)
+    pool2 = Pool(counts, inter, gen=gen, grid=True)
+    comb = torch.zeros(sum(counts), H, dtype=torch.bfloat16, device="cuda")
+    dst = torch.full((pool2.P,), -1, dtype=torch.int32, device="cuda")
+    dst[pool2.valid] = torch.arange(sum(counts), dtype=torch.int32, device="cuda")
+    res2 = G.l2_gemm(pool2.x, pool2.sf, pool2.offsets, pool2.num_tokens, dst, kw, comb, debug=True)
+    torch.cuda.synchronize()
+    for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
+        got = res.acc1[pool.rows(e)]
+        assert torch.equal(got, exact.to(torch.float32)), f"L1 GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+        assert torch.equal(exact.to(torch.float32).to(torch.float64), exact), "test inputs not exact in fp32"
+    for e, (exact, _) in reference_acc(pool2, pool2.x, pool2.sf, w2, s2).items():
+        got = res2.acc2[pool2.rows(e)]
+        assert torch.equal(got, exact.to(torch.float32)), f"L2 GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+    log_result(test="gemm_exact", H=H, I=inter, ok=True)
+
+
+@pytest.mark.parametrize("H,inter,block_n", [(1024, 1024, 8), (1024, 1024, 64), (1024, 1024, 128),
+                                             (2048, 1024, 16)])
+def test_l2_bound_and_epilogue(H, inter, block_n):
+    gen = torch.Generator().manual_seed(100 + block_n)
+    pool = Pool(COUNTS, inter, gen=gen)
+    E = len(COUNTS)
+    w1, s1 = random_weights(E, 2 * inter, H, gen=gen)
+    w2, s2 = random_weights(E, H, inter, gen=gen)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    T, K = sum(COUNTS), 2
+    comb = torch.full((K, T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    dst = torch.full((pool.P,), -1, dtype=torch.int32, device="cuda")
+    perm = torch.randperm(K * T, generator=gen)[:T].to(torch.int32).cuda()
+    dst[pool.valid] = perm
+    res = G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, block_n=block_n, debug=True)
+    torch.cuda.synchronize()
+    worst = 0.0
+    flat = comb.view(K * T, H)
+    for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w2, s2).items():
+        r = pool.rows(e)
+        worst = max(worst, bound_ratio(res.acc2[r], exact, bound))
+        want = res.acc2[r].to(torch.bfloat16)
+        got = flat[dst[r].long()]
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"D8 expert {e}: {first_diff(got, want)}"
+    assert torch.isnan(res.acc2[~pool.valid]).all(), "acc2 written on padding rows"
+    untouched = torch.ones(K * T, dtype=torch.bool, device="cuda")
+    untouched[perm.long()] = False
+    assert torch.isnan(flat[untouched].float()).all(), "combine rows written that no pool row maps to"
+    log_result(test="l2_bound", H=H, I=inter, block_n=block_n, mode="exact", max_ratio=worst, tau=G.EXACT_TAU)
+    assert worst <= G.EXACT_TAU, f"GEMM_BOUND: max ratio {worst} > tau {G.EXACT_TAU}"
+
+
+@pytest.mark.parametrize("H,inter", [(7168, 2048), (4096, 2048)])
+def test_chain_large_shapes(H, inter):
+    """L1 -> L2 on the production shapes, L2 fed with the kernel's own l2_acts (SPEC D7)."""
+    counts = [1, 0, 65, 17]
+    pool, (w1, s1, w2, s2), kw = _setup_l1(H, inter, counts, seed=5)
+    l1 = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=True)
+    T = sum(counts)
+    comb = torch.zeros(1, T, H, dtype=torch.bfloat16, device="cuda")
+    dst = torch.full((pool.P,), -1, dtype=torch.int32, device="cuda")
+    dst[pool.valid] = torch.arange(T, dtype=torch.int32, device="cuda")
+    acts = l1.l2_acts.view(torch.uint8).clone()
+    acts[~pool.valid] = 0
+    sfs = l1.l2_sf.clone()
+    sfs[~pool.valid] = 127
+    l2 = G.l2_gemm(acts, sfs, pool.offsets, pool.num_tokens, dst, kw, comb, debug=True)
+    torch.cuda.synchronize()
+    w1r, w2r = 0.0, 0.0
+    for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
+        w1r = max(w1r, bound_ratio(l1.acc1[pool.rows(e)], exact, bound))
+    _check_l1_epilogue(pool, l1, inter, True, None, f"chain H{H}")
+    for e, (exact, bound) in reference_acc(pool, acts, sfs, w2, s2).items():
+        w2r = max(w2r, bound_ratio(l2.acc2[pool.rows(e)], exact, bound))
+    log_result(test="chain", H=H, I=inter, l1_ratio=w1r, l2_ratio=w2r, tau=G.EXACT_TAU)
+    assert w1r <= G.EXACT_TAU and w2r <= G.EXACT_TAU
+
+
+def test_wide_scale_spread():
+    """Adversarial scales (bytes spread over 60 binades) for the tau calibration."""
+    H, inter = 1024, 1024
+    gen = torch.Generator().manual_seed(3)
+    counts = [40, 129]
+    pool = Pool(counts, H, gen=gen, sf_lo=97, sf_hi=157)
+    w1, s1 = random_weights(2, 2 * inter, H, gen=gen, sf_lo=90, sf_hi=150)
+    w2, s2 = random_weights(2, H, inter, gen=gen)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=True)
+    torch.cuda.synchronize()
+    worst = 0.0
+    for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
+        worst = max(worst, bound_ratio(res.acc1[pool.rows(e)], exact, bound))
+    log_result(test="wide_spread", max_ratio=worst, tau=G.EXACT_TAU)
+    assert worst <= G.EXACT_TAU
+
+
+def test_compile_error_is_readable(tmp_path, monkeypatch):
+    from megamoe.jit import build as jb
+
+    monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
+    spec = jb.GemmSpec(layer=1, block_n=12, stages=2)  # 12 is not a wgmma N the kernel instantiates
+    with pytest.raises(jb.CompileError, match="nvcc failed"):
+        jb.build(spec)

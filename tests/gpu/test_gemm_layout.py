@@ -1,0 +1,52 @@
+"""The kernel weight layout (megamoe/jit/layout.py) is a bijection: bit-exact round trip, and the
+fragment encoding puts each code where kernel/gemm/fp4_decode.cuh expects it. CPU only."""
+import torch
+
+from megamoe.jit import layout as L
+
+
+def _codes(packed):
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def test_round_trip():
+    g = torch.Generator().manual_seed(0)
+    E, inter, H = 2, 256, 384
+    w1 = torch.randint(0, 256, (E, 2 * inter, H // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    s1 = torch.randint(0, 255, (E, 2 * inter, H // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, inter // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    s2 = torch.randint(0, 255, (E, H, inter // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    for a, b in zip(L.untransform_weights(kw), (w1, s1, w2, s2)):
+        assert torch.equal(a, b)
+
+
+def test_interleave():
+    rows = torch.arange(64).view(1, 64, 1)
+    r = L.interleave_gate_up(rows).flatten().tolist()
+    assert r[:16] == list(range(8)) + list(range(32, 40))
+    assert r[16:24] == list(range(8, 16))
+    assert torch.equal(L.deinterleave_gate_up(L.interleave_gate_up(rows)), rows)
+
+
+def test_fragment_encoding():
+    g = torch.Generator().manual_seed(1)
+    E, R, K = 1, 32, 256
+    packed = torch.randint(0, 256, (E, R, K // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    wk = L.fp4_to_kernel_layout(packed)
+    codes = _codes(packed)
+    for kb in range(K // 128):
+        for rg in range(R // 16):
+            for lane in (0, 5, 17, 31):
+                gg, t = lane // 4, lane % 4
+                for s in range(4):
+                    for hk in range(2):
+                        off = (s // 2) * 512 + lane * 16 + (s % 2) * 8 + hk * 4
+                        b = wk[0, kb, rg, off:off + 4].tolist()
+                        word = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24
+                        for i in range(4):
+                            k = 128 * kb + 32 * s + 16 * hk + 4 * t + i
+                            ca = ((word >> (4 * i)) & 7) | (((word >> (8 * i + 3)) & 1) << 3)
+                            cb = ((word >> (16 + 4 * i)) & 7) | (((word >> (8 * i + 7)) & 1) << 3)
+                            assert ca == codes[0, 16 * rg + gg, k]
+                            assert cb == codes[0, 16 * rg + gg + 8, k]
