@@ -49,7 +49,7 @@ def e4m3_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 class Pool:
-    def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=120, sf_hi=134):
+    def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125):
         self.counts = list(counts)
         E = len(counts)
         offs = [0]
@@ -83,7 +83,7 @@ class Pool:
         return slice(self.offs[e], self.offs[e] + self.counts[e])
 
 
-def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=118, sf_hi=124, device="cuda"):
+def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=113, sf_hi=118, device="cuda"):
     if grid:
         choices = torch.tensor([0, 1, 2, 4, 9, 10, 12], dtype=torch.uint8)
         codes = choices[torch.randint(0, 7, (E, R, K), generator=gen)]

@@ -46,7 +46,7 @@ def test_l1_bound_and_epilogue(H, inter, block_n):
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
     worst = 0.0
     for fast in (True, False):
-        for clamp in (None, 3.0):
+        for clamp in (None, 1.0):
             out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
             out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
             res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, fast_math=fast,

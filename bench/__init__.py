@@ -1,0 +1,1 @@
+"""Benchmarks of the megamoe kernels (python -m bench.gemm)."""

@@ -1,0 +1,190 @@
+// PTX helpers for SM90 (sm_90a): mbarriers, bulk / tensor copies (TMA), wgmma plumbing, fences,
+// named barriers and bounded spin-waits. Everything here is a thin, explicit wrapper around one
+// PTX instruction so that the mainloop reads like the hardware pipeline it drives.
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+
+namespace megamoe {
+namespace ptx {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+// Makes mbarrier initialisation visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(ok)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Spin-waits have a timeout (SPEC §5: a hung GPU is never the result of bad input). On expiry the
+// waiter writes a record {1, what, block, index, expected, observed} to `rec` (host-mapped pinned
+// memory, still readable by the host after the trap) and traps. No printf: a call inside the
+// consumer loop would make ptxas serialise the wgmma pipeline and save registers around it.
+constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // ~10 s at 2 GHz
+enum WaitKind : int { kWaitFull = 1, kWaitEmpty = 2, kWaitArrival = 3 };
+
+__device__ __forceinline__ void report_timeout(int* rec, int what, int index, int expected, int observed) {
+  if (rec != nullptr) {
+    rec[1] = what;
+    rec[2] = blockIdx.x;
+    rec[3] = index;
+    rec[4] = expected;
+    rec[5] = observed;
+    rec[6] = threadIdx.x;
+    __threadfence_system();
+    atomicExch(rec, 1);
+    __threadfence_system();
+  }
+  __trap();
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int what, int index, int* rec) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long start = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (clock64() - start > kSpinTimeoutCycles) report_timeout(rec, what, index, (int)parity, -1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bulk copies (TMA): 1-D bulk and 2-D tensor, completing on an mbarrier with a byte count.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, int32_t c0,
+                                            int32_t c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tma_desc(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Generic-proxy writes to shared memory that the async proxy (wgmma / TMA store) reads next.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Named barriers (one per consumer warpgroup; id 0 is __syncthreads).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void named_barrier(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma plumbing
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator register accesses across wgmma boundaries.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& x) {
+  asm volatile("" : "+r"(x)::"memory");
+}
+
+// Shared-memory matrix descriptor for a K-major operand stored with the 128-byte swizzle (the
+// layout a 2-D TMA with CU_TENSOR_MAP_SWIZZLE_128B writes): rows of 128 bytes, 8-row core groups
+// 1024 bytes apart (SBO), leading byte offset unused, base 1024-byte aligned.
+__device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem_ptr) {
+  const uint64_t addr = smem_addr(smem_ptr);
+  uint64_t desc = 0;
+  desc |= (addr & 0x3FFFFull) >> 4;         // start address, bits [0,14)
+  desc |= (uint64_t)(16 >> 4) << 16;        // leading byte offset (ignored for swizzled K-major)
+  desc |= (uint64_t)(1024 >> 4) << 32;      // stride byte offset: 8 rows x 128 B
+  desc |= (uint64_t)1 << 62;                // layout type 1 = SWIZZLE_128B
+  return desc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Register-count control for warp specialisation.
+// ---------------------------------------------------------------------------------------------
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global-memory flags (arrival counters of the fused kernel).
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// Byte permute: d = bytes of {b:a} selected by the low 16 bits of sel (4 nibbles).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// fp32 pair -> two e4m3 bytes (RNE, saturating to +-448, NaN -> 0x7F): lo byte from lo.
+__device__ __forceinline__ uint16_t cvt_e4m3x2(float lo, float hi) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+}  // namespace ptx
+}  // namespace megamoe

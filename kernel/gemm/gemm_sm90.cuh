@@ -1,0 +1,386 @@
+// SM90 grouped GEMM: FP8 (E4M3, per-32 UE8M0) activations x FP4 (E2M1, per-32 UE8M0) weights,
+// fp32 accumulation, with the fused L1 (SwiGLU + requant, SPEC D6) or L2 (bf16 combine rows, D8)
+// epilogue.
+//
+// Orientation (swap-AB): weight rows are the wgmma M dimension (64 per consumer warpgroup, 128 per
+// CTA), pool rows (tokens) are the wgmma N dimension (BN = 8..256). The weights travel packed (FP4)
+// into shared memory and are decoded to E4M3 in registers (prmt byte lookup), so they are the
+// register (A) operand of an RS wgmma; the activations are the shared-memory (B) operand, K-major,
+// written by a 2-D TMA with the 128-byte swizzle.
+//
+// Warp specialisation: 384 threads. Warpgroup 0 is the producer (warp 0 lane 0 issues the TMA /
+// bulk copies, warp 1 stages the activation scale words); warpgroups 1 and 2 are consumers, each
+// owning 64 of the CTA's 128 weight rows. Stages are handed over through full / empty mbarriers.
+//
+// Work: persistent CTAs walk a static schedule of (expert, N block of 128 weight rows, token block
+// of BN pool rows) items, token block innermost so CTAs running at the same time share weight tiles
+// in L2. A token block can be gated by an arrival counter (fused kernel); standalone launches pass
+// none (all rows present). Epilogue outputs go through plain pointers, so a caller may point them
+// into a peer's buffer.
+//
+// Promotion (kPromoteK32, the exact mode): every k32 wgmma writes a fresh accumulator which is
+// added into the fp32 result with both UE8M0 scales (final += acc * (2^sw * 2^sx)). In the fast mode
+// (kPromoteK32 = false) the weight scale is folded into the decode LUT relative to the largest
+// group of the (row, K128) block and the four k32 products of a K128 block accumulate in the tensor
+// core; see the comment at the fast-mode promotion below.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#include "../common/ptx.cuh"
+#include "../epilogue/silu.cuh"
+#include "fp4_decode.cuh"
+#include "params.cuh"
+#include "wgmma_fp8_rs.cuh"
+
+namespace megamoe {
+
+constexpr int kBlockRows = 128;       // weight rows per CTA (2 consumer warpgroups x 64)
+constexpr int kBlockK = 128;          // K per pipeline stage (4 wgmma k32 steps)
+constexpr int kThreads = 384;
+constexpr int kMaxExperts = 256;
+
+template <int BN>
+struct SmemLayout {
+  static constexpr int kX = BN * kBlockK;              // e4m3 activations, 128B swizzled
+  static constexpr int kW = kBlockRows * kBlockK / 2;  // packed FP4, kernel layout
+  static constexpr int kWsf = kBlockRows * 4;          // scale bytes [row][4]
+  static constexpr int kXsf = BN * 4;                  // scale words [token]
+  static constexpr int kStage = kX + kW + kWsf + kXsf;
+};
+
+// 2^(b-127) of a UE8M0 byte as an fp32 (byte 0 is the subnormal 2^-127).
+__device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
+  return b == 0 ? __uint_as_float(0x00200000u) : __uint_as_float(b << 23);
+}
+
+// 2^x for integer x in [-149, 127] as an exact fp32.
+__device__ __forceinline__ float exp2i(int x) {
+  return x >= -126 ? __uint_as_float(static_cast<uint32_t>(x + 127) << 23)
+                   : __uint_as_float(1u << (x + 149));
+}
+
+struct WorkItem {
+  int expert;
+  int n_block;     // block of kBlockRows weight rows
+  int row0;        // first pool row of the token block
+  int valid;       // valid pool rows in the token block (1..BN)
+};
+
+template <int BN>
+__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk,
+                                                const GemmParams& p, int n_row_blocks) {
+  // Binary search for the expert whose item range holds `item`.
+  int lo = 0, hi = static_cast<int>(p.num_experts) - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (s_prefix[mid] <= item) lo = mid; else hi = mid - 1;
+  }
+  WorkItem w;
+  w.expert = lo;
+  const int local = item - s_prefix[lo];
+  const int nb = s_nblk[lo];
+  w.n_block = local / nb;
+  const int tb = local - w.n_block * nb;
+  w.row0 = __ldg(p.expert_offsets + lo) + tb * BN;
+  w.valid = min(BN, __ldg(p.num_tokens + lo) - tb * BN);
+  return w;
+}
+
+// The kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__ per
+// specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its descriptor).
+template <int kLayer, int BN, int kStages, bool kPromoteK32, bool kFastSilu, bool kDebug>
+__device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
+  using L = SmemLayout<BN>;
+  using Mma = WgmmaRS<BN>;
+  constexpr int kAcc = BN / 2;
+  static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "token tile");
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // Align the dynamic base to 1024 bytes (128-byte swizzle atoms).
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* s_x = smem;                                   // [kStages][BN*128]
+  uint8_t* s_w = s_x + kStages * L::kX;                  // [kStages][128*64]
+  uint8_t* s_wsf = s_w + kStages * L::kW;                // [kStages][128*4]
+  uint32_t* s_xsf = reinterpret_cast<uint32_t*>(s_wsf + kStages * L::kWsf);  // [kStages][BN]
+  uint8_t* s_epi = reinterpret_cast<uint8_t*>(s_xsf + kStages * BN);
+  // Epilogue staging per consumer warpgroup: L1 [BN][32] e4m3 + [4][BN] fp32 amax; L2 [BN][64] bf16.
+  constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_epi + 2 * kEpiPerWg);
+  uint64_t* s_empty = s_full + kStages;
+  int* s_prefix = reinterpret_cast<int*>(s_empty + kStages);  // [E+1] item prefix
+  int* s_nblk = s_prefix + kMaxExperts + 1;                   // [E] token blocks per expert
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int num_kb = static_cast<int>(p.k / kBlockK);
+  const int n_row_blocks = static_cast<int>(p.n_rows / kBlockRows);
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
+      ptx::mbar_init(&s_empty[s], 8);      // one arrive per consumer warp
+    }
+    ptx::fence_mbar_init();
+    int acc = 0;
+    for (int e = 0; e < p.num_experts; ++e) {
+      const int nb = (__ldg(p.num_tokens + e) + BN - 1) / BN;
+      s_prefix[e] = acc;
+      s_nblk[e] = nb;
+      acc += nb * n_row_blocks;
+    }
+    s_prefix[p.num_experts] = acc;
+  }
+  __syncthreads();
+  const int num_items = s_prefix[p.num_experts];
+
+  if (warp < 4) {
+    // ------------------------------------------------------------------ producer warpgroup
+    ptx::setmaxnreg_dec<56>();
+    if (warp == 0 && lane == 0) {
+      ptx::prefetch_tma_desc(&p.tmap_x);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+        const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
+        if (p.arrival != nullptr) {
+          // Fused kernel: wait until every pool block under this token block has all its rows.
+          // Counters count the valid rows of each pool block (blocks start at expert starts).
+          const int blk = static_cast<int>(p.arrival_block);
+          const int end = __ldg(p.expert_offsets + wi.expert) + __ldg(p.num_tokens + wi.expert);
+          for (int b = wi.row0 / blk; b <= (wi.row0 + wi.valid - 1) / blk; ++b) {
+            const int need = min(blk, end - b * blk);
+            const long long start = clock64();
+            while (ptx::ld_acquire_gpu(p.arrival + b) < need) {
+              if (clock64() - start > ptx::kSpinTimeoutCycles)
+                ptx::report_timeout(p.err, ptx::kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
+            }
+          }
+          ptx::fence_proxy_async_global();
+        }
+        const uint8_t* w_base =
+            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * 8) * 1024;
+        const uint8_t* wsf_base =
+            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kBlockRows) * 4;
+        for (int kb = 0; kb < num_kb; ++kb) {
+          ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
+          ptx::mbar_arrive_expect_tx(&s_full[stage], L::kX + L::kW + L::kWsf);
+          ptx::tma_load_2d(s_x + stage * L::kX, &p.tmap_x, kb * kBlockK, wi.row0, &s_full[stage]);
+          ptx::bulk_g2s(s_w + stage * L::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, L::kW,
+                        &s_full[stage]);
+          ptx::bulk_g2s(s_wsf + stage * L::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4,
+                        L::kWsf, &s_full[stage]);
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+    } else if (warp == 1) {
+      const uint32_t* xsf_words = reinterpret_cast<const uint32_t*>(p.x_sf);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+        const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
+        for (int kb = 0; kb < num_kb; ++kb) {
+          ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
+          for (int i = lane; i < BN; i += 32) {
+            const int64_t row = wi.row0 + i;
+            s_xsf[stage * BN + i] = i < wi.valid ? __ldg(xsf_words + row * num_kb + kb) : 0u;
+          }
+          ptx::mbar_arrive(&s_full[stage]);
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ consumer warpgroups
+    ptx::setmaxnreg_inc<224>();
+    const int wg = warp / 4 - 1;       // 0 or 1: weight rows [64 wg, 64 wg + 64) of the CTA tile
+    const int wtid = tid % 128;
+    const int wq = (tid / 32) % 4;     // warp within the warpgroup: rows 16 wq .. 16 wq + 15
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int rg = wg * 4 + wq;        // 16-row group within the CTA tile
+    const int row_a = rg * 16 + g;     // local rows of this thread: row_a and row_a + 8
+    uint8_t* s_epi_wg = s_epi + wg * kEpiPerWg;
+
+    float acc[kAcc];
+    float tmp[kAcc];
+    int stage = 0;
+    uint32_t phase = 0;
+
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+      const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+      for (int kb = 0; kb < num_kb; ++kb) {
+        ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
+        const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
+        const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
+        const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
+        const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
+        const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
+        const uint32_t* xsf = s_xsf + stage * BN;
+        const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::kX);
+#pragma unroll 1
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
+          const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
+          uint32_t a0, a1, a2, a3;
+          decode_fp4x8(w0, kFp4LutLo, kFp4LutHi, a0, a1);
+          decode_fp4x8(w1, kFp4LutLo, kFp4LutHi, a2, a3);
+          ptx::wgmma_fence();
+          Mma::mma(tmp, a0, a1, a2, a3, desc0 + static_cast<uint64_t>((ks * 32) >> 4), 0);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[i]);
+          ptx::fence_operand(a0); ptx::fence_operand(a1);
+          ptx::fence_operand(a2); ptx::fence_operand(a3);
+          // Exact promotion: both scales per k32 group, applied in fp32.
+          const float swa = ue8m0_to_float((sf_a >> (8 * ks)) & 0xFFu);
+          const float swb = ue8m0_to_float((sf_b >> (8 * ks)) & 0xFFu);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const float sx0 = ue8m0_to_float((xsf[8 * j + 2 * t] >> (8 * ks)) & 0xFFu);
+            const float sx1 = ue8m0_to_float((xsf[8 * j + 2 * t + 1] >> (8 * ks)) & 0xFFu);
+            acc[4 * j + 0] = __fmaf_rn(tmp[4 * j + 0], __fmul_rn(swa, sx0), acc[4 * j + 0]);
+            acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], __fmul_rn(swa, sx1), acc[4 * j + 1]);
+            acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], __fmul_rn(swb, sx0), acc[4 * j + 2]);
+            acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], __fmul_rn(swb, sx1), acc[4 * j + 3]);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&s_empty[stage]);
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
+      }
+
+      // ---------------------------------------------------------------- epilogues
+      const int64_t p0 = wi.row0;
+      if constexpr (kLayer == 1) {
+        // Interleaved rows (granularity 8): local row 16 rg + g is gate channel c, + 8 is up c.
+        const int64_t inter = p.n_rows / 2;                       // I
+        const int c_local = wg * 32 + wq * 8 + g;                 // channel within the CTA's 64
+        const int64_t c = static_cast<int64_t>(wi.n_block) * 64 + c_local;
+        uint8_t* st_q = s_epi_wg;                                 // [BN][32] e4m3
+        float* st_amax = reinterpret_cast<float*>(s_epi_wg + BN * 32);  // [4][BN]
+        const float clampv = p.clamp_value;
+        const bool has_clamp = p.has_clamp != 0;
+        // a = (silu(g) * u) * w_route of (token column j, h); recomputed in the second pass
+        // rather than held (saves BN/4 registers; the arithmetic is deterministic).
+        auto swiglu = [&](float gate, float up, int tok) -> float {
+          float gf = __bfloat162float(__float2bfloat16_rn(gate));
+          float uf = __bfloat162float(__float2bfloat16_rn(up));
+          if (has_clamp) {
+            // NaN-propagating min / clamp in bf16 (values and c are bf16-representable).
+            gf = gf > clampv ? clampv : gf;
+            uf = uf > clampv ? clampv : uf;
+            uf = uf < -clampv ? -clampv : uf;
+          }
+          const float sv = silu<kFastSilu>(gf);
+          const float wr = tok < wi.valid ? __ldg(p.w_route + p0 + tok) : 0.0f;
+          return tok < wi.valid ? __fmul_rn(__fmul_rn(sv, uf), wr) : 0.0f;
+        };
+        ptx::named_barrier(1 + wg, 128);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int tok = 8 * j + 2 * t + h;
+            const float gate = acc[4 * j + h];
+            const float up = acc[4 * j + 2 + h];
+            if constexpr (kDebug) {
+              if (tok < wi.valid) {
+                p.dump[(p0 + tok) * 2 * inter + c] = gate;
+                p.dump[(p0 + tok) * 2 * inter + inter + c] = up;
+              }
+            }
+            const float a = swiglu(gate, up, tok);
+            // amax over the 8 gate rows g of this warp (lanes with the same t); fmaxf drops NaN.
+            float m = fmaxf(0.0f, fabsf(a));
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 16));
+            if (g == 0) st_amax[wq * BN + tok] = m;
+          }
+        }
+        ptx::named_barrier(1 + wg, 128);
+        const int64_t n_sf = inter / 32;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int tok = 8 * j + 2 * t + h;
+            const float amax = fmaxf(fmaxf(st_amax[tok], st_amax[BN + tok]),
+                                     fmaxf(st_amax[2 * BN + tok], st_amax[3 * BN + tok]));
+            const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
+            const int byte = static_cast<int>((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
+            const float mult = exp2i(127 - byte);               // 2^-e, e = byte - 127
+            const float a = swiglu(acc[4 * j + h], acc[4 * j + 2 + h], tok);
+            const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);
+            st_q[tok * 32 + wq * 8 + g] = static_cast<uint8_t>(q2 & 0xFFu);
+            if (wq == 0 && g == 0 && tok < wi.valid)
+              p.out_sf[(p0 + tok) * n_sf + (c - c_local) / 32 + wg] = static_cast<uint8_t>(byte);
+          }
+        }
+        ptx::named_barrier(1 + wg, 128);
+        uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
+        for (int idx = wtid; idx < BN * 2; idx += 128) {
+          const int tok = idx / 2;
+          const int half = idx % 2;
+          if (tok < wi.valid) {
+            const uint4 v = *reinterpret_cast<const uint4*>(st_q + tok * 32 + half * 16);
+            *reinterpret_cast<uint4*>(out + (p0 + tok) * inter + (c - c_local) + wg * 32 + half * 16) = v;
+          }
+        }
+      } else {
+        // L2: bf16(acc2) into combine rows dst_rows[p] (natural channel order).
+        const int64_t hidden = p.n_rows;
+        const int64_t h_base = static_cast<int64_t>(wi.n_block) * kBlockRows + wg * 64;
+        __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [BN][64]
+        ptx::named_barrier(1 + wg, 128);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int tok = 8 * j + 2 * t + h;
+            const float v0 = acc[4 * j + h];       // row 16 wq + g
+            const float v1 = acc[4 * j + 2 + h];   // row 16 wq + g + 8
+            if constexpr (kDebug) {
+              if (tok < wi.valid) {
+                p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g] = v0;
+                p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g + 8] = v1;
+              }
+            }
+            st[tok * 64 + wq * 16 + g] = __float2bfloat16_rn(v0);
+            st[tok * 64 + wq * 16 + g + 8] = __float2bfloat16_rn(v1);
+          }
+        }
+        ptx::named_barrier(1 + wg, 128);
+        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
+        for (int idx = wtid; idx < BN * 8; idx += 128) {
+          const int tok = idx / 8;
+          const int part = idx % 8;
+          if (tok < wi.valid) {
+            const int row = __ldg(p.dst_rows + p0 + tok);
+            if (row >= 0) {
+              const uint4 v = *reinterpret_cast<const uint4*>(st + tok * 64 + part * 8);
+              *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Dynamic shared memory the kernel needs (bytes), including the 1024-byte alignment slack.
+template <int kLayer, int BN, int kStages>
+constexpr int gemm_smem_bytes() {
+  using L = SmemLayout<BN>;
+  constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
+  return 1024 + kStages * L::kStage + 2 * kEpiPerWg + 2 * kStages * 8 + (2 * kMaxExperts + 1) * 4;
+}
+
+}  // namespace megamoe

@@ -1,0 +1,250 @@
+"""Standalone entry points of the SM90 grouped GEMMs (L1 with the fused SwiGLU/requant epilogue,
+L2 with the bf16 combine epilogue), built and launched through megamoe.jit.
+
+Pool (SPEC D4): pool rows are grouped expert-major; expert e owns rows
+[expert_offsets[e], expert_offsets[e] + num_tokens[e]) (its start BLOCK_M aligned; rows up to the
+next expert's start are padding, never read into any valid output and never written).
+
+    l1 = l1_gemm(x_pool, x_sf, expert_offsets, num_tokens, w_route, kw, ...)
+    l2 = l2_gemm(l1.l2_acts, l1.l2_sf, expert_offsets, num_tokens, dst_rows, kw, combine, ...)
+
+`kw` is megamoe.jit.layout.KernelWeights (from transform_weights). Modes: mode="exact" promotes
+every k32 product with both scales in fp32 (GEMM_BOUND tau: EXACT_TAU); the fast mode is not
+implemented yet (ValueError).
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from .jit import build as jb
+from .jit import driver
+from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
+
+BLOCK_ROWS = 128          # weight rows per CTA
+BLOCK_K = 128
+MAX_DYN_SMEM = 232448     # sm_90 opt-in limit per block
+MAX_EXPERTS = 256
+THREADS = 384
+
+# GEMM_BOUND tau of the exact mode, |acc - exact| <= tau * sum_k |a_k b_k|; calibrated on the H200
+# by tests/gpu/test_gemm.py (which prints the largest observed ratio).
+EXACT_TAU = 2.0 ** -9
+
+
+def pick_block_n(max_tokens: int, layer: int = 2) -> int:
+    """Token tile for a launch whose largest expert has max_tokens rows. L1 stops at 64: at 128 the
+    exact-mode consumer spills (ptxas), see tests/test_compile_gate.py."""
+    for bn in (8, 16, 32, 64):
+        if max_tokens <= bn:
+            return bn
+    return 64 if layer == 1 else 128
+
+
+def _epi_bytes(layer: int, bn: int) -> int:
+    return 2 * (bn * 32 + 4 * bn * 4 if layer == 1 else bn * 64 * 2)
+
+
+def _stage_bytes(bn: int) -> int:
+    return bn * BLOCK_K + BLOCK_ROWS * BLOCK_K // 2 + BLOCK_ROWS * 4 + bn * 4
+
+
+def smem_bytes(layer: int, bn: int, stages: int) -> int:
+    # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh
+    return 1024 + stages * _stage_bytes(bn) + _epi_bytes(layer, bn) + 2 * stages * 8 + (2 * MAX_EXPERTS + 1) * 4
+
+
+def pick_stages(layer: int, bn: int) -> int:
+    fixed = smem_bytes(layer, bn, 0)
+    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn) + 16)))
+
+
+def spec_for(layer: int, block_n: int, *, mode: str = "exact", fast_math: bool = True,
+             debug: bool = False) -> jb.GemmSpec:
+    if mode != "exact":
+        raise ValueError(f"mode: only 'exact' is implemented, got {mode!r}")
+    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n), exact=True,
+                       fast_silu=bool(fast_math) if layer == 1 else True, debug=debug)
+
+
+def _pack_params(tmap: bytes, ptrs: list[int], ints: list[int], clamp: float, has_clamp: int, err: int) -> bytes:
+    """The bytes of kernel/gemm/params.cuh GemmParams (offsets pinned by static_asserts there)."""
+    assert len(tmap) == 128 and len(ptrs) == 11 and len(ints) == 5
+    b = (tmap + struct.pack("<11Q", *ptrs) + struct.pack("<5q", *ints) + struct.pack("<fi", clamp, has_clamp)
+         + struct.pack("<Q", err))
+    assert len(b) == 272
+    return b + bytes(384 - len(b))
+
+
+_ERR: dict[int, torch.Tensor] = {}
+WAIT_NAMES = {1: "full stage barrier", 2: "empty stage barrier", 3: "arrival counter of pool block"}
+
+
+def _err_record(dev: int) -> torch.Tensor:
+    """Host-mapped pinned int32[8]: the kernel's timeout record (SPEC §5), readable after a trap."""
+    if dev not in _ERR:
+        _ERR[dev] = torch.zeros(8, dtype=torch.int32, pin_memory=True)
+    return _ERR[dev]
+
+
+def timeout_message(dev: int = 0) -> str | None:
+    """Words for the last timeout record of device `dev`, or None when no wait timed out."""
+    r = _ERR.get(dev)
+    if r is None or int(r[0]) == 0:
+        return None
+    what, blk, idx, exp, obs, thr = (int(v) for v in r[1:7])
+    return (f"SM block {blk} thread {thr}: waited for {WAIT_NAMES.get(what, what)} {idx}: "
+            f"expected {exp}, observed {obs}")
+
+
+def _check(name, t, dtype, shape=None, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+@dataclasses.dataclass
+class L1Result:
+    l2_acts: torch.Tensor          # [P, I] float8_e4m3fn, natural channel order
+    l2_sf: torch.Tensor            # [P, I/32] uint8
+    acc1: torch.Tensor | None      # debug: [P, 2I] fp32, canonical order (gate then up)
+
+
+@dataclasses.dataclass
+class L2Result:
+    combine: torch.Tensor          # the combine buffer that was written, [K, T, H] bf16
+    acc2: torch.Tensor | None      # debug: [P, H] fp32
+
+
+_FUNCS: dict[tuple[jb.GemmSpec, int], tuple[object, int]] = {}
+
+
+def used_specs() -> list[jb.GemmSpec]:
+    """Every specialisation the GPU tests and the benchmark launch (the CI compile gate builds these)."""
+    specs = []
+    for debug in (False, True):
+        for bn in (8, 16, 32, 64):
+            for fast_silu in (True, False):
+                specs.append(spec_for(1, bn, fast_math=fast_silu, debug=debug))
+        for bn in (8, 16, 32, 64, 128):
+            specs.append(spec_for(2, bn, debug=debug))
+    return specs
+
+
+def _function(spec: jb.GemmSpec, dev: int):
+    key = (spec, dev)
+    if key not in _FUNCS:
+        built = jb.build(spec)
+        smem = smem_bytes(spec.layer, spec.block_n, spec.stages)
+        _FUNCS[key] = (driver.get_function(built.cubin, "megamoe_gemm", dev, smem), driver.num_sms(dev))
+    return _FUNCS[key]
+
+
+def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, ptrs: list[int], n_rows: int, num_experts: int,
+            clamp: float, has_clamp: int, *, arrival_block: int = 0) -> None:
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    fn, grid = _function(spec, dev)
+    smem = smem_bytes(spec.layer, spec.block_n, spec.stages)
+    P = x.shape[0]
+    tmap = driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, spec.block_n)
+    params = _pack_params(tmap, ptrs, [num_experts, P, k, n_rows, arrival_block], clamp, has_clamp,
+                          _err_record(dev).data_ptr())
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    driver.launch(fn, grid, THREADS, smem, stream, params)
+
+
+def _common_checks(x, x_sf, expert_offsets, num_tokens, k):
+    dev = x.device
+    if dev.type != "cuda":
+        raise ValueError(f"x: expected a CUDA tensor, got device {dev}")
+    P = x.shape[0]
+    _check("x", x, x.dtype, (P, k), dev)
+    if x.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise TypeError(f"x: expected float8_e4m3fn or uint8, got {x.dtype}")
+    _check("x_sf", x_sf, torch.uint8, (P, k // 32), dev)
+    E = num_tokens.shape[0]
+    _check("num_tokens", num_tokens, torch.int32, (E,), dev)
+    _check("expert_offsets", expert_offsets, torch.int32, (E + 1,), dev)
+    if E > MAX_EXPERTS:
+        raise ValueError(f"num_tokens: at most {MAX_EXPERTS} local experts, got {E}")
+    if k % BLOCK_K:
+        raise ValueError(f"K: expected a multiple of {BLOCK_K}, got {k}")
+    if x.data_ptr() % 16 or x_sf.data_ptr() % 16:
+        raise ValueError("x, x_sf: must be 16-byte aligned")
+    return E
+
+
+def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
+            w_route: torch.Tensor, kw: KernelWeights, *, fast_math: bool = True,
+            activation_clamp: float | None = None, mode: str = "exact", block_n: int | None = None,
+            debug: bool = False, out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None,
+            max_tokens: int | None = None) -> L1Result:
+    """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
+    expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
+    Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
+    (canonical: gate channels then up channels). Rows of padding are left as they were."""
+    H, inter = kw.hidden, kw.intermediate
+    E = _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H)
+    P = x_pool.shape[0]
+    _check("w_route", w_route, torch.float32, (P,), x_pool.device)
+    if kw.num_experts != E:
+        raise ValueError(f"kw: expected {E} experts (len(num_tokens)), got {kw.num_experts}")
+    if (2 * inter) % BLOCK_ROWS:
+        raise ValueError(f"intermediate: 2I must be a multiple of {BLOCK_ROWS}, got {2 * inter}")
+    if block_n is None:
+        block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 1)
+    spec = spec_for(1, block_n, mode=mode, fast_math=fast_math, debug=debug)
+    if out is None:
+        out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=x_pool.device)
+    if out_sf is None:
+        out_sf = torch.empty(P, inter // 32, dtype=torch.uint8, device=x_pool.device)
+    _check("out", out, out.dtype, (P, inter), x_pool.device)
+    _check("out_sf", out_sf, torch.uint8, (P, inter // 32), x_pool.device)
+    acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=x_pool.device) if debug else None
+    if activation_clamp is not None:
+        c = float(torch.tensor(activation_clamp, dtype=torch.float32).to(torch.bfloat16).float())
+        has_clamp = 1
+    else:
+        c, has_clamp = 0.0, 0
+    ptrs = [kw.w1.data_ptr(), kw.w1_sf.data_ptr(), x_sf.data_ptr(), expert_offsets.data_ptr(),
+            num_tokens.data_ptr(), w_route.data_ptr(), out.data_ptr(), out_sf.data_ptr(), 0,
+            acc1.data_ptr() if acc1 is not None else 0, 0]
+    _launch(spec, _u8(x_pool), H, ptrs, 2 * inter, E, c, has_clamp)
+    return L1Result(out, out_sf, acc1)
+
+
+def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
+            dst_rows: torch.Tensor, kw: KernelWeights, combine: torch.Tensor, *, mode: str = "exact",
+            block_n: int | None = None, debug: bool = False, max_tokens: int | None = None) -> L2Result:
+    """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
+    (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing."""
+    H, inter = kw.hidden, kw.intermediate
+    E = _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter)
+    P = l2_acts.shape[0]
+    _check("dst_rows", dst_rows, torch.int32, (P,), l2_acts.device)
+    if combine.dtype != torch.bfloat16 or combine.shape[-1] != H or not combine.is_contiguous():
+        raise ValueError(f"combine: expected a contiguous bf16 tensor [..., {H}], got {combine.dtype} {tuple(combine.shape)}")
+    if H % BLOCK_ROWS:
+        raise ValueError(f"hidden: expected a multiple of {BLOCK_ROWS}, got {H}")
+    if block_n is None:
+        block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 2)
+    spec = spec_for(2, block_n, mode=mode, debug=debug)
+    acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=l2_acts.device) if debug else None
+    ptrs = [kw.w2.data_ptr(), kw.w2_sf.data_ptr(), l2_sf.data_ptr(), expert_offsets.data_ptr(),
+            num_tokens.data_ptr(), 0, combine.data_ptr(), 0, dst_rows.data_ptr(),
+            acc2.data_ptr() if acc2 is not None else 0, 0]
+    _launch(spec, _u8(l2_acts), inter, ptrs, H, E, 0.0, 0)
+    return L2Result(combine, acc2)

@@ -1,0 +1,125 @@
+"""The CUDA driver API through ctypes: load cubins, launch kernels, encode TMA descriptors.
+
+torch owns the CUDA context (the device's primary context) and the stream; this module only
+borrows them. Every driver call is checked and a failure raises DriverError with the driver's
+error name.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+_lock = threading.Lock()
+_lib = None
+_modules: dict[tuple[str, int], tuple[ctypes.c_void_p, ctypes.c_void_p]] = {}
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+
+# CUtensorMapDataType / swizzle / L2 promotion / OOB fill values (cuda.h).
+TMA_UINT8 = 0
+TMA_SWIZZLE_128B = 3
+TMA_L2_PROMOTION_256B = 3
+TMA_OOB_FILL_NONE = 0
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+def lib():
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                l = ctypes.CDLL("libcuda.so.1")
+                l.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+                l.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+                l.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+                l.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                l.cuLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                             ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                             ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+                l.cuTensorMapEncodeTiled.argtypes = [
+                    ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                    ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                l.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                l.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+                _lib = l
+                check(l.cuInit(0), "cuInit")
+    return _lib
+
+
+def check(res: int, what: str) -> None:
+    if res != 0:
+        name = ctypes.c_char_p()
+        try:
+            _lib.cuGetErrorName(res, ctypes.byref(name))
+        except Exception:  # noqa: BLE001
+            pass
+        raise DriverError(f"{what} failed: CUresult {res} ({(name.value or b'?').decode()})")
+
+
+def _ensure_context(device: int) -> None:
+    import torch
+
+    torch.cuda.set_device(device)
+    torch.cuda.current_stream(device)  # makes torch create / bind the primary context
+    torch.empty(1, device=f"cuda:{device}")
+    ctx = ctypes.c_void_p()
+    check(lib().cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if not ctx.value:
+        raise DriverError("no current CUDA context after torch initialised the device")
+
+
+def get_function(cubin: Path, name: str, device: int, dyn_smem: int) -> ctypes.c_void_p:
+    """The kernel `name` of `cubin`, loaded once per device, with its dynamic smem limit raised."""
+    key = (str(cubin), device)
+    with _lock:
+        if key in _modules:
+            return _modules[key][1]
+    _ensure_context(device)
+    data = Path(cubin).read_bytes()
+    buf = ctypes.create_string_buffer(data, len(data))
+    mod = ctypes.c_void_p()
+    check(lib().cuModuleLoadData(ctypes.byref(mod), ctypes.cast(buf, ctypes.c_void_p)), f"cuModuleLoadData({cubin})")
+    fn = ctypes.c_void_p()
+    check(lib().cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"cuModuleGetFunction({name})")
+    check(lib().cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem),
+          f"cuFuncSetAttribute(max dynamic smem {dyn_smem})")
+    with _lock:
+        _modules[key] = (mod, fn)
+    return fn
+
+
+def num_sms(device: int) -> int:
+    v = ctypes.c_int()
+    check(lib().cuDeviceGetAttribute(ctypes.byref(v), CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+          "cuDeviceGetAttribute")
+    return v.value
+
+
+def launch(fn, grid: int, block: int, dyn_smem: int, stream: int, params: bytes) -> None:
+    """Launch `fn` with one by-value struct parameter whose bytes are `params`."""
+    pbuf = ctypes.create_string_buffer(params, len(params))
+    args = (ctypes.c_void_p * 1)(ctypes.cast(pbuf, ctypes.c_void_p))
+    check(lib().cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, dyn_smem, ctypes.c_void_p(stream), args, None),
+          "cuLaunchKernel")
+
+
+def tma_2d_u8(ptr: int, inner: int, outer: int, row_stride: int, box_inner: int, box_outer: int) -> bytes:
+    """A 128-byte CUtensorMap for a row-major uint8 matrix [outer, inner] (128-byte swizzle)."""
+    raw = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is 64-byte aligned
+    addr = (ctypes.addressof(raw) + 63) & ~63
+    tmap = (ctypes.c_uint64 * 16).from_address(addr)
+    dims = (ctypes.c_uint64 * 2)(inner, outer)
+    strides = (ctypes.c_uint64 * 1)(row_stride)
+    box = (ctypes.c_uint32 * 2)(box_inner, box_outer)
+    estr = (ctypes.c_uint32 * 2)(1, 1)
+    check(lib().cuTensorMapEncodeTiled(ctypes.byref(tmap), TMA_UINT8, 2, ctypes.c_void_p(ptr), dims, strides,
+                                       box, estr, 0, TMA_SWIZZLE_128B, TMA_L2_PROMOTION_256B, TMA_OOB_FILL_NONE),
+          f"cuTensorMapEncodeTiled(dims {inner}x{outer}, box {box_inner}x{box_outer})")
+    return ctypes.string_at(addr, 128)

@@ -1,0 +1,152 @@
+"""The SM90 kernel's weight layout: `transform_weights` (SPEC §2) and its exact inverse.
+
+Canonical input (SPEC §2): packed FP4 `w [E, R, K/2]` (byte i = element 2i low nibble, 2i+1 high
+nibble) and UE8M0 scale bytes `sf [E, R, K/32]`. For L1, R = 2I with rows [0, I) gate and [I, 2I)
+up; for L2, R = H.
+
+Step 1 (L1 only): interleave gate/up rows with granularity 8:
+    kernel row r, block b = r // 16, j = r % 16:  j < 8 -> gate row 8b + j,  j >= 8 -> up row 8b + j - 8.
+  So a wgmma accumulator's rows g and g + 8 are gate and up of the same intermediate channel.
+
+Step 2 (both layers): re-order and re-encode the FP4 codes so that each consumer thread reads its
+wgmma A fragments with two 16-byte shared-memory loads per K128 block, ready for the prmt decode:
+    w_k [E, K/128, R/16, 2, 32, 16] uint8   (the last three dims are one 1024-byte block per
+                                              16-row group; one K128 stage of a 128-row CTA tile is
+                                              8 consecutive such blocks)
+  index (e, kb, rg, h, lane, byte): lane = 4g + t; byte = 8 sl + 4 hk + (0..3) holds the 32-bit
+  word of k32 step s = 2h + sl, half hk (k offset 16 hk), encoding the two fragment registers
+      Ra = row 16 rg + g,     k = 128 kb + 32 s + 16 hk + 4 t + i   (i = 0..3)
+      Rb = row 16 rg + g + 8, same k
+  word bits: nibble i (0..3) low 3 bits = |code| of Ra_i, nibble 4 + i low 3 bits = |code| of Rb_i,
+  bit 8i + 3 = sign of Ra_i, bit 8i + 7 = sign of Rb_i (kernel/gemm/fp4_decode.cuh).
+    sf_k [E, K/128, R, 4] uint8: the four K32 scale bytes of (row, K128 block), contiguous.
+The scale bytes are unchanged (exact mode applies them in fp32). Both steps are permutations of
+bits, so `untransform_weights` restores the canonical tensors bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def interleave_gate_up(rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """[.., 2I, ..] canonical (gate rows then up rows) -> interleaved with granularity 8."""
+    n = rows.shape[dim]
+    assert n % 16 == 0, "2I must be a multiple of 16"
+    inter = n // 2
+    r = torch.arange(n, device=rows.device)
+    blk, j = r // 16, r % 16
+    src = torch.where(j < 8, 8 * blk + j, inter + 8 * blk + j - 8)
+    return rows.index_select(dim, src)
+
+
+def deinterleave_gate_up(rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    n = rows.shape[dim]
+    inter = n // 2
+    r = torch.arange(n, device=rows.device)
+    blk, j = r // 16, r % 16
+    src = torch.where(j < 8, 8 * blk + j, inter + 8 * blk + j - 8)
+    inv = torch.empty_like(src)
+    inv[src] = r
+    return rows.index_select(dim, inv)
+
+
+def _unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    lo = packed & 0x0F
+    hi = packed >> 4
+    return torch.stack([lo, hi], dim=-1).flatten(-2)
+
+
+def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    c = codes.view(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+
+
+def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
+    """[E, R, K/2] canonical packed FP4 -> [E, K/128, R/16, 1024] kernel layout (step 2)."""
+    E, R, K2 = packed.shape
+    K = 2 * K2
+    assert R % 16 == 0 and K % 128 == 0
+    codes = _unpack_codes(packed).to(torch.int64)  # [E, R, K]
+    # (e, rg, rh, g, kb, h, sl, hk, t, i) -> (e, kb, rg, h, g, t, sl, hk, rh, i)
+    c = codes.view(E, R // 16, 2, 8, K // 128, 2, 2, 2, 4, 4).permute(0, 4, 1, 5, 3, 8, 6, 7, 2, 9)
+    mag = c & 7
+    sgn = c >> 3
+    sh = torch.arange(4, device=packed.device)
+    word = ((mag[..., 0, :] << (4 * sh)).sum(-1) + (mag[..., 1, :] << (16 + 4 * sh)).sum(-1)
+            + (sgn[..., 0, :] << (8 * sh + 3)).sum(-1) + (sgn[..., 1, :] << (8 * sh + 7)).sum(-1))
+    # word: [E, KB, RG, 2(h), 8(g), 4(t), 2(sl), 2(hk)] -> little-endian bytes
+    b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
+    return b.reshape(E, K // 128, R // 16, 1024).contiguous()
+
+
+def fp4_from_kernel_layout(wk: torch.Tensor, R: int, K: int) -> torch.Tensor:
+    """Inverse of fp4_to_kernel_layout: [E, K/128, R/16, 1024] -> [E, R, K/2]."""
+    E = wk.shape[0]
+    b = wk.view(E, K // 128, R // 16, 2, 8, 4, 2, 2, 4).to(torch.int64)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    sh = torch.arange(4, device=wk.device)
+    w = word.unsqueeze(-1)
+    mag_a = (w >> (4 * sh)) & 7
+    mag_b = (w >> (16 + 4 * sh)) & 7
+    sgn_a = (w >> (8 * sh + 3)) & 1
+    sgn_b = (w >> (8 * sh + 7)) & 1
+    ca = mag_a | (sgn_a << 3)
+    cb = mag_b | (sgn_b << 3)
+    c = torch.stack([ca, cb], dim=-2)  # (e, kb, rg, h, g, t, sl, hk, rh, i)
+    c = c.permute(0, 2, 8, 4, 1, 3, 6, 7, 5, 9)  # -> (e, rg, rh, g, kb, h, sl, hk, t, i)
+    codes = c.reshape(E, R, K)
+    return _pack_codes(codes.to(torch.uint8))
+
+
+def sf_to_kernel_layout(sf: torch.Tensor) -> torch.Tensor:
+    """[E, R, K/32] -> [E, K/128, R, 4]."""
+    E, R, G = sf.shape
+    return sf.view(E, R, G // 4, 4).permute(0, 2, 1, 3).contiguous()
+
+
+def sf_from_kernel_layout(sfk: torch.Tensor) -> torch.Tensor:
+    E, KB, R, _ = sfk.shape
+    return sfk.permute(0, 2, 1, 3).reshape(E, R, KB * 4).contiguous()
+
+
+@dataclasses.dataclass
+class KernelWeights:
+    """Both layers' weights in the SM90 kernel layout (see the module docstring)."""
+
+    w1: torch.Tensor     # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
+    w1_sf: torch.Tensor  # [E, H/128, 2I, 4] uint8
+    w2: torch.Tensor     # [E, I/128, H/16, 1024] uint8
+    w2_sf: torch.Tensor  # [E, I/128, H, 4] uint8
+    hidden: int
+    intermediate: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.w1.shape[0]
+
+
+def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w2_sf: torch.Tensor) -> KernelWeights:
+    """Canonical SPEC §2 weights -> the kernel layout (gate/up interleave + fragment order)."""
+    E, R1, H2 = w1.shape
+    H = 2 * H2
+    inter = R1 // 2
+    assert w2.shape == (E, H, inter // 2), f"w2 shape {tuple(w2.shape)} != {(E, H, inter // 2)}"
+    assert w1_sf.shape == (E, R1, H // 32) and w2_sf.shape == (E, H, inter // 32)
+    for name, t in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
+        if t.dtype != torch.uint8:
+            raise TypeError(f"{name}: expected uint8, got {t.dtype}")
+    w1i = interleave_gate_up(w1, 1)
+    s1i = interleave_gate_up(w1_sf, 1)
+    return KernelWeights(fp4_to_kernel_layout(w1i), sf_to_kernel_layout(s1i),
+                         fp4_to_kernel_layout(w2), sf_to_kernel_layout(w2_sf), H, inter)
+
+
+def untransform_weights(kw: KernelWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    H, inter = kw.hidden, kw.intermediate
+    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, H), 1)
+    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf), 1)
+    w2 = fp4_from_kernel_layout(kw.w2, H, inter)
+    s2 = sf_from_kernel_layout(kw.w2_sf)
+    return w1, s1, w2, s2
