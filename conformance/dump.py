@@ -1,0 +1,123 @@
+"""Dump files: one object per rank holding every dump point D1-D10 as named tensors in canonical
+layouts, the inputs needed to recompute each expectation, and metadata (SPEC §5).
+
+Tensor names:
+    D1.* ... D10.*      the dump points (see megamoe.reference.pipeline for the list)
+    inputs.*            this rank's x (uint8 E4M3 codes), x_sf, topk_idx, topk_weights,
+                        recv_stats_before
+    weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf)
+Metadata: config (MoEConfig fields), rank, world_size, kernel_mode, build_id, tau (the declared
+GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen for GEMM_EXACT).
+
+A file is `torch.save` of {"format": "megamoe-dump", "version": 1, "meta": ..., "tensors": ...},
+read back with `weights_only=True` (no code is unpickled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from megamoe import reference as ref
+
+FORMAT = "megamoe-dump"
+VERSION = 1
+REFERENCE_TAU = 2.0 ** -24  # the reference rounds an exact sum once to fp32
+
+
+class DumpFormatError(ValueError):
+    """A file that is not a megamoe dump, or one of another format version."""
+
+
+@dataclass
+class Dump:
+    tensors: dict[str, torch.Tensor]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return int(self.meta["rank"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.meta["world_size"])
+
+    @property
+    def config(self) -> ref.MoEConfig:
+        return ref.MoEConfig(**self.meta["config"])
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def inputs(self) -> ref.RankInputs:
+        t = self.tensors
+        return ref.RankInputs(ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"],
+                              t["inputs.topk_weights"])
+
+    def weights(self) -> ref.ExpertWeights:
+        t = self.tensors
+        return ref.ExpertWeights(t["weights.w1"], t["weights.w1_sf"], t["weights.w2"], t["weights.w2_sf"])
+
+    def copy(self) -> "Dump":
+        return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta))
+
+    def save(self, path: str | Path) -> None:
+        torch.save({"format": FORMAT, "version": VERSION, "meta": self.meta,
+                    "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}}, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Dump":
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # not a torch file at all, or one holding code
+            raise DumpFormatError(f"{path}: not a megamoe dump file ({type(exc).__name__}: {exc})") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise DumpFormatError(f"{path}: not a megamoe dump file (no '{FORMAT}' header)")
+        if obj.get("version") != VERSION:
+            raise DumpFormatError(f"{path}: dump format version {obj.get('version')}; this megamoe reads "
+                                  f"version {VERSION}. Record the dump again with this version.")
+        missing = [k for k in REQUIRED if k not in obj["tensors"]]
+        if missing:
+            raise DumpFormatError(f"{path}: dump lacks {', '.join(missing)}")
+        return cls(obj["tensors"], obj["meta"])
+
+
+REQUIRED = ("inputs.x", "inputs.x_sf", "inputs.topk_idx", "inputs.topk_weights", "inputs.recv_stats_before",
+            "weights.w1", "weights.w1_sf", "weights.w2", "weights.w2_sf")
+
+
+def make_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights,
+               points: list[dict[str, torch.Tensor]], *, kernel_mode: str, build_id: str,
+               tau: dict[str, float], grid_snapped: bool = False,
+               recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+    """Wrap per-rank dump points (from the reference or a kernel) into Dump objects."""
+    e_l = cfg.local_experts
+    dumps = []
+    for rank, (inp, pts) in enumerate(zip(inputs, points)):
+        local = weights.slice(rank * e_l, (rank + 1) * e_l)
+        before = (torch.zeros(e_l, dtype=torch.int64) if recv_stats_before is None
+                  else recv_stats_before[rank].to(torch.int64))
+        tensors = {
+            **{k: v.detach().cpu() for k, v in pts.items()},
+            "inputs.x": ref.as_codes(inp.x).cpu(), "inputs.x_sf": inp.x_sf.cpu(),
+            "inputs.topk_idx": inp.topk_idx.cpu(), "inputs.topk_weights": inp.topk_weights.cpu(),
+            "inputs.recv_stats_before": before.cpu(),
+            "weights.w1": local.w1.cpu(), "weights.w1_sf": local.w1_sf.cpu(),
+            "weights.w2": local.w2.cpu(), "weights.w2_sf": local.w2_sf.cpu(),
+        }
+        meta = {"config": cfg.to_dict(), "rank": rank, "world_size": cfg.num_ranks, "kernel_mode": kernel_mode,
+                "build_id": build_id, "tau": dict(tau), "grid_snapped": grid_snapped}
+        dumps.append(Dump(tensors, meta))
+    return dumps
+
+
+def reference_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights, *,
+                    tamper=None, grid_snapped: bool = False,
+                    recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+    """The "expected" dumps: the reference run in exactly the kernel's dump format (a `tamper`
+    hook plants faults for the catalog)."""
+    result = ref.run_reference(cfg, inputs, weights, recv_stats=recv_stats_before, tamper=tamper)
+    return make_dumps(cfg, inputs, weights, result.dumps, kernel_mode="reference", build_id="reference",
+                      tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU}, grid_snapped=grid_snapped,
+                      recv_stats_before=recv_stats_before)

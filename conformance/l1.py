@@ -1,0 +1,12 @@
+"""Stage "L1" checker (D5): the accumulators against the exact sum of the dumped pool and weights."""
+from __future__ import annotations
+
+from .dump import Dump
+from .gemm import check_gemm
+from .result import CheckResult
+
+
+def check_d5(dumps: list[Dump], rank: int) -> list[CheckResult]:
+    d = dumps[rank]
+    return check_gemm("D5", "D5.acc1", d, d["D5.acc1"], d["D4.pool_x"], d["D4.pool_x_sf"], d["weights.w1"],
+                      d["weights.w1_sf"])

@@ -1,0 +1,44 @@
+"""Stage "L2" checkers: D7 accumulators (GEMM), D8 bf16 rows in the source ranks' combine buffers."""
+from __future__ import annotations
+
+import torch
+
+from megamoe import reference as ref
+
+from .compare import exact, token_locator
+from .dump import Dump
+from .gemm import check_gemm
+from .result import CheckResult
+
+
+def check_d7(dumps: list[Dump], rank: int) -> list[CheckResult]:
+    d = dumps[rank]
+    return check_gemm("D7", "D7.acc2", d, d["D7.acc2"], d["D6.l2_acts"], d["D6.l2_sf"], d["weights.w2"],
+                      d["weights.w2_sf"])
+
+
+def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
+    """The combine buffer of source rank `rank`: every valid slot holds bf16(acc2) of the pool row
+    (on whichever owner) whose metadata names it; rows are given by every owner's dump."""
+    d, cfg = dumps[rank], dumps[rank].config
+    buf = d["D8.combine"]
+    want = buf.clone()
+    written = torch.zeros(buf.shape[:2], dtype=torch.bool)
+    for owner in dumps:
+        valid = ref.valid_rows(owner.tensors)
+        meta = owner["D4.pool_meta"].long()
+        rows = (valid & (meta[:, 0] == rank)).nonzero().flatten()
+        if rows.numel():
+            k, t = meta[rows, 2], meta[rows, 1]
+            want[k, t] = ref.bf16_tensor(ref.encode_bf16(owner["D7.acc2"][rows]))
+            written[k, t] = True
+    idx = d["inputs.topk_idx"]
+    slots = torch.zeros_like(written)
+    slots[:, :idx.shape[0]] = (idx >= 0).T
+    cover = exact("D8", "D8.combine (slots written)", rank, written, slots, kind="int",
+                  locate=lambda c: f"slot {c[0]}, token {c[1]}")
+    mask = (slots & written).reshape(-1)
+    k_t = buf.reshape(-1, buf.shape[2])
+    check = exact("D8", "D8.combine", rank, k_t, want.reshape(-1, buf.shape[2]), kind="bf16", rows=mask,
+                  locate=lambda c: f"slot {c[0] // buf.shape[1]}, token {c[0] % buf.shape[1]}, channel {c[1]}")
+    return [cover, check] if cover.failed else [check]

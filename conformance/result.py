@@ -1,0 +1,37 @@
+"""The outcome of one check, and how a failure is put into words."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# The check classes of SPEC §4.
+EXACT, MULTISET, GEMM_BOUND, GEMM_EXACT, END_TO_END, GUARD = (
+    "EXACT", "MULTISET", "GEMM_BOUND", "GEMM_EXACT", "END_TO_END", "GUARD")
+
+PASS, FAIL, SKIP, INFO = "pass", "fail", "skip", "info"
+
+
+@dataclass
+class CheckResult:
+    point: str  # "D6"
+    tensor: str  # "D6.l2_acts"
+    check: str  # a check class
+    rank: int
+    status: str
+    elements: int = 0  # elements compared
+    mismatches: int = 0
+    max_error: float | None = None  # GEMM_BOUND: max |err| / (τ Σ|ab|); END_TO_END: calc_diff
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        head = f"{self.tensor} (rank {self.rank}, {self.check})"
+        if self.status == FAIL:
+            return f"FAIL {head}: {self.message}"
+        extra = f", max ratio to bound {self.max_error:.3g}" if self.check in (GEMM_BOUND,) and self.max_error is not None else ""
+        return f"{self.status} {head}: {self.elements} elements{extra}{': ' + self.message if self.message else ''}"

@@ -1,0 +1,122 @@
+"""The conformance suite: every stage checker over every rank's dump, in pipeline order.
+
+    report = check(dumps)          # one line from a kernel test
+    assert report.ok, report.text()
+
+A failure is reported at the first dump point where it shows, with the earlier points named as
+clean, because every checker recomputes its expectation from the *dumped* output of the stage
+before it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from megamoe import reference as ref
+
+from .cleanup import check_d10
+from .combine import check_d9
+from .dispatch import check_d1, check_d2, check_d3
+from .dump import Dump
+from .l1 import check_d5
+from .l2 import check_d7, check_d8
+from .pool import check_d4
+from .result import END_TO_END, FAIL, INFO, PASS, CheckResult
+from .swiglu import check_d6
+
+STAGES: tuple[tuple[str, str, Callable], ...] = (
+    ("D1", "dispatch", check_d1),
+    ("D2", "dispatch", check_d2),
+    ("D3", "dispatch", check_d3),
+    ("D4", "pool", check_d4),
+    ("D5", "L1", check_d5),
+    ("D6", "SwiGLU/requant", check_d6),
+    ("D7", "L2", check_d7),
+    ("D8", "L2", check_d8),
+    ("D9", "combine", check_d9),
+    ("D10", "cleanup", check_d10),
+)
+
+
+@dataclass
+class SuiteReport:
+    results: list[CheckResult]
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.failed for r in self.results)
+
+    def status(self, point: str) -> str:
+        rs = [r for r in self.results if r.point == point and r.status in (PASS, FAIL)]
+        return FAIL if any(r.failed for r in rs) else (PASS if rs else "skip")
+
+    @property
+    def first_failure(self) -> str | None:
+        return next((p for p, _, _ in STAGES if self.status(p) == FAIL), None)
+
+    def text(self) -> str:
+        lines = [self.table(), ""]
+        first = self.first_failure
+        if first is None:
+            lines.append("all stages conform")
+        else:
+            clean = [p for p, _, _ in STAGES[:[p for p, _, _ in STAGES].index(first)]]
+            lines.append(f"first failing dump point: {first}; earlier stages clean: {', '.join(clean) or 'none'}")
+            lines += [r.line() for r in self.results if r.failed]
+        return "\n".join(lines)
+
+    def table(self) -> str:
+        rows = ["| point | stage | check | rank | status | elements | mismatches | max error |",
+                "|---|---|---|---:|---|---:|---:|---:|"]
+        names = {p: s for p, s, _ in STAGES}
+        for r in self.results:
+            err = "" if r.max_error is None else f"{r.max_error:.3g}"
+            rows.append(f"| {r.tensor} | {names.get(r.point, r.point)} | {r.check} | {r.rank} | {r.status} | "
+                        f"{r.elements} | {r.mismatches} | {err} |")
+        return "\n".join(rows)
+
+    def to_json(self) -> str:
+        return json.dumps({"ok": self.ok, "first_failure": self.first_failure,
+                           "results": [r.to_dict() for r in self.results]}, indent=2)
+
+
+def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
+    """END_TO_END (report only): y against the float64 oracle of the dumped inputs."""
+    cfg = dumps[0].config
+    inputs = [d.inputs() for d in dumps]
+    weights = ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in dumps]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
+    oracle = ref.run_oracle(cfg, inputs, weights)
+    out = []
+    for d, orc in zip(dumps, oracle):
+        y = d["D9.y"].float()
+        diff = ref.calc_diff(y, orc.y)
+        err = (y.double() - orc.y).abs()
+        peak = float(orc.y.abs().max()) if orc.y.numel() else 0.0
+        out.append(CheckResult("D9", "y vs float64 oracle", END_TO_END, d.rank, INFO, elements=y.numel(),
+                               max_error=diff, message=f"calc_diff {diff:.3e}, max abs err "
+                               f"{float(err.max()) if err.numel() else 0:.3e}, rel (inf-norm) "
+                               f"{float(err.max()) / peak if peak else 0:.3e}"))
+    return out
+
+
+def check(dumps: Iterable[Dump] | Iterable[str | Path], *, end_to_end: bool = False,
+          progress: Callable[[str], None] | None = None) -> SuiteReport:
+    """Run every checker on the dumps of one call (all ranks; files or Dump objects)."""
+    dumps = [d if isinstance(d, Dump) else Dump.load(d) for d in dumps]
+    dumps.sort(key=lambda d: d.rank)
+    world = dumps[0].world_size if dumps else 0
+    if [d.rank for d in dumps] != list(range(world)):
+        raise ValueError(f"check needs the dumps of all {world} ranks of one call, got ranks {[d.rank for d in dumps]}")
+    results: list[CheckResult] = []
+    for point, stage, fn in STAGES:
+        if progress:
+            progress(f"checking {point} ({stage}) on {world} rank(s)")
+        for rank in range(world):
+            results += fn(dumps, rank)
+    if end_to_end:
+        results += _end_to_end(dumps)
+    return SuiteReport(results)
