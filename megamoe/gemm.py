@@ -8,9 +8,20 @@ next expert's start are padding, never read into any valid output and never writ
     l1 = l1_gemm(x_pool, x_sf, expert_offsets, num_tokens, w_route, kw, ...)
     l2 = l2_gemm(l1.l2_acts, l1.l2_sf, expert_offsets, num_tokens, dst_rows, kw, combine, ...)
 
-`kw` is megamoe.jit.layout.KernelWeights (from transform_weights). Modes: mode="exact" promotes
-every k32 product with both scales in fp32 (GEMM_BOUND tau: EXACT_TAU); the fast mode is not
-implemented yet (ValueError).
+`kw` is megamoe.jit.layout.KernelWeights (from transform_weights).
+
+Modes:
+* mode="exact": every k32 wgmma product is promoted into fp32 with both per-32 scales
+  (final += acc_k32 * 2^(sw-127) * 2^(sx-127)). GEMM_BOUND tau: EXACT_TAU.
+* mode="fast": the activations are rebased to one scale per (row, K128 block) by
+  `rebase_k128` (the documented operand transform: scale byte = max of the four group bytes,
+  payload re-rounded RNE to payload * 2^(s_g - s_max), E4M3 subnormals included); the weight
+  per-32 scales are folded into the FP4->E4M3 decode LUT relative to the largest group of each
+  (row, K128 block) (exact for offsets <= 8 binades, RNE onto the E4M3 subnormal grid up to 15,
+  zero beyond); the four k32 products of a K128 block accumulate in the tensor core and are
+  promoted once. GEMM_BOUND tau (measured against the ORIGINAL per-32 operands): FAST_TAU.
+  Pass x_sf128 (from rebase_k128) to give the already rebased operand; otherwise the entry point
+  rebases with torch ops before the launch.
 """
 from __future__ import annotations
 
@@ -31,7 +42,8 @@ THREADS = 384
 
 # GEMM_BOUND tau of the exact mode, |acc - exact| <= tau * sum_k |a_k b_k|; calibrated on the H200
 # by tests/gpu/test_gemm.py (which prints the largest observed ratio).
-EXACT_TAU = 2.0 ** -9
+EXACT_TAU = 2.0 ** -12
+FAST_TAU = 2.0 ** -7
 
 
 def pick_block_n(max_tokens: int, layer: int = 2) -> int:
@@ -53,7 +65,7 @@ def _stage_bytes(bn: int) -> int:
 
 def smem_bytes(layer: int, bn: int, stages: int) -> int:
     # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh
-    return 1024 + stages * _stage_bytes(bn) + _epi_bytes(layer, bn) + 2 * stages * 8 + (2 * MAX_EXPERTS + 1) * 4
+    return 1024 + stages * _stage_bytes(bn) + _epi_bytes(layer, bn) + 2 * stages * 8 + 17 * 8 + (2 * MAX_EXPERTS + 1) * 4
 
 
 def pick_stages(layer: int, bn: int) -> int:
@@ -63,10 +75,29 @@ def pick_stages(layer: int, bn: int) -> int:
 
 def spec_for(layer: int, block_n: int, *, mode: str = "exact", fast_math: bool = True,
              debug: bool = False) -> jb.GemmSpec:
-    if mode != "exact":
-        raise ValueError(f"mode: only 'exact' is implemented, got {mode!r}")
-    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n), exact=True,
+    if mode not in ("exact", "fast"):
+        raise ValueError(f"mode: expected 'exact' or 'fast', got {mode!r}")
+    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n), exact=mode == "exact",
                        fast_silu=bool(fast_math) if layer == 1 else True, debug=debug)
+
+
+def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast mode's activation operand: (payload [P, K] uint8 e4m3, scale bytes [P, K/128] uint8).
+
+    Per (row, K128 block): s_max = max of the four per-32 scale bytes; every payload of group g
+    becomes E4M3_RNE(payload * 2^(s_g - s_max)) (computed in fp32, where the power-of-two multiply
+    is exact; NaN stays NaN as 0x7F). Exact unless the shifted value falls below E4M3's normal
+    range (2^-6), where it is rounded to the 2^-9 subnormal grid."""
+    P, K = x.shape
+    sf = x_sf.view(P, K // 128, 4).to(torch.int64)
+    smax = sf.amax(-1)
+    shift = (sf - smax[..., None]).clamp_min(-300)
+    mult = (((shift + 1023) << 52).clamp_min(0)).view(torch.float64).to(torch.float32)  # 2^shift, exact or 0
+    v = _u8(x).view(torch.float8_e4m3fn).to(torch.float32).view(P, K // 128, 4, 32) * mult[..., None]
+    v = v.view(P, K)
+    q = v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    q = torch.where(torch.isnan(v), torch.full_like(q, 0x7F), q)
+    return q.contiguous(), smax.to(torch.uint8).contiguous()
 
 
 def _pack_params(tmap: bytes, ptrs: list[int], ints: list[int], clamp: float, has_clamp: int, err: int) -> bytes:
@@ -135,12 +166,13 @@ _FUNCS: dict[tuple[jb.GemmSpec, int], tuple[object, int]] = {}
 def used_specs() -> list[jb.GemmSpec]:
     """Every specialisation the GPU tests and the benchmark launch (the CI compile gate builds these)."""
     specs = []
-    for debug in (False, True):
-        for bn in (8, 16, 32, 64):
-            for fast_silu in (True, False):
-                specs.append(spec_for(1, bn, fast_math=fast_silu, debug=debug))
-        for bn in (8, 16, 32, 64, 128):
-            specs.append(spec_for(2, bn, debug=debug))
+    for mode in ("exact", "fast"):
+        for debug in (False, True):
+            for bn in (8, 16, 32, 64):
+                for fast_silu in (True, False):
+                    specs.append(spec_for(1, bn, mode=mode, fast_math=fast_silu, debug=debug))
+            for bn in (8, 16, 32, 64, 128):
+                specs.append(spec_for(2, bn, mode=mode, debug=debug))
     return specs
 
 
@@ -166,7 +198,7 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, ptrs: list[int], n_rows:
     driver.launch(fn, grid, THREADS, smem, stream, params)
 
 
-def _common_checks(x, x_sf, expert_offsets, num_tokens, k):
+def _common_checks(x, x_sf, expert_offsets, num_tokens, k, sf_group=32):
     dev = x.device
     if dev.type != "cuda":
         raise ValueError(f"x: expected a CUDA tensor, got device {dev}")
@@ -174,7 +206,7 @@ def _common_checks(x, x_sf, expert_offsets, num_tokens, k):
     _check("x", x, x.dtype, (P, k), dev)
     if x.dtype not in (torch.uint8, torch.float8_e4m3fn):
         raise TypeError(f"x: expected float8_e4m3fn or uint8, got {x.dtype}")
-    _check("x_sf", x_sf, torch.uint8, (P, k // 32), dev)
+    _check("x_sf", x_sf, torch.uint8, (P, k // sf_group), dev)
     E = num_tokens.shape[0]
     _check("num_tokens", num_tokens, torch.int32, (E,), dev)
     _check("expert_offsets", expert_offsets, torch.int32, (E + 1,), dev)
@@ -191,13 +223,18 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
             w_route: torch.Tensor, kw: KernelWeights, *, fast_math: bool = True,
             activation_clamp: float | None = None, mode: str = "exact", block_n: int | None = None,
             debug: bool = False, out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None,
-            max_tokens: int | None = None) -> L1Result:
+            max_tokens: int | None = None, x_sf128: torch.Tensor | None = None) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
     expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
     (canonical: gate channels then up channels). Rows of padding are left as they were."""
     H, inter = kw.hidden, kw.intermediate
-    E = _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H)
+    if mode == "fast":
+        if x_sf128 is None:
+            _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H)
+            x_pool, x_sf128 = rebase_k128(x_pool, x_sf)
+        x_sf = x_sf128
+    E = _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H, 128 if mode == "fast" else 32)
     P = x_pool.shape[0]
     _check("w_route", w_route, torch.float32, (P,), x_pool.device)
     if kw.num_experts != E:
@@ -228,11 +265,17 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
 
 def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
             dst_rows: torch.Tensor, kw: KernelWeights, combine: torch.Tensor, *, mode: str = "exact",
-            block_n: int | None = None, debug: bool = False, max_tokens: int | None = None) -> L2Result:
+            block_n: int | None = None, debug: bool = False, max_tokens: int | None = None,
+            x_sf128: torch.Tensor | None = None) -> L2Result:
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
     (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing."""
     H, inter = kw.hidden, kw.intermediate
-    E = _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter)
+    if mode == "fast":
+        if x_sf128 is None:
+            _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter)
+            l2_acts, x_sf128 = rebase_k128(l2_acts, l2_sf)
+        l2_sf = x_sf128
+    E = _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter, 128 if mode == "fast" else 32)
     P = l2_acts.shape[0]
     _check("dst_rows", dst_rows, torch.int32, (P,), l2_acts.device)
     if combine.dtype != torch.bfloat16 or combine.shape[-1] != H or not combine.is_contiguous():

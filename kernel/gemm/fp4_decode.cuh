@@ -25,4 +25,18 @@ __device__ __forceinline__ void decode_fp4x8(uint32_t w, uint32_t lut_lo, uint32
   rb = ptx::prmt(lut_lo, lut_hi, sel >> 16) | (w & 0x80808080u);
 }
 
+// Two lookup tables: Ra (row g) through LUT a, Rb (row g + 8) through LUT b (the fast mode folds
+// each row's per-32 weight scale offset into its LUT).
+__device__ __forceinline__ void decode_fp4x8_2lut(uint32_t w, uint2 lut_a, uint2 lut_b, uint32_t& ra,
+                                                  uint32_t& rb) {
+  const uint32_t sel = w & 0x77777777u;
+  ra = ptx::prmt(lut_a.x, lut_a.y, sel) | ((w << 4) & 0x80808080u);
+  rb = ptx::prmt(lut_b.x, lut_b.y, sel >> 16) | (w & 0x80808080u);
+}
+
+// Number of scaled LUTs of the fast mode: entry d (0..kLutEntries-1) holds
+// E4M3_RNE(fp4 magnitude x 2^-d); exact for d <= 8, rounded to the E4M3 subnormal grid for
+// 9 <= d <= 15, all zero for d >= 16 (every FP4 value x 2^-16 rounds to 0).
+constexpr int kLutEntries = 17;
+
 }  // namespace megamoe

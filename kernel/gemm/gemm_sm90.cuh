@@ -109,7 +109,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
   uint64_t* s_full = reinterpret_cast<uint64_t*>(s_epi + 2 * kEpiPerWg);
   uint64_t* s_empty = s_full + kStages;
-  int* s_prefix = reinterpret_cast<int*>(s_empty + kStages);  // [E+1] item prefix
+  uint2* s_lut = reinterpret_cast<uint2*>(s_empty + kStages);   // fast mode: scaled FP4 LUTs
+  int* s_prefix = reinterpret_cast<int*>(s_lut + kLutEntries);  // [E+1] item prefix
   int* s_nblk = s_prefix + kMaxExperts + 1;                   // [E] token blocks per expert
 
   const int tid = threadIdx.x;
@@ -118,6 +119,17 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   const int num_kb = static_cast<int>(p.k / kBlockK);
   const int n_row_blocks = static_cast<int>(p.n_rows / kBlockRows);
 
+  if (!kPromoteK32 && tid >= 32 && tid < 32 + kLutEntries) {
+    const int d = tid - 32;
+    const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      lo |= (static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(mags[c], exp2i(-d)), 0.0f)) & 0xFFu) << (8 * c);
+      hi |= (static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(mags[c + 4], exp2i(-d)), 0.0f)) & 0xFFu) << (8 * c);
+    }
+    s_lut[d] = make_uint2(lo, hi);
+  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
@@ -185,7 +197,10 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
           for (int i = lane; i < BN; i += 32) {
             const int64_t row = wi.row0 + i;
-            s_xsf[stage * BN + i] = i < wi.valid ? __ldg(xsf_words + row * num_kb + kb) : 0u;
+            if constexpr (kPromoteK32)
+              s_xsf[stage * BN + i] = i < wi.valid ? __ldg(xsf_words + row * num_kb + kb) : 0u;
+            else  // fast mode: activations rebased per K128, one scale byte per (row, K128 block)
+              s_xsf[stage * BN + i] = i < wi.valid ? static_cast<uint32_t>(__ldg(p.x_sf + row * num_kb + kb)) : 0u;
           }
           ptx::mbar_arrive(&s_full[stage]);
           if (++stage == kStages) { stage = 0; phase ^= 1; }
@@ -204,8 +219,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     const int row_a = rg * 16 + g;     // local rows of this thread: row_a and row_a + 8
     uint8_t* s_epi_wg = s_epi + wg * kEpiPerWg;
 
+    // kSets k32 products are in flight per wgmma batch (one accumulator set each): one wait per
+    // batch instead of one per k32 step, bounded by the register budget.
+    constexpr int kSets = !kPromoteK32 ? 1 : kAcc <= 16 ? 4 : (kAcc <= 32 ? 2 : 1);
     float acc[kAcc];
-    float tmp[kAcc];
+    float tmp[kSets][kAcc];
     int stage = 0;
     uint32_t phase = 0;
 
@@ -222,37 +240,111 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
         const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
         const uint32_t* xsf = s_xsf + stage * BN;
+        uint32_t xw[BN / 4];  // scale words of this thread's token columns 8j + 2t + h
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
+          xw[2 * j] = v.x;
+          xw[2 * j + 1] = v.y;
+        }
         const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::kX);
-#pragma unroll 1
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
-          const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
-          uint32_t a0, a1, a2, a3;
-          decode_fp4x8(w0, kFp4LutLo, kFp4LutHi, a0, a1);
-          decode_fp4x8(w1, kFp4LutLo, kFp4LutHi, a2, a3);
+        if constexpr (!kPromoteK32) {
+          // Fast mode: the weight scales enter the decode LUT relative to the largest group of the
+          // (row, K128) block, the four k32 products accumulate in the tensor core, and one fp32
+          // promotion per K128 applies 2^(smax-127) (row) x 2^(sx-127) (token, rebased per K128).
+          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
+          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
+          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
+          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+          uint32_t a[4][4];
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint2 la = s_lut[da];
+            const uint2 lb = s_lut[db];
+            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
+            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
+            decode_fp4x8_2lut(w0, la, lb, a[ks][0], a[ks][1]);
+            decode_fp4x8_2lut(w1, la, lb, a[ks][2], a[ks][3]);
+          }
           ptx::wgmma_fence();
-          Mma::mma(tmp, a0, a1, a2, a3, desc0 + static_cast<uint64_t>((ks * 32) >> 4), 0);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            Mma::mma(tmp[0], a[ks][0], a[ks][1], a[ks][2], a[ks][3],
+                     desc0 + static_cast<uint64_t>((ks * 32) >> 4), ks > 0 ? 1 : 0);
           ptx::wgmma_commit();
           ptx::wgmma_wait<0>();
 #pragma unroll
-          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[i]);
-          ptx::fence_operand(a0); ptx::fence_operand(a1);
-          ptx::fence_operand(a2); ptx::fence_operand(a3);
-          // Exact promotion: both scales per k32 group, applied in fp32.
-          const float swa = ue8m0_to_float((sf_a >> (8 * ks)) & 0xFFu);
-          const float swb = ue8m0_to_float((sf_b >> (8 * ks)) & 0xFFu);
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[0][i]);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ptx::fence_operand(a[ks][i]);
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&s_empty[stage]);
+          const float fa = ue8m0_to_float(ma);
+          const float fb = ue8m0_to_float(mb);
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
-            const float sx0 = ue8m0_to_float((xsf[8 * j + 2 * t] >> (8 * ks)) & 0xFFu);
-            const float sx1 = ue8m0_to_float((xsf[8 * j + 2 * t + 1] >> (8 * ks)) & 0xFFu);
-            acc[4 * j + 0] = __fmaf_rn(tmp[4 * j + 0], __fmul_rn(swa, sx0), acc[4 * j + 0]);
-            acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], __fmul_rn(swa, sx1), acc[4 * j + 1]);
-            acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], __fmul_rn(swb, sx0), acc[4 * j + 2]);
-            acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], __fmul_rn(swb, sx1), acc[4 * j + 3]);
+            const float sx0 = ue8m0_to_float(xw[2 * j] & 0xFFu);
+            const float sx1 = ue8m0_to_float(xw[2 * j + 1] & 0xFFu);
+            acc[4 * j + 0] = __fmaf_rn(tmp[0][4 * j + 0], __fmul_rn(fa, sx0), acc[4 * j + 0]);
+            acc[4 * j + 1] = __fmaf_rn(tmp[0][4 * j + 1], __fmul_rn(fa, sx1), acc[4 * j + 1]);
+            acc[4 * j + 2] = __fmaf_rn(tmp[0][4 * j + 2], __fmul_rn(fb, sx0), acc[4 * j + 2]);
+            acc[4 * j + 3] = __fmaf_rn(tmp[0][4 * j + 3], __fmul_rn(fb, sx1), acc[4 * j + 3]);
+          }
+        } else {
+          // With one accumulator set (BN = 128) the k32 loop stays rolled to bound register use.
+          constexpr int kUnrollK = kSets == 1 ? 1 : 4;
+  #pragma unroll kUnrollK
+          for (int ks0 = 0; ks0 < 4; ks0 += kSets) {
+            uint32_t a[kSets][4];
+  #pragma unroll
+            for (int s = 0; s < kSets; ++s) {
+              const int ks = ks0 + s;
+              const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
+              const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
+              decode_fp4x8(w0, kFp4LutLo, kFp4LutHi, a[s][0], a[s][1]);
+              decode_fp4x8(w1, kFp4LutLo, kFp4LutHi, a[s][2], a[s][3]);
+            }
+            ptx::wgmma_fence();
+  #pragma unroll
+            for (int s = 0; s < kSets; ++s)
+              Mma::mma(tmp[s], a[s][0], a[s][1], a[s][2], a[s][3],
+                       desc0 + static_cast<uint64_t>(((ks0 + s) * 32) >> 4), 0);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<0>();
+  #pragma unroll
+            for (int s = 0; s < kSets; ++s) {
+  #pragma unroll
+              for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[s][i]);
+  #pragma unroll
+              for (int i = 0; i < 4; ++i) ptx::fence_operand(a[s][i]);
+            }
+            if (ks0 + kSets == 4) {
+              // Every smem read of this stage is done (operands in registers, wgmmas complete).
+              __syncwarp();
+              if (lane == 0) ptx::mbar_arrive(&s_empty[stage]);
+            }
+            // Exact promotion: both scales per k32 group, applied in fp32.
+  #pragma unroll
+            for (int s = 0; s < kSets; ++s) {
+              const int ks = ks0 + s;
+              const float swa = ue8m0_to_float((sf_a >> (8 * ks)) & 0xFFu);
+              const float swb = ue8m0_to_float((sf_b >> (8 * ks)) & 0xFFu);
+  #pragma unroll
+              for (int j = 0; j < BN / 8; ++j) {
+                const float sx0 = ue8m0_to_float((xw[2 * j] >> (8 * ks)) & 0xFFu);
+                const float sx1 = ue8m0_to_float((xw[2 * j + 1] >> (8 * ks)) & 0xFFu);
+                acc[4 * j + 0] = __fmaf_rn(tmp[s][4 * j + 0], __fmul_rn(swa, sx0), acc[4 * j + 0]);
+                acc[4 * j + 1] = __fmaf_rn(tmp[s][4 * j + 1], __fmul_rn(swa, sx1), acc[4 * j + 1]);
+                acc[4 * j + 2] = __fmaf_rn(tmp[s][4 * j + 2], __fmul_rn(swb, sx0), acc[4 * j + 2]);
+                acc[4 * j + 3] = __fmaf_rn(tmp[s][4 * j + 3], __fmul_rn(swb, sx1), acc[4 * j + 3]);
+              }
+            }
           }
         }
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&s_empty[stage]);
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
 
@@ -380,7 +472,8 @@ template <int kLayer, int BN, int kStages>
 constexpr int gemm_smem_bytes() {
   using L = SmemLayout<BN>;
   constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
-  return 1024 + kStages * L::kStage + 2 * kEpiPerWg + 2 * kStages * 8 + (2 * kMaxExperts + 1) * 4;
+  return 1024 + kStages * L::kStage + 2 * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
+         (2 * kMaxExperts + 1) * 4;
 }
 
 }  // namespace megamoe

@@ -49,7 +49,8 @@ def e4m3_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 class Pool:
-    def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125):
+    def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125,
+                 grid_sf=(126, 128)):
         self.counts = list(counts)
         E = len(counts)
         offs = [0]
@@ -63,7 +64,7 @@ class Pool:
             vals = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0])
             idx = torch.randint(0, 5, (P, K), generator=gen)
             x = e4m3_codes(vals[idx])
-            sf = torch.randint(126, 129, (P, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+            sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (P, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
         else:
             x = e4m3_codes(torch.randn(P, K, generator=gen) * 64.0)
             sf = torch.randint(sf_lo, sf_hi + 1, (P, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
@@ -83,11 +84,11 @@ class Pool:
         return slice(self.offs[e], self.offs[e] + self.counts[e])
 
 
-def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=113, sf_hi=118, device="cuda"):
+def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=113, sf_hi=118, device="cuda", grid_sf=(126, 128)):
     if grid:
         choices = torch.tensor([0, 1, 2, 4, 9, 10, 12], dtype=torch.uint8)
         codes = choices[torch.randint(0, 7, (E, R, K), generator=gen)]
-        sf = torch.randint(126, 129, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+        sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
     else:
         codes = torch.randint(0, 16, (E, R, K), generator=gen, dtype=torch.int32).to(torch.uint8)
         sf = torch.randint(sf_lo, sf_hi + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
