@@ -97,7 +97,7 @@ def exact(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Ten
     diff = bits(got) != bits(want)
     if rows is not None:
         diff &= rows.reshape(-1, *([1] * (diff.dim() - 1)))
-        compared = int(rows.sum()) * (got[0].numel() if got.dim() > 1 else 1)
+        compared = int(rows.sum()) * (got[0].numel() if got.dim() > 1 and got.shape[0] else 1)
     else:
         compared = got.numel()
     n = int(diff.sum())

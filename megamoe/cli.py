@@ -3,6 +3,9 @@
     megamoe run      the main job: the MoE layer on the default shape and its tolerance report
                      (a CPU-only machine runs the reference and says so)
     megamoe report   the same report with explicit shape options and JSON / Markdown files
+    megamoe check    check recorded dump files stage by stage (exit 1 on any failure)
+    megamoe dump     write the reference's expected dumps of a shape to files
+    megamoe faults   run the fault catalog: every planted fault must be caught at its stage
 """
 from __future__ import annotations
 
@@ -74,6 +77,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _report(args, "cpu")
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from megamoe.conformance.suite import check
+
+    report = check(args.dumps, end_to_end=args.end_to_end, progress=_log)
+    print(report.text())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json())
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.table() + "\n")
+    return 0 if report.ok else 1
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from megamoe import reference as ref
+    from megamoe.conformance.dump import reference_dumps
+
+    cfg = ref.MoEConfig(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts,
+                        top_k=args.top_k, num_ranks=args.ranks, max_tokens_per_rank=args.tokens,
+                        activation_clamp=args.clamp, fast_math=not args.precise)
+    inputs = ref.make_inputs(cfg, args.tokens, seed=args.seed, distribution=args.distribution,
+                             masked_ratio=args.masked_ratio)
+    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed)
+    for d in reference_dumps(cfg, inputs, weights):
+        path = f"{args.prefix}rank{d.rank}.pt"
+        d.save(path)
+        print(path)
+    return 0
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    from megamoe.conformance.faults import run_catalog
+
+    outcomes = run_catalog(seed=args.seed, progress=_log)
+    print("| fault | expected at | caught at | ok |\n|---|---|---|---|")
+    for o in outcomes:
+        print(f"| {o.fault.name} | {o.fault.point} | {o.report.first_failure} | "
+              f"{'yes' if o.caught_where_expected else 'NO'} |")
+    caught = sum(o.caught_where_expected for o in outcomes)
+    print(f"\n{caught} of {len(outcomes)} faults caught at their stage")
+    return 0 if caught == len(outcomes) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megamoe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     _add_shape_args(p_rep)
     p_rep.add_argument("--device", default="cpu")
     p_rep.set_defaults(fn=lambda a: _report(a, a.device))
+    p_chk = sub.add_parser("check", help="check the dump files of one call (all ranks)")
+    p_chk.add_argument("dumps", nargs="+", help="dump files, one per rank")
+    p_chk.add_argument("--end-to-end", action="store_true", help="also report y against the float64 oracle")
+    p_chk.add_argument("--json", help="write the results as JSON")
+    p_chk.add_argument("--markdown", help="write the per-check table as Markdown")
+    p_chk.set_defaults(fn=cmd_check)
+    p_dump = sub.add_parser("dump", help="write the reference's expected dumps (one file per rank)")
+    _add_shape_args(p_dump)
+    p_dump.add_argument("--prefix", default="megamoe-dump-", help="file name prefix (default megamoe-dump-)")
+    p_dump.set_defaults(fn=cmd_dump)
+    p_f = sub.add_parser("faults", help="run the fault catalog")
+    p_f.add_argument("--seed", type=int, default=0)
+    p_f.set_defaults(fn=cmd_faults)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -1,0 +1,145 @@
+"""The conformance suite: the fault catalog is caught 100 %, each fault at its own dump point with
+every earlier point clean; no false alarm on 50 clean seeded runs; dump files; the CLI and the
+pytest plugin; GEMM_EXACT on grid-snapped inputs; vacuous-pass guards."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megamoe import reference as ref
+from megamoe.cli import main
+from megamoe.conformance.dump import Dump, DumpFormatError, reference_dumps
+from megamoe.conformance.faults import CATALOG, planted, scenario_inputs
+from megamoe.conformance.suite import STAGES, check
+
+REQUIRED_FAULTS = {
+    "gate_up_swapped", "interleave_4_instead_of_8", "fp4_nibbles_swapped", "weight_scale_byte_off_by_one",
+    "requant_scale_byte_off_by_one", "requant_scales_shifted", "per_128_amax", "floor_instead_of_rceil",
+    "truncation_instead_of_rne", "nan_instead_of_saturation", "clamp_skipped", "clamp_both_sides_of_gate",
+    "routing_weight_at_combine", "minus_one_slot_counted_as_expert_0", "token_dropped", "token_duplicated",
+    "slots_swapped_across_tokens", "combine_reverse_order", "combine_in_bf16", "padding_row_leaks",
+    "arrival_counter_off_by_one", "counters_not_reset", "stats_not_added", "stale_row_from_previous_call",
+    "half_written_row", "wrong_metadata_rank", "l1_accumulator_perturbed",
+}
+
+
+def test_catalog_covers_the_required_faults():
+    names = {f.name for f in CATALOG}
+    assert len(CATALOG) >= 30
+    assert REQUIRED_FAULTS <= names, REQUIRED_FAULTS - names
+
+
+@pytest.mark.parametrize("fault", CATALOG, ids=[f.name for f in CATALOG])
+def test_fault_is_caught_at_its_stage(fault):
+    report = check(planted(fault))
+    assert report.first_failure == fault.point, report.text()
+    order = [p for p, _, _ in STAGES]
+    for earlier in order[:order.index(fault.point)]:
+        assert report.status(earlier) == "pass", earlier
+
+
+@pytest.mark.parametrize("chunk", range(5))
+def test_no_false_alarm_on_clean_runs(chunk):
+    """50 clean seeded runs (10 per chunk): both scenarios, every routing distribution."""
+    for seed in range(chunk * 10, chunk * 10 + 10):
+        cfg, inputs, weights = scenario_inputs("overflow" if seed % 5 == 4 else "clamped", seed)
+        if seed % 3 == 1:
+            inputs = ref.make_inputs(cfg, [seed % 48, 48 - seed % 17], seed=seed,
+                                     distribution=ref.DISTRIBUTIONS[seed % 4], masked_ratio=0.1 * (seed % 4))
+        cfg = dataclasses.replace(cfg, fast_math=bool(seed % 2))
+        report = check(reference_dumps(cfg, inputs, weights))
+        assert report.ok, f"seed {seed}:\n{report.text()}"
+
+
+def _dumps(tmp_path, **kw):
+    cfg, inputs, weights = scenario_inputs("clamped", 3)
+    paths = []
+    for d in reference_dumps(cfg, inputs, weights, **kw):
+        paths.append(tmp_path / f"rank{d.rank}.pt")
+        d.save(paths[-1])
+    return paths
+
+
+def test_dump_files_round_trip_and_refuse_foreign_or_old_files(tmp_path):
+    paths = _dumps(tmp_path)
+    d = Dump.load(paths[0])
+    assert d.rank == 0 and d.world_size == 2 and d.meta["kernel_mode"] == "reference"
+    assert check([Dump.load(p) for p in paths]).ok
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"x": torch.zeros(3)}, foreign)
+    with pytest.raises(DumpFormatError, match="not a megamoe dump file"):
+        Dump.load(foreign)
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(DumpFormatError, match="not a megamoe dump file"):
+        Dump.load(tmp_path / "text.pt")
+    old = torch.load(paths[0], weights_only=True)
+    old["version"] = 0
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(DumpFormatError, match="dump format version 0; this megamoe reads version 1"):
+        Dump.load(tmp_path / "old.pt")
+
+
+def test_cli_check_passes_a_reference_dump_and_names_the_stage_of_a_mutated_one(tmp_path, capsys):
+    paths = [str(p) for p in _dumps(tmp_path)]
+    assert main(["check", *paths]) == 0
+    assert "all stages conform" in capsys.readouterr().out
+    d = Dump.load(paths[1])
+    valid = ref.valid_rows(d.tensors)
+    p = int(valid.nonzero()[2])
+    d.tensors["D6.l2_acts"][p, 5] ^= 0x01  # one FP8 code, one bit
+    d.save(paths[1])
+    assert main(["check", *paths]) == 1
+    out = capsys.readouterr().out
+    assert "first failing dump point: D6; earlier stages clean: D1, D2, D3, D4, D5" in out
+    s, t, k = d["D4.pool_meta"][p].tolist()
+    assert f"FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
+    assert f"pool row {p} (source rank {s}, token {t}, slot {k}" in out and "column 5]" in out
+    assert "got 0x" in out and "expected 0x" in out
+
+
+def test_pytest_plugin_runs_the_suite_on_dump_files(tmp_path):
+    _dumps(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "megamoe.conformance", "-q",
+                          "-p", "no:cacheprovider", "--megamoe-dumps", str(tmp_path / "rank*.pt")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "10 passed" in run.stdout
+
+
+def _grid_snapped():
+    """Small integers, unit scales, ~70 % zeros: every partial sum is exact in any accumulator."""
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=2,
+                        max_tokens_per_rank=24, block_m=16)
+    g = torch.Generator().manual_seed(5)
+    inputs = ref.make_inputs(cfg, 24, seed=5)
+    for inp in inputs:
+        vals = torch.randint(-2, 3, inp.x.shape, generator=g).float() * (torch.rand(inp.x.shape, generator=g) < 0.3)
+        inp.x.view(torch.uint8).copy_(ref.encode_e4m3(vals))
+        inp.x_sf.fill_(127)
+    w1 = torch.randint(-2, 3, (4, 256, 256), generator=g).float() * (torch.rand(4, 256, 256, generator=g) < 0.3)
+    w2 = torch.randint(-2, 3, (4, 256, 128), generator=g).float() * (torch.rand(4, 256, 128, generator=g) < 0.3)
+    weights = ref.ExpertWeights(ref.pack_fp4(ref.encode_e2m1(w1)), torch.full((4, 256, 8), 127, dtype=torch.uint8),
+                                ref.pack_fp4(ref.encode_e2m1(w2)), torch.full((4, 256, 4), 127, dtype=torch.uint8))
+    return cfg, inputs, weights
+
+
+def test_gemm_exact_on_grid_snapped_inputs():
+    cfg, inputs, weights = _grid_snapped()
+    dumps = reference_dumps(cfg, inputs, weights, grid_snapped=True)
+    report = check(dumps)
+    assert report.ok, report.text()
+    assert {r.check for r in report.results if r.point in ("D5", "D7")} == {"GEMM_EXACT"}
+    d = dumps[0]
+    p = int(ref.valid_rows(d.tensors).nonzero()[0])
+    d.tensors["D5.acc1"][p, 0] = torch.nextafter(d["D5.acc1"][p, 0], torch.tensor(1e30))  # one ulp
+    assert check(dumps).first_failure == "D5"
+
+
+def test_guard_fails_a_check_that_could_not_fail():
+    cfg, inputs, weights = scenario_inputs("clamped", 0)
+    zero = ref.ExpertWeights(torch.zeros_like(weights.w1), weights.w1_sf, weights.w2, weights.w2_sf)
+    report = check(reference_dumps(cfg, inputs, zero))
+    assert report.first_failure == "D5"
+    assert any(r.check == "GUARD" and "all zero" in r.message for r in report.results)
