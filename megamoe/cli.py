@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -102,7 +103,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
                              masked_ratio=args.masked_ratio)
     weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed)
     for d in reference_dumps(cfg, inputs, weights):
-        path = f"{args.prefix}rank{d.rank}.pt"
+        path = Path(f"{args.prefix}rank{d.rank}.pt")
+        path.parent.mkdir(parents=True, exist_ok=True)
         d.save(path)
         print(path)
     return 0
