@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 
 #include "../common/ptx.cuh"
@@ -188,7 +189,10 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         }
       }
     } else if (warp == 1) {
-      const uint32_t* xsf_words = reinterpret_cast<const uint32_t*>(p.x_sf);
+      // Activation scales: asynchronous 4-byte copies (cp.async) whose completion arrives on the
+      // stage's full barrier, so this warp runs ahead of the consumers like the TMA thread does.
+      // Exact mode: the scale word of (row, K128 block) = its four per-32 bytes. Fast mode: the
+      // aligned word holding the rebased byte of (row, kb) (num_kb % 4 == 0: byte kb % 4).
       int stage = 0;
       uint32_t phase = 0;
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
@@ -196,13 +200,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         for (int kb = 0; kb < num_kb; ++kb) {
           ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
           for (int i = lane; i < BN; i += 32) {
-            const int64_t row = wi.row0 + i;
-            if constexpr (kPromoteK32)
-              s_xsf[stage * BN + i] = i < wi.valid ? __ldg(xsf_words + row * num_kb + kb) : 0u;
-            else  // fast mode: activations rebased per K128, one scale byte per (row, K128 block)
-              s_xsf[stage * BN + i] = i < wi.valid ? static_cast<uint32_t>(__ldg(p.x_sf + row * num_kb + kb)) : 0u;
+            const int64_t row = wi.row0 + min(i, wi.valid - 1);
+            const uint8_t* src = kPromoteK32 ? p.x_sf + (row * num_kb + kb) * 4 : p.x_sf + row * num_kb + (kb & ~3);
+            ptx::cp_async_4(s_xsf + stage * BN + i, src, i < wi.valid ? 4u : 0u);
           }
-          ptx::mbar_arrive(&s_full[stage]);
+          ptx::cp_async_mbar_arrive(&s_full[stage]);
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         }
       }
@@ -232,6 +234,94 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
+      if constexpr (!kPromoteK32 && BN <= 64) {
+        // Pipelined fast mainloop: stage kb's four wgmmas run in the tensor core while stage kb-1
+        // is retired (stage released, promoted); accumulators and A fragments double-buffered.
+        float ptmp[2][kAcc];
+        uint32_t pa[2][4][4];
+        float pfa[2], pfb[2];
+        int pstage[2];
+        auto issue = [&](auto cur_c, int kb) {
+          constexpr int cur = decltype(cur_c)::value;
+          ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
+          const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
+          const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
+          const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
+          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
+          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
+          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
+          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
+          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
+          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+          pfa[cur] = ue8m0_to_float(ma);
+          pfb[cur] = ue8m0_to_float(mb);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint2 la = s_lut[da];
+            const uint2 lb = s_lut[db];
+            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
+            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
+            decode_fp4x8_2lut(w0, la, lb, pa[cur][ks][0], pa[cur][ks][1]);
+            decode_fp4x8_2lut(w1, la, lb, pa[cur][ks][2], pa[cur][ks][3]);
+          }
+          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::kX);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            Mma::mma(ptmp[cur], pa[cur][ks][0], pa[cur][ks][1], pa[cur][ks][2], pa[cur][ks][3],
+                     desc0 + static_cast<uint64_t>((ks * 32) >> 4), ks > 0 ? 1 : 0);
+          ptx::wgmma_commit();
+          pstage[cur] = stage;
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        };
+        auto retire = [&](auto cur_c, int kb) {
+          constexpr int cur = decltype(cur_c)::value;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(ptmp[cur][i]);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ptx::fence_operand(pa[cur][ks][i]);
+          // Token scales straight from the stage (released only after this read).
+          const uint32_t* xsf = s_xsf + pstage[cur] * BN;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
+            const float sx0 = ue8m0_to_float((v.x >> (8 * (kb & 3))) & 0xFFu);
+            const float sx1 = ue8m0_to_float((v.y >> (8 * (kb & 3))) & 0xFFu);
+            acc[4 * j + 0] = __fmaf_rn(ptmp[cur][4 * j + 0], __fmul_rn(pfa[cur], sx0), acc[4 * j + 0]);
+            acc[4 * j + 1] = __fmaf_rn(ptmp[cur][4 * j + 1], __fmul_rn(pfa[cur], sx1), acc[4 * j + 1]);
+            acc[4 * j + 2] = __fmaf_rn(ptmp[cur][4 * j + 2], __fmul_rn(pfb[cur], sx0), acc[4 * j + 2]);
+            acc[4 * j + 3] = __fmaf_rn(ptmp[cur][4 * j + 3], __fmul_rn(pfb[cur], sx1), acc[4 * j + 3]);
+          }
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&s_empty[pstage[cur]]);
+        };
+        using C0 = std::integral_constant<int, 0>;
+        using C1 = std::integral_constant<int, 1>;
+        issue(C0{}, 0);
+        int kb = 1;
+        for (; kb + 1 < num_kb; kb += 2) {
+          issue(C1{}, kb);
+          ptx::wgmma_wait<1>();
+          retire(C0{}, kb - 1);
+          issue(C0{}, kb + 1);
+          ptx::wgmma_wait<1>();
+          retire(C1{}, kb);
+        }
+        if (kb < num_kb) {
+          issue(C1{}, kb);
+          ptx::wgmma_wait<1>();
+          retire(C0{}, kb - 1);
+          ptx::wgmma_wait<0>();
+          retire(C1{}, kb);
+        } else {
+          ptx::wgmma_wait<0>();
+          retire(C0{}, kb - 1);
+        }
+      } else
       for (int kb = 0; kb < num_kb; ++kb) {
         ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
         const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
@@ -287,8 +377,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           const float fb = ue8m0_to_float(mb);
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
-            const float sx0 = ue8m0_to_float(xw[2 * j] & 0xFFu);
-            const float sx1 = ue8m0_to_float(xw[2 * j + 1] & 0xFFu);
+            const float sx0 = ue8m0_to_float((xw[2 * j] >> (8 * (kb & 3))) & 0xFFu);
+            const float sx1 = ue8m0_to_float((xw[2 * j + 1] >> (8 * (kb & 3))) & 0xFFu);
             acc[4 * j + 0] = __fmaf_rn(tmp[0][4 * j + 0], __fmul_rn(fa, sx0), acc[4 * j + 0]);
             acc[4 * j + 1] = __fmaf_rn(tmp[0][4 * j + 1], __fmul_rn(fa, sx1), acc[4 * j + 1]);
             acc[4 * j + 2] = __fmaf_rn(tmp[0][4 * j + 2], __fmul_rn(fb, sx0), acc[4 * j + 2]);
