@@ -24,5 +24,5 @@ fi
 "$PY" -m pip install -q "setuptools>=70.1" 2>/dev/null || echo "[setup] could not update setuptools (offline?); using the installed one"
 # --no-build-isolation: build with the setuptools already present, so an offline machine whose
 # dependencies are all installed (the H200 image) needs no package index.
-"$PY" -m pip install -q --no-build-isolation -e ".[test]"
+"$PY" -m pip install -q --no-build-isolation -e ".[test,plots]"
 "$PY" -c "import torch, megamoe.reference; print('[setup] megamoe ready: torch', torch.__version__, '| CUDA GPU:', torch.cuda.is_available())"

@@ -10,17 +10,41 @@ from .compare import gemm_bound, gemm_exact, guard, pool_locator
 from .dump import Dump
 from .result import CheckResult
 
+# dump point -> (accumulator, activation codes, activation scales, weights, weight scales)
+GEMMS = {
+    "D5": ("D5.acc1", "D4.pool_x", "D4.pool_x_sf", "weights.w1", "weights.w1_sf"),
+    "D7": ("D7.acc2", "D6.l2_acts", "D6.l2_sf", "weights.w2", "weights.w2_sf"),
+}
 
-def check_gemm(point: str, tensor: str, d: Dump, acc: torch.Tensor, a_codes: torch.Tensor, a_sf: torch.Tensor,
-               w: torch.Tensor, w_sf: torch.Tensor) -> list[CheckResult]:
-    rank, valid = d.rank, ref.valid_rows(d.tensors)
-    offsets = d["D4.expert_offsets"]
-    exact_sum = ref.grouped_gemm(a_codes, a_sf, offsets, w, w_sf, valid=valid, fn=ref.block_scaled_gemm_f64)
+
+def exact_sums(d: Dump, point: str, *, absolute: bool = False) -> torch.Tensor:
+    """float64 [P, N]: Σ a·b (or Σ |a·b|) of the dumped operands of a GEMM point, valid rows only."""
+    _, a, a_sf, w, w_sf = GEMMS[point]
+    fn = (lambda *args: ref.block_scaled_gemm_f64(*args, absolute=True)) if absolute else ref.block_scaled_gemm_f64
+    return ref.grouped_gemm(d[a], d[a_sf], d["D4.expert_offsets"], d[w], d[w_sf], valid=ref.valid_rows(d.tensors),
+                            fn=fn)
+
+
+def error_ratios(d: Dump, point: str) -> torch.Tensor:
+    """|acc - exact| / (τ Σ|ab|) over the valid, finite elements (the GEMM_BOUND statistic)."""
+    acc = d[GEMMS[point][0]].to(torch.float64)
+    valid = ref.valid_rows(d.tensors)
+    err = (acc - exact_sums(d, point)).abs()[valid]
+    scale = float(d.meta["tau"][point]) * exact_sums(d, point, absolute=True)[valid]
+    ok = torch.isfinite(err) & (scale > 0)
+    return err[ok] / scale[ok]
+
+
+def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
+    d = dumps[rank]
+    tensor = GEMMS[point][0]
+    acc, valid = d[tensor], ref.valid_rows(d.tensors)
     g = guard(point, tensor, rank, bool(valid.any()) or int(d["D2.recv_totals"].sum()) == 0, "no valid pool row")
     if g:
         return [g]
     if not valid.any():
         return []
+    exact_sum = exact_sums(d, point)
     g = guard(point, tensor, rank, bool((exact_sum[valid] != 0).any()) and bool((acc[valid] != 0).any()),
               "the expected or the dumped accumulators are all zero")
     if g:
@@ -28,6 +52,5 @@ def check_gemm(point: str, tensor: str, d: Dump, acc: torch.Tensor, a_codes: tor
     locate = pool_locator(d, rank)
     if d.meta.get("grid_snapped"):
         return [gemm_exact(point, tensor, rank, acc, exact_sum, valid, locate)]
-    abs_sum = ref.grouped_gemm(a_codes, a_sf, offsets, w, w_sf, valid=valid,
-                               fn=lambda *args: ref.block_scaled_gemm_f64(*args, absolute=True))
-    return [gemm_bound(point, tensor, rank, acc, exact_sum, abs_sum, float(d.meta["tau"][point]), valid, locate)]
+    return [gemm_bound(point, tensor, rank, acc, exact_sum, exact_sums(d, point, absolute=True),
+                       float(d.meta["tau"][point]), valid, locate)]

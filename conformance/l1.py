@@ -7,6 +7,4 @@ from .result import CheckResult
 
 
 def check_d5(dumps: list[Dump], rank: int) -> list[CheckResult]:
-    d = dumps[rank]
-    return check_gemm("D5", "D5.acc1", d, d["D5.acc1"], d["D4.pool_x"], d["D4.pool_x_sf"], d["weights.w1"],
-                      d["weights.w1_sf"])
+    return check_gemm("D5", dumps, rank)

@@ -89,6 +89,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(report.table() + "\n")
+    if args.plots:
+        from megamoe.conformance.dump import Dump
+        from megamoe.conformance.plots import write_plots
+
+        for path in write_plots([Dump.load(p) for p in args.dumps], args.plots):
+            _log(f"wrote {path}")
     return 0 if report.ok else 1
 
 
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p_chk.add_argument("--end-to-end", action="store_true", help="also report y against the float64 oracle")
     p_chk.add_argument("--json", help="write the results as JSON")
     p_chk.add_argument("--markdown", help="write the per-check table as Markdown")
+    p_chk.add_argument("--plots", help="write PNG error plots (D5, D7, end to end) into this folder (needs matplotlib)")
     p_chk.set_defaults(fn=cmd_check)
     p_dump = sub.add_parser("dump", help="write the reference's expected dumps (one file per rank)")
     _add_shape_args(p_dump)

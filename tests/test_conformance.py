@@ -143,3 +143,13 @@ def test_guard_fails_a_check_that_could_not_fail():
     report = check(reference_dumps(cfg, inputs, zero))
     assert report.first_failure == "D5"
     assert any(r.check == "GUARD" and "all zero" in r.message for r in report.results)
+
+
+def test_cli_check_writes_error_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = [str(p) for p in _dumps(tmp_path)]
+    assert main(["check", *paths, "--plots", str(tmp_path / "plots"), "--json", str(tmp_path / "r.json"),
+                 "--markdown", str(tmp_path / "r.md")]) == 0
+    for name in ("d5_acc1_error.png", "d7_acc2_error.png", "y_end_to_end_error.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| D6.l2_acts |" in (tmp_path / "r.md").read_text()
