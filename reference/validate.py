@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from .inputs import RankInputs
     from .weights import ExpertWeights
 
+TMA_ALIGNMENT = 16  # bytes: the kernel's bulk tensor copies need 16-byte aligned rows and bases
 HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
 INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
 
@@ -55,6 +56,12 @@ def _check_tensor(name: str, t, dtype, shape: tuple, device=None) -> None:
         _fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
+def _check_alignment(name: str, t: torch.Tensor) -> None:
+    if t.device.type != "meta" and t.numel() and t.data_ptr() % TMA_ALIGNMENT:
+        _fail(name, f"a {TMA_ALIGNMENT}-byte aligned base address", f"address {t.data_ptr():#x} "
+              f"(offset {t.data_ptr() % TMA_ALIGNMENT} bytes; a sliced view? pass .clone())")
+
+
 def _check_scales(name: str, sf: torch.Tensor) -> None:
     bad = (sf == 255).nonzero()
     if bad.numel():
@@ -73,6 +80,8 @@ def check_rank_inputs(cfg: "MoEConfig", inp: "RankInputs", rank: int = 0) -> Non
     _check_tensor("x_sf", inp.x_sf, torch.uint8, (t, cfg.hidden // 32), device)
     _check_tensor("topk_idx", inp.topk_idx, torch.int64, (t, cfg.top_k), device)
     _check_tensor("topk_weights", inp.topk_weights, torch.float32, (t, cfg.top_k), device)
+    _check_alignment("x", inp.x)
+    _check_alignment("x_sf", inp.x_sf)
     _check_scales("x_sf", inp.x_sf)
     idx = inp.topk_idx
     out_of_range = ((idx < -1) | (idx >= cfg.num_experts)).nonzero()

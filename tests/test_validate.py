@@ -84,3 +84,12 @@ def test_nan_weight_scale_byte(call):
 def test_unsupported_shapes(field, value, match):
     with pytest.raises(MegaMoEInputError, match=match):
         dataclasses.replace(CFG, **{field: value})
+
+
+def test_misaligned_base_address(call):
+    x = ref.as_codes(call[0][1].x)
+    storage = torch.zeros(x.numel() + 1, dtype=torch.uint8)
+    shifted = storage[1:].view(x.shape)  # contiguous, but one byte past an aligned address
+    shifted.copy_(x)
+    _expect(call, r"argument 'x': expected a 16-byte aligned base address, got address 0x[0-9a-f]+ \(offset 1 bytes",
+            x=ref.as_float8(shifted))
