@@ -34,11 +34,10 @@ from .jit import build as jb
 from .jit import driver
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
 
-BLOCK_ROWS = 128          # weight rows per CTA
+BLOCK_ROWS = 128          # weight rows per CTA with 2 consumer warpgroups (64 per warpgroup)
 BLOCK_K = 128
 MAX_DYN_SMEM = 232448     # sm_90 opt-in limit per block
 MAX_EXPERTS = 256
-THREADS = 384
 
 # GEMM_BOUND tau of the exact mode, |acc - exact| <= tau * sum_k |a_k b_k|; calibrated on the H200
 # by tests/gpu/test_gemm.py (which prints the largest observed ratio).
@@ -60,26 +59,36 @@ def _epi_bytes(layer: int, bn: int) -> int:
     return 2 * (bn * 32 + 4 * bn * 4 if layer == 1 else bn * 64 * 2)
 
 
-def _stage_bytes(bn: int) -> int:
-    return bn * BLOCK_K + BLOCK_ROWS * BLOCK_K // 2 + BLOCK_ROWS * 4 + bn * 4
+def _stage_bytes(bn: int, wgs: int = 2) -> int:
+    rows = 64 * wgs
+    return bn * BLOCK_K + rows * BLOCK_K // 2 + rows * 4 + bn * 4
 
 
-def smem_bytes(layer: int, bn: int, stages: int) -> int:
+def smem_bytes(layer: int, bn: int, stages: int, wgs: int = 2) -> int:
     # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh
-    return 1024 + stages * _stage_bytes(bn) + _epi_bytes(layer, bn) + 2 * stages * 8 + 17 * 8 + (2 * MAX_EXPERTS + 1) * 4
+    return (1024 + stages * _stage_bytes(bn, wgs) + _epi_bytes(layer, bn) * wgs // 2 + 2 * stages * 8 + 17 * 8
+            + (2 * MAX_EXPERTS + 1) * 4)
 
 
-def pick_stages(layer: int, bn: int) -> int:
-    fixed = smem_bytes(layer, bn, 0)
-    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn) + 16)))
+def pick_stages(layer: int, bn: int, wgs: int = 2) -> int:
+    fixed = smem_bytes(layer, bn, 0, wgs)
+    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn, wgs) + 16)))
+
+
+def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
+    """Consumer warpgroups per CTA. Always 2: the 4-warpgroup variant (256 weight rows per CTA,
+    meant to hide per-stage latency at small token tiles) compiles (with a 28-byte spill in the
+    fast mode) but failed on the H200 with an unspecified launch failure (2026-11-29), not debugged."""
+    return 2
 
 
 def spec_for(layer: int, block_n: int, *, mode: str = "exact", fast_math: bool = True,
-             debug: bool = False) -> jb.GemmSpec:
+             debug: bool = False, n_rows: int | None = None, wgs: int | None = None) -> jb.GemmSpec:
     if mode not in ("exact", "fast"):
         raise ValueError(f"mode: expected 'exact' or 'fast', got {mode!r}")
-    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n), exact=mode == "exact",
-                       fast_silu=bool(fast_math) if layer == 1 else True, debug=debug)
+    wgs = pick_wgs(block_n, n_rows) if wgs is None else wgs
+    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n, wgs), exact=mode == "exact",
+                       fast_silu=bool(fast_math) if layer == 1 else True, debug=debug, wgs=wgs)
 
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +190,7 @@ def _function(spec: jb.GemmSpec, dev: int):
     key = (spec, dev)
     if key not in _FUNCS:
         built = jb.build(spec)
-        smem = smem_bytes(spec.layer, spec.block_n, spec.stages)
+        smem = smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs)
         _FUNCS[key] = (driver.get_function(built.cubin, "megamoe_gemm", dev, smem), driver.num_sms(dev))
     return _FUNCS[key]
 
@@ -190,13 +199,15 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, ptrs: list[int], n_rows:
             clamp: float, has_clamp: int, *, arrival_block: int = 0) -> None:
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn, grid = _function(spec, dev)
-    smem = smem_bytes(spec.layer, spec.block_n, spec.stages)
+    smem = smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs)
+    if n_rows % (64 * spec.wgs):
+        raise ValueError(f"weight rows: expected a multiple of {64 * spec.wgs}, got {n_rows}")
     P = x.shape[0]
     tmap = driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, spec.block_n)
     params = _pack_params(tmap, ptrs, [num_experts, P, k, n_rows, arrival_block], clamp, has_clamp,
                           _err_record(dev).data_ptr())
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    driver.launch(fn, grid, THREADS, smem, stream, params)
+    driver.launch(fn, grid, 128 * (1 + spec.wgs), smem, stream, params)
 
 
 def _common_checks(x, x_sf, expert_offsets, num_tokens, k, sf_group=32):
@@ -246,7 +257,7 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
         raise ValueError(f"intermediate: 2I must be a multiple of {BLOCK_ROWS}, got {2 * inter}")
     if block_n is None:
         block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 1, mode)
-    spec = spec_for(1, block_n, mode=mode, fast_math=fast_math, debug=debug)
+    spec = spec_for(1, block_n, mode=mode, fast_math=fast_math, debug=debug, n_rows=2 * inter)
     if out is None:
         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=x_pool.device)
     if out_sf is None:
@@ -289,7 +300,7 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
         raise ValueError(f"hidden: expected a multiple of {BLOCK_ROWS}, got {H}")
     if block_n is None:
         block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 2, mode)
-    spec = spec_for(2, block_n, mode=mode, debug=debug)
+    spec = spec_for(2, block_n, mode=mode, debug=debug, n_rows=H)
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=l2_acts.device) if debug else None
     ptrs = [kw.w2.data_ptr(), kw.w2_sf.data_ptr(), l2_sf.data_ptr(), expert_offsets.data_ptr(),
             num_tokens.data_ptr(), 0, combine.data_ptr(), 0, dst_rows.data_ptr(),

@@ -37,16 +37,19 @@
 
 namespace megamoe {
 
-constexpr int kBlockRows = 128;       // weight rows per CTA (2 consumer warpgroups x 64)
 constexpr int kBlockK = 128;          // K per pipeline stage (4 wgmma k32 steps)
-constexpr int kThreads = 384;
+// A CTA has one producer warpgroup and kWGs consumer warpgroups (2, or 4 for small token tiles,
+// where more warps hide the per-stage latency); each consumer owns 64 weight rows.
+template <int kWGs>
+constexpr int threads_for() { return 128 * (1 + kWGs); }
 constexpr int kMaxExperts = 256;
 
-template <int BN>
+template <int BN, int kWGs>
 struct SmemLayout {
+  static constexpr int kRows = 64 * kWGs;              // weight rows per CTA
   static constexpr int kX = BN * kBlockK;              // e4m3 activations, 128B swizzled
-  static constexpr int kW = kBlockRows * kBlockK / 2;  // packed FP4, kernel layout
-  static constexpr int kWsf = kBlockRows * 4;          // scale bytes [row][4]
+  static constexpr int kW = kRows * kBlockK / 2;       // packed FP4, kernel layout
+  static constexpr int kWsf = kRows * 4;               // scale bytes [row][4]
   static constexpr int kXsf = BN * 4;                  // scale words [token]
   static constexpr int kStage = kX + kW + kWsf + kXsf;
 };
@@ -64,7 +67,7 @@ __device__ __forceinline__ float exp2i(int x) {
 
 struct WorkItem {
   int expert;
-  int n_block;     // block of kBlockRows weight rows
+  int n_block;     // block of 64 * kWGs weight rows
   int row0;        // first pool row of the token block
   int valid;       // valid pool rows in the token block (1..BN)
 };
@@ -91,9 +94,13 @@ __device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, c
 
 // The kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__ per
 // specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its descriptor).
-template <int kLayer, int BN, int kStages, bool kPromoteK32, bool kFastSilu, bool kDebug>
+template <int kLayer, int BN, int kStages, bool kPromoteK32, bool kFastSilu, bool kDebug, int kWGs>
 __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
-  using L = SmemLayout<BN>;
+  static_assert(kWGs == 2 || kWGs == 4, "consumer warpgroups");
+  using L = SmemLayout<BN, kWGs>;
+  constexpr int kBlockRows = L::kRows;
+  constexpr int kProducerRegs = kWGs == 2 ? 56 : 48;
+  constexpr int kConsumerRegs = kWGs == 2 ? 224 : 112;
   using Mma = WgmmaRS<BN>;
   constexpr int kAcc = BN / 2;
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "token tile");
@@ -108,7 +115,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   uint8_t* s_epi = reinterpret_cast<uint8_t*>(s_xsf + kStages * BN);
   // Epilogue staging per consumer warpgroup: L1 [BN][32] e4m3 + [4][BN] fp32 amax; L2 [BN][64] bf16.
   constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_epi + 2 * kEpiPerWg);
+  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_epi + kWGs * kEpiPerWg);
   uint64_t* s_empty = s_full + kStages;
   uint2* s_lut = reinterpret_cast<uint2*>(s_empty + kStages);   // fast mode: scaled FP4 LUTs
   int* s_prefix = reinterpret_cast<int*>(s_lut + kLutEntries);  // [E+1] item prefix
@@ -134,7 +141,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
-      ptx::mbar_init(&s_empty[s], 8);      // one arrive per consumer warp
+      ptx::mbar_init(&s_empty[s], 4 * kWGs);  // one arrive per consumer warp
     }
     ptx::fence_mbar_init();
     int acc = 0;
@@ -151,7 +158,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 
   if (warp < 4) {
     // ------------------------------------------------------------------ producer warpgroup
-    ptx::setmaxnreg_dec<56>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tma_desc(&p.tmap_x);
       int stage = 0;
@@ -174,7 +181,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           ptx::fence_proxy_async_global();
         }
         const uint8_t* w_base =
-            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * 8) * 1024;
+            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kBlockRows / 16)) * 1024;
         const uint8_t* wsf_base =
             p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kBlockRows) * 4;
         for (int kb = 0; kb < num_kb; ++kb) {
@@ -211,8 +218,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     }
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
-    ptx::setmaxnreg_inc<224>();
-    const int wg = warp / 4 - 1;       // 0 or 1: weight rows [64 wg, 64 wg + 64) of the CTA tile
+    ptx::setmaxnreg_inc<kConsumerRegs>();
+    const int wg = warp / 4 - 1;       // weight rows [64 wg, 64 wg + 64) of the CTA tile
     const int wtid = tid % 128;
     const int wq = (tid / 32) % 4;     // warp within the warpgroup: rows 16 wq .. 16 wq + 15
     const int g = lane / 4;
@@ -253,8 +260,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
           uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
           mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
-          pfa[cur] = ue8m0_to_float(ma);
-          pfb[cur] = ue8m0_to_float(mb);
+          pfa[cur] = __int_as_float(static_cast<int>(ma << 23));  // bits (smax << 23), see retire
+          pfb[cur] = __int_as_float(static_cast<int>(mb << 23));
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks) {
             const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
@@ -285,16 +292,23 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) ptx::fence_operand(pa[cur][ks][i]);
           // Token scales straight from the stage (released only after this read).
+          // The scale 2^(smax-127) * 2^(sx-127) is built on the fp32 bits with one integer add per
+          // (row, token): (smax - 127) << 23 + sx << 23. Equal to the fp32 product whenever that is
+          // a normal number (both factors are powers of two); products under 2^-126 (never met
+          // by real scales: both factors tiny) are not supported in the fast mode.
           const uint32_t* xsf = s_xsf + pstage[cur] * BN;
+          const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
+          const int rba = __float_as_int(pfa[cur]) - (127 << 23);
+          const int rbb = __float_as_int(pfb[cur]) - (127 << 23);
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
             const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-            const float sx0 = ue8m0_to_float((v.x >> (8 * (kb & 3))) & 0xFFu);
-            const float sx1 = ue8m0_to_float((v.y >> (8 * (kb & 3))) & 0xFFu);
-            acc[4 * j + 0] = __fmaf_rn(ptmp[cur][4 * j + 0], __fmul_rn(pfa[cur], sx0), acc[4 * j + 0]);
-            acc[4 * j + 1] = __fmaf_rn(ptmp[cur][4 * j + 1], __fmul_rn(pfa[cur], sx1), acc[4 * j + 1]);
-            acc[4 * j + 2] = __fmaf_rn(ptmp[cur][4 * j + 2], __fmul_rn(pfb[cur], sx0), acc[4 * j + 2]);
-            acc[4 * j + 3] = __fmaf_rn(ptmp[cur][4 * j + 3], __fmul_rn(pfb[cur], sx1), acc[4 * j + 3]);
+            const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
+            const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
+            acc[4 * j + 0] = __fmaf_rn(ptmp[cur][4 * j + 0], __int_as_float(rba + tb0), acc[4 * j + 0]);
+            acc[4 * j + 1] = __fmaf_rn(ptmp[cur][4 * j + 1], __int_as_float(rba + tb1), acc[4 * j + 1]);
+            acc[4 * j + 2] = __fmaf_rn(ptmp[cur][4 * j + 2], __int_as_float(rbb + tb0), acc[4 * j + 2]);
+            acc[4 * j + 3] = __fmaf_rn(ptmp[cur][4 * j + 3], __int_as_float(rbb + tb1), acc[4 * j + 3]);
           }
           __syncwarp();
           if (lane == 0) ptx::mbar_arrive(&s_empty[pstage[cur]]);
@@ -443,8 +457,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
       if constexpr (kLayer == 1) {
         // Interleaved rows (granularity 8): local row 16 rg + g is gate channel c, + 8 is up c.
         const int64_t inter = p.n_rows / 2;                       // I
-        const int c_local = wg * 32 + wq * 8 + g;                 // channel within the CTA's 64
-        const int64_t c = static_cast<int64_t>(wi.n_block) * 64 + c_local;
+        const int c_local = wg * 32 + wq * 8 + g;                 // channel within the CTA's kRows/2
+        const int64_t c = static_cast<int64_t>(wi.n_block) * (kBlockRows / 2) + c_local;
         uint8_t* st_q = s_epi_wg;                                 // [BN][32] e4m3
         float* st_amax = reinterpret_cast<float*>(s_epi_wg + BN * 32);  // [4][BN]
         const float clampv = p.clamp_value;
@@ -558,11 +572,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 }
 
 // Dynamic shared memory the kernel needs (bytes), including the 1024-byte alignment slack.
-template <int kLayer, int BN, int kStages>
+template <int kLayer, int BN, int kStages, int kWGs>
 constexpr int gemm_smem_bytes() {
-  using L = SmemLayout<BN>;
+  using L = SmemLayout<BN, kWGs>;
   constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
-  return 1024 + kStages * L::kStage + 2 * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
+  return 1024 + kStages * L::kStage + kWGs * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
          (2 * kMaxExperts + 1) * 4;
 }
 

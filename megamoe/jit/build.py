@@ -66,11 +66,12 @@ class GemmSpec:
     exact: bool = True    # True: promote per k32 with both scales (exact mode)
     fast_silu: bool = True
     debug: bool = False   # dump the fp32 accumulators (D5 / D7)
+    wgs: int = 2          # consumer warpgroups (64 weight rows each): 2, or 4 for small token tiles
 
     @property
     def name(self) -> str:
         return (f"gemm_l{self.layer}_n{self.block_n}_s{self.stages}_{'exact' if self.exact else 'fast'}"
-                f"_{'fsilu' if self.fast_silu else 'psilu'}{'_dbg' if self.debug else ''}")
+                f"_{'fsilu' if self.fast_silu else 'psilu'}_w{self.wgs}{'_dbg' if self.debug else ''}")
 
     def source(self) -> str:
         tmpl = (_kernel_dir() / "gemm" / "instantiate.cu.in").read_text()
@@ -79,6 +80,7 @@ class GemmSpec:
             "PROMOTE_K32": "true" if self.exact else "false",
             "FAST_SILU": "true" if self.fast_silu else "false",
             "DEBUG": "true" if self.debug else "false",
+            "WGS": str(self.wgs),
         }
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
