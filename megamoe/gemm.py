@@ -76,9 +76,12 @@ def pick_stages(layer: int, bn: int, wgs: int = 2) -> int:
 
 
 def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
-    """Consumer warpgroups per CTA. Always 2: the 4-warpgroup variant (256 weight rows per CTA,
-    meant to hide per-stage latency at small token tiles) compiles (with a 28-byte spill in the
-    fast mode) but failed on the H200 with an unspecified launch failure (2026-11-29), not debugged."""
+    """Consumer warpgroups per CTA: 4 (256 weight rows per CTA, 20 warps) for the 8-token tile,
+    where the per-stage latency of each consumer warp, not HBM or the tensor core, limits and more
+    warps per scheduler hide it; 2 otherwise (register budget: 640 x 96 launch registers leave the
+    4-warpgroup consumers 104 each, too few for larger tiles without spills)."""
+    if block_n <= 8 and (n_rows is None or n_rows % 256 == 0):
+        return 4
     return 2
 
 

@@ -99,8 +99,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   static_assert(kWGs == 2 || kWGs == 4, "consumer warpgroups");
   using L = SmemLayout<BN, kWGs>;
   constexpr int kBlockRows = L::kRows;
-  constexpr int kProducerRegs = kWGs == 2 ? 56 : 48;
-  constexpr int kConsumerRegs = kWGs == 2 ? 224 : 112;
+  // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
+  // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224;
+  // 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104 (<= 61440).
+  constexpr int kProducerRegs = kWGs == 2 ? 56 : 40;
+  constexpr int kConsumerRegs = kWGs == 2 ? 224 : 104;
   using Mma = WgmmaRS<BN>;
   constexpr int kAcc = BN / 2;
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "token tile");
@@ -230,7 +233,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 
     // kSets k32 products are in flight per wgmma batch (one accumulator set each): one wait per
     // batch instead of one per k32 step, bounded by the register budget.
-    constexpr int kSets = !kPromoteK32 ? 1 : kAcc <= 16 ? 4 : (kAcc <= 32 ? 2 : 1);
+    constexpr int kSets = !kPromoteK32 ? 1 : kAcc <= (kWGs == 2 ? 16 : 4) ? 4 : (kAcc <= 32 ? 2 : 1);
     float acc[kAcc];
     float tmp[kSets][kAcc];
     int stage = 0;
@@ -241,7 +244,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
-      if constexpr (!kPromoteK32 && BN <= 64) {
+      if constexpr (!kPromoteK32 && BN <= 64 && kWGs == 2) {
         // Pipelined fast mainloop: stage kb's four wgmmas run in the tensor core while stage kb-1
         // is retired (stage released, promoted); accumulators and A fragments double-buffered.
         float ptmp[2][kAcc];
