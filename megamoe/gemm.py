@@ -30,6 +30,8 @@ import struct
 
 import torch
 
+from megamoe.reference.quantize import rebase_k128 as ref_rebase_k128
+
 from .jit import build as jb
 from .jit import driver
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
@@ -96,21 +98,9 @@ def spec_for(layer: int, block_n: int, *, mode: str = "exact", fast_math: bool =
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The fast mode's activation operand: (payload [P, K] uint8 e4m3, scale bytes [P, K/128] uint8).
-
-    Per (row, K128 block): s_max = max of the four per-32 scale bytes; every payload of group g
-    becomes E4M3_RNE(payload * 2^(s_g - s_max)) (computed in fp32, where the power-of-two multiply
-    is exact; NaN stays NaN as 0x7F). Exact unless the shifted value falls below E4M3's normal
-    range (2^-6), where it is rounded to the 2^-9 subnormal grid."""
-    P, K = x.shape
-    sf = x_sf.view(P, K // 128, 4).to(torch.int64)
-    smax = sf.amax(-1)
-    shift = (sf - smax[..., None]).clamp_min(-300)
-    mult = (((shift + 1023) << 52).clamp_min(0)).view(torch.float64).to(torch.float32)  # 2^shift, exact or 0
-    v = _u8(x).view(torch.float8_e4m3fn).to(torch.float32).view(P, K // 128, 4, 32) * mult[..., None]
-    v = v.view(P, K)
-    q = v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    q = torch.where(torch.isnan(v), torch.full_like(q, 0x7F), q)
-    return q.contiguous(), smax.to(torch.uint8).contiguous()
+    The transform is part of the contract; its one definition is megamoe.reference.rebase_k128."""
+    q = ref_rebase_k128(_u8(x), x_sf)
+    return q.codes.contiguous(), q.scales.contiguous()
 
 
 def _pack_params(tmap: bytes, ptrs: list[int], ints: list[int], clamp: float, has_clamp: int, err: int) -> bytes:

@@ -24,13 +24,13 @@ from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
 from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
 from .pipeline import POINTS, ReferenceResult, StageContext, run_reference, valid_rows
 from .quantize import (Quantized, dequantize_e4m3, dequantize_fp4, quantize_activations,
-                       quantize_weights, requantize_intermediate)
+                       quantize_weights, rebase_k128, requantize_intermediate)
 from .routing import (DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk,
                       stable_topk, tie_free_logits)
 from .silu_tables import silu_table
 from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
 from .validate import MegaMoEInputError, check_call, check_rank_inputs, check_weights
 from .weights import (ExpertWeights, InterleavedWeights, deinterleave_gate_up, interleave_gate_up,
-                      random_weights, transform_weights, untransform_weights)
+                      random_weights, interleave_weights, deinterleave_weights)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

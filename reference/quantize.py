@@ -92,3 +92,25 @@ def dequantize_fp4(packed: torch.Tensor, scale_bytes: torch.Tensor,
     """Packed FP4 [..., K/2] with per-32 scales -> values [..., K] (float64 by default: exact)."""
     codes = F.unpack_fp4(packed)
     return F.decode_e2m1(codes).to(dtype) * _expand_scales(scale_bytes, codes.shape[-1], dtype)
+
+
+def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
+    """The fast GEMM mode's activation operand: per-32 scales rebased to one scale per 128.
+
+    A documented operand transform (SPEC §3 D4): per (row, 128-channel block), s_max is the largest
+    of the four per-32 scale bytes, and every payload of group g becomes
+    e4m3_satfinite(RNE(value · 2^(s_g − s_max))) in fp32 (2^(s_g − s_max) below 2^-149 is 0).
+    Exact unless a shifted value falls into E4M3's subnormal range (below 2^-6), where it is
+    rounded to the 2^-9 grid. Returns codes [P, K] and scale bytes [P, K/128].
+    """
+    c = F.as_codes(codes)
+    p, k = c.shape
+    if k % 128:
+        raise ValueError(f"rebase_k128: K must be a multiple of 128, got {k}")
+    sf = scale_bytes.reshape(p, k // 128, 4).to(torch.int32)
+    smax = sf.amax(dim=-1)
+    shift = sf - smax[..., None]
+    mult = torch.where(shift < -149, torch.zeros((), dtype=torch.float32, device=c.device),
+                       F.pow2_f32(shift.clamp(min=-149)))
+    v = F.decode_e4m3(c).reshape(p, k // 128, 4, GROUP) * mult[..., None]
+    return Quantized(F.encode_e4m3(v.reshape(p, k)), smax.to(torch.uint8))

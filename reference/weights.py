@@ -6,7 +6,8 @@ Canonical (per rank, E_l local experts):
 
 `interleave_gate_up` puts gate and up rows in blocks of 8, [g0..7, u0..7, g8..15, u8..15, ...],
 so that one L1 output tile holds matching gate and up channels; `deinterleave_gate_up` is its
-exact inverse. Kernel-specific re-encodings are layered on top of this by the kernel package.
+exact inverse. The SM90 kernel's `transform_weights` (megamoe.jit.layout) applies this step and
+then its own fragment order.
 """
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ class InterleavedWeights:
     w2_sf: torch.Tensor  # [E_l, H, I/128] int32
 
 
-def transform_weights(w: ExpertWeights) -> InterleavedWeights:
-    """Canonical -> kernel layout (the documented bijection of SPEC §2)."""
+def interleave_weights(w: ExpertWeights) -> InterleavedWeights:
+    """Canonical -> step 1 of the kernel layout: gate/up interleaved, scales packed 4 per int32.
+    The SM90 kernel's full `transform_weights` (megamoe.jit.layout) adds its fragment order on top."""
     return InterleavedWeights(
         w1=interleave_gate_up(w.w1),
         w1_sf=F.pack_ue8m0(interleave_gate_up(w.w1_sf)),
@@ -74,8 +76,8 @@ def transform_weights(w: ExpertWeights) -> InterleavedWeights:
     )
 
 
-def untransform_weights(t: InterleavedWeights) -> ExpertWeights:
-    """Kernel layout -> canonical (inverse of transform_weights, bit-exact)."""
+def deinterleave_weights(t: InterleavedWeights) -> ExpertWeights:
+    """Inverse of interleave_weights, bit-exact."""
     return ExpertWeights(
         w1=deinterleave_gate_up(t.w1),
         w1_sf=deinterleave_gate_up(F.unpack_ue8m0(t.w1_sf)),

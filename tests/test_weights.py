@@ -1,4 +1,4 @@
-"""transform_weights: the gate/up interleave of granularity 8 and its exact inverse (SPEC §2)."""
+"""The gate/up interleave of granularity 8 (step 1 of transform_weights, SPEC §2) and its exact inverse."""
 import torch
 from hypothesis import given, strategies as st
 
@@ -18,10 +18,10 @@ def test_interleave_inverse_is_exact(e, blocks, x, seed):
     assert torch.equal(ref.deinterleave_gate_up(ref.interleave_gate_up(rows)), rows)
 
 
-def test_transform_weights_round_trip():
+def test_interleave_weights_round_trip():
     w = ref.random_weights(4, 256, 128, seed=3)
-    t = ref.transform_weights(w)
+    t = ref.interleave_weights(w)
     assert t.w1_sf.dtype == torch.int32 and t.w1_sf.shape == (4, 256, 2)
-    back = ref.untransform_weights(t)
+    back = ref.deinterleave_weights(t)
     for a, b in zip((w.w1, w.w1_sf, w.w2, w.w2_sf), (back.w1, back.w1_sf, back.w2, back.w2_sf)):
         assert torch.equal(a, b)

@@ -29,38 +29,9 @@ import dataclasses
 
 import torch
 
-
-def interleave_gate_up(rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """[.., 2I, ..] canonical (gate rows then up rows) -> interleaved with granularity 8."""
-    n = rows.shape[dim]
-    assert n % 16 == 0, "2I must be a multiple of 16"
-    inter = n // 2
-    r = torch.arange(n, device=rows.device)
-    blk, j = r // 16, r % 16
-    src = torch.where(j < 8, 8 * blk + j, inter + 8 * blk + j - 8)
-    return rows.index_select(dim, src)
-
-
-def deinterleave_gate_up(rows: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    n = rows.shape[dim]
-    inter = n // 2
-    r = torch.arange(n, device=rows.device)
-    blk, j = r // 16, r % 16
-    src = torch.where(j < 8, 8 * blk + j, inter + 8 * blk + j - 8)
-    inv = torch.empty_like(src)
-    inv[src] = r
-    return rows.index_select(dim, inv)
-
-
-def _unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    lo = packed & 0x0F
-    hi = packed >> 4
-    return torch.stack([lo, hi], dim=-1).flatten(-2)
-
-
-def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    c = codes.view(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+# Step 1 and the nibble packing have one definition, in the reference.
+from megamoe.reference.formats import pack_fp4, unpack_fp4
+from megamoe.reference.weights import deinterleave_gate_up, interleave_gate_up  # noqa: F401
 
 
 def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
@@ -68,7 +39,7 @@ def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
     E, R, K2 = packed.shape
     K = 2 * K2
     assert R % 16 == 0 and K % 128 == 0
-    codes = _unpack_codes(packed).to(torch.int64)  # [E, R, K]
+    codes = unpack_fp4(packed).to(torch.int64)  # [E, R, K]
     # (e, rg, rh, g, kb, h, sl, hk, t, i) -> (e, kb, rg, h, g, t, sl, hk, rh, i)
     c = codes.view(E, R // 16, 2, 8, K // 128, 2, 2, 2, 4, 4).permute(0, 4, 1, 5, 3, 8, 6, 7, 2, 9)
     mag = c & 7
@@ -97,7 +68,7 @@ def fp4_from_kernel_layout(wk: torch.Tensor, R: int, K: int) -> torch.Tensor:
     c = torch.stack([ca, cb], dim=-2)  # (e, kb, rg, h, g, t, sl, hk, rh, i)
     c = c.permute(0, 2, 8, 4, 1, 3, 6, 7, 5, 9)  # -> (e, rg, rh, g, kb, h, sl, hk, t, i)
     codes = c.reshape(E, R, K)
-    return _pack_codes(codes.to(torch.uint8))
+    return pack_fp4(codes.to(torch.uint8))
 
 
 def sf_to_kernel_layout(sf: torch.Tensor) -> torch.Tensor:
@@ -137,16 +108,16 @@ def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w
     for name, t in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
         if t.dtype != torch.uint8:
             raise TypeError(f"{name}: expected uint8, got {t.dtype}")
-    w1i = interleave_gate_up(w1, 1)
-    s1i = interleave_gate_up(w1_sf, 1)
+    w1i = interleave_gate_up(w1)
+    s1i = interleave_gate_up(w1_sf)
     return KernelWeights(fp4_to_kernel_layout(w1i), sf_to_kernel_layout(s1i),
                          fp4_to_kernel_layout(w2), sf_to_kernel_layout(w2_sf), H, inter)
 
 
 def untransform_weights(kw: KernelWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     H, inter = kw.hidden, kw.intermediate
-    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, H), 1)
-    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf), 1)
+    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, H))
+    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf))
     w2 = fp4_from_kernel_layout(kw.w2, H, inter)
     s2 = sf_from_kernel_layout(kw.w2_sf)
     return w1, s1, w2, s2
