@@ -54,6 +54,16 @@ def rand_e4m3(shape, dev):
     return (codes | sign)
 
 
+def random_kernel_weights(H: int, inter: int, dev) -> KernelWeights:
+    """Random bytes already in the kernel layout (timing only needs realistic scale bytes)."""
+    return KernelWeights(
+        w1=torch.randint(0, 256, (E, H // 128, 2 * inter // 16, 1024), dtype=torch.uint8, device=dev),
+        w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
+        w2=torch.randint(0, 256, (E, inter // 128, H // 16, 1024), dtype=torch.uint8, device=dev),
+        w2_sf=torch.randint(118, 125, (E, inter // 128, H, 4), dtype=torch.uint8, device=dev),
+        hidden=H, intermediate=inter)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="dsv3,v4flash")
@@ -66,12 +76,7 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
-        kw = KernelWeights(
-            w1=torch.randint(0, 256, (E, H // 128, 2 * inter // 16, 1024), dtype=torch.uint8, device=dev),
-            w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
-            w2=torch.randint(0, 256, (E, inter // 128, H // 16, 1024), dtype=torch.uint8, device=dev),
-            w2_sf=torch.randint(118, 125, (E, inter // 128, H, 4), dtype=torch.uint8, device=dev),
-            hidden=H, intermediate=inter)
+        kw = random_kernel_weights(H, inter, dev)
         for layer in (1, 2):
             R, K = (2 * inter, H) if layer == 1 else (H, inter)
             wbytes = E * (R * K // 2 + R * K // 32)

@@ -4,21 +4,15 @@ import sys
 import torch
 
 from megamoe import gemm as G
-from megamoe.jit.layout import KernelWeights
 
-from .gemm import SHAPES, E, ALIGN, rand_e4m3
+from .gemm import ALIGN, SHAPES, E, rand_e4m3, random_kernel_weights
 
 
 def main():
     layer, m, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     H, inter = SHAPES[sys.argv[4] if len(sys.argv) > 4 else "dsv3"]
     dev = torch.device("cuda")
-    kw = KernelWeights(
-        w1=torch.randint(0, 256, (E, H // 128, 2 * inter // 16, 1024), dtype=torch.uint8, device=dev),
-        w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
-        w2=torch.randint(0, 256, (E, inter // 128, H // 16, 1024), dtype=torch.uint8, device=dev),
-        w2_sf=torch.randint(118, 125, (E, inter // 128, H, 4), dtype=torch.uint8, device=dev),
-        hidden=H, intermediate=inter)
+    kw = random_kernel_weights(H, inter, dev)
     K = H if layer == 1 else inter
     mp = (m + ALIGN - 1) // ALIGN * ALIGN
     P = E * mp

@@ -1,17 +1,13 @@
-"""Self-contained helpers for the SM90 GEMM tests: random pools and weights, fp64 references of
-the dequantized operands, and a torch emulation of the D6 epilogue rule (SPEC §3)."""
+"""Helpers for the SM90 GEMM tests: random pools (with poisoned padding) and weights, fp64 sums of
+the dequantized operands; the formats and the D6 rule come from megamoe.reference."""
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import torch
 
-from megamoe.jit import layout as L
-
-REPO = Path(__file__).resolve().parents[2]
-FP4_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+from megamoe import reference as ref
 
 
 def log_result(**kw) -> None:
@@ -23,29 +19,10 @@ def log_result(**kw) -> None:
             f.write(json.dumps(kw) + "\n")
 
 
-def pow2_f64(e: torch.Tensor) -> torch.Tensor:
-    return torch.pow(torch.tensor(2.0, dtype=torch.float64, device=e.device), e.to(torch.float64))
-
-
-def dequant_fp8(codes: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
-    v = codes.view(torch.float8_e4m3fn).to(torch.float64)
-    s = pow2_f64(sf.to(torch.int64) - 127).repeat_interleave(32, dim=-1)
-    return v * s
-
-
-def dequant_fp4(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2).to(torch.int64)
-    v = FP4_VALUES.to(packed.device)[codes]
-    s = pow2_f64(sf.to(torch.int64) - 127).repeat_interleave(32, dim=-1)
-    return v * s
-
-
-def e4m3_codes(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> e4m3 codes, RNE, saturating (clamp first: torch 2.11 casts overflow to NaN)."""
-    x = x.to(torch.float32)
-    q = x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).clone()
-    q[torch.isnan(x)] = 0x7F
-    return q
+# The formats and the D6 rule have one definition: the reference's.
+dequant_fp8 = ref.dequantize_e4m3  # (codes, scale bytes) -> float64 values
+dequant_fp4 = ref.dequantize_fp4  # (packed, scale bytes) -> float64 values
+e4m3_codes = ref.encode_e4m3  # fp32 -> codes, RNE, saturating, NaN -> 0x7F
 
 
 class Pool:
@@ -116,33 +93,11 @@ def bound_ratio(acc: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> 
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
-def silu_table(fast: bool, device) -> torch.Tensor:
-    name = "silu_fast.bin" if fast else "silu_precise.bin"
-    data = (REPO / "reference" / "tables" / name).read_bytes()
-    return torch.frombuffer(bytearray(data), dtype=torch.int32).view(torch.float32).clone().to(device)
-
-
 def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool, clamp):
-    """SPEC D6 on the dumped acc1 [n, 2I] (canonical): (codes [n, I] uint8, scale bytes [n, I/32])."""
-    g = acc1[:, :inter].to(torch.bfloat16)
-    u = acc1[:, inter:].to(torch.bfloat16)
-    if clamp is not None:
-        c = torch.tensor(clamp, dtype=torch.float32).to(torch.bfloat16).to(acc1.device)
-        g = torch.minimum(g, c)
-        u = torch.maximum(torch.minimum(u, c), -c)
-    s = silu_table(fast, acc1.device)[g.view(torch.int16).to(torch.int64) & 0xFFFF]
-    a = (s * u.to(torch.float32)) * w_route[:, None]
-    n = a.shape[0]
-    grp = a.view(n, inter // 32, 32)
-    mag = grp.abs()
-    amax = torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(-1)
-    scaled = amax * torch.tensor(1.0 / 448.0, dtype=torch.float32, device=a.device)
-    bits = scaled.view(torch.int32).to(torch.int64)
-    byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int64)
-    mult = pow2_f64(127 - byte).to(torch.float32)
-    v = grp * mult[..., None]
-    q = e4m3_codes(v).view(n, inter)
-    return q, byte.to(torch.uint8)
+    """SPEC D6 on the dumped acc1 [n, 2I] (canonical), by the reference: (codes [n, I], scale bytes [n, I/32])."""
+    valid = torch.ones(acc1.shape[0], dtype=torch.bool, device=acc1.device)
+    out = ref.l1_epilogue(acc1, w_route, valid, activation_clamp=clamp, fast_math=fast)
+    return out.l2_acts, out.l2_sf
 
 
 def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
