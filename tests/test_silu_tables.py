@@ -35,3 +35,20 @@ def test_table_error_against_float64_silu():
         print(f"{'fast' if fast else 'precise'} SiLU table: max {err.max():.1f} ulp, mean {err.mean():.3f} ulp")
         assert err.max() <= MAX_ULP[fast]
     assert not torch.equal(ref.silu_table(True), ref.silu_table(False))
+
+
+def test_silu_probe_compiles_with_the_kernel_flags(tmp_path):
+    """The probe that generates the tables builds with the kernel's own nvcc flags (CI has nvcc, no GPU)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from megamoe.jit.flags import NVCC_FLAGS
+    from megamoe.kernel import KERNEL_DIR
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    run = subprocess.run(["nvcc", *NVCC_FLAGS, "-cubin", "-o", str(tmp_path / "probe.cubin"),
+                          str(KERNEL_DIR / "probes" / "silu_tables.cu")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
