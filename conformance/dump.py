@@ -83,6 +83,12 @@ class Dump:
         return cls(obj["tensors"], obj["meta"])
 
 
+def global_weights(dumps: list[Dump]) -> ref.ExpertWeights:
+    """All E experts' weights, from the local weights in the dumps of every rank (rank order)."""
+    ordered = sorted(dumps, key=lambda d: d.rank)
+    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
+
+
 REQUIRED = ("inputs.x", "inputs.x_sf", "inputs.topk_idx", "inputs.topk_weights", "inputs.recv_stats_before",
             "weights.w1", "weights.w1_sf", "weights.w2", "weights.w2_sf")
 

@@ -9,7 +9,7 @@ import torch
 
 from megamoe import reference as ref
 
-from .dump import Dump
+from .dump import Dump, global_weights
 from .gemm import GEMMS, error_ratios
 
 
@@ -33,6 +33,17 @@ def _log_hist(ax, values: torch.Tensor, label: str) -> None:
         ax.plot([], [], label=f"{label} (all {zeros} exact)")
 
 
+def _finish(plt, fig, ax, path: Path, title: str, xlabel: str) -> Path:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("elements")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def gemm_plot(dumps: list[Dump], point: str, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -40,22 +51,14 @@ def gemm_plot(dumps: list[Dump], point: str, path: Path) -> Path:
         _log_hist(ax, error_ratios(d, point), f"rank {d.rank}")
     ax.axvline(0.0, color="red", linestyle="--", label="bound (ratio 1)")
     meta = dumps[0].meta
-    ax.set_title(f"{GEMMS[point][0]}: |acc - exact| / (tau sum|ab|), tau = {meta['tau'][point]:.3g}, "
-                 f"mode {meta['kernel_mode']}", fontsize=9)
-    ax.set_xlabel("log10 ratio to the GEMM_BOUND bound")
-    ax.set_ylabel("elements")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, f"{GEMMS[point][0]}: |acc - exact| / (tau sum|ab|), "
+                   f"tau = {meta['tau'][point]:.3g}, mode {meta['kernel_mode']}", "log10 ratio to the GEMM_BOUND bound")
 
 
 def end_to_end_plot(dumps: list[Dump], path: Path) -> Path:
     plt = _pyplot()
     cfg = dumps[0].config
-    weights = ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in dumps]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
-    oracle = ref.run_oracle(cfg, [d.inputs() for d in dumps], weights)
+    oracle = ref.run_oracle(cfg, [d.inputs() for d in dumps], global_weights(dumps))
     fig, ax = plt.subplots(figsize=(7, 4))
     for d, orc in zip(dumps, oracle):
         y = d["D9.y"].to(torch.float64)
@@ -63,14 +66,7 @@ def end_to_end_plot(dumps: list[Dump], path: Path) -> Path:
         ulp = torch.exp2(torch.clamp(e.to(torch.float64) - 1, min=-126) - 7)
         err = ((y - orc.y).abs() / ulp)[torch.isfinite(y) & torch.isfinite(orc.y)]
         _log_hist(ax, err, f"rank {d.rank}, calc_diff {ref.calc_diff(y, orc.y):.2e}")
-    ax.set_title("y against the float64 oracle (end to end)", fontsize=9)
-    ax.set_xlabel("log10 |error| in bf16 ulps")
-    ax.set_ylabel("elements")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "y against the float64 oracle (end to end)", "log10 |error| in bf16 ulps")
 
 
 def write_plots(dumps: list[Dump], out_dir: str | Path) -> list[Path]:

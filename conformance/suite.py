@@ -14,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-import torch
-
 from megamoe import reference as ref
 
 from .cleanup import check_d10
 from .combine import check_d9
 from .dispatch import check_d1, check_d2, check_d3
-from .dump import Dump
+from .dump import Dump, global_weights
 from .l1 import check_d5
 from .l2 import check_d7, check_d8
 from .pool import check_d4
@@ -88,8 +86,7 @@ def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
     """END_TO_END (report only): y against the float64 oracle of the dumped inputs."""
     cfg = dumps[0].config
     inputs = [d.inputs() for d in dumps]
-    weights = ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in dumps]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
-    oracle = ref.run_oracle(cfg, inputs, weights)
+    oracle = ref.run_oracle(cfg, inputs, global_weights(dumps))
     out = []
     for d, orc in zip(dumps, oracle):
         y = d["D9.y"].float()
