@@ -33,4 +33,7 @@ from .validate import MegaMoEInputError, check_call, check_rank_inputs, check_we
 from .weights import (ExpertWeights, InterleavedWeights, deinterleave_gate_up, interleave_gate_up,
                       random_weights, interleave_weights, deinterleave_weights)
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+import types as _types
+
+__all__ = [name for name, value in dict(globals()).items()
+           if not name.startswith("_") and not isinstance(value, _types.ModuleType)]
