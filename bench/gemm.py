@@ -1,6 +1,7 @@
 """Benchmark of the SM90 grouped GEMMs against torch's grouped GEMMs; prints one table.
 
     python -m bench.gemm [--shapes dsv3,v4flash] [--tokens 8,64,512,2048] [--json out.json]
+                         [--modes exact,fast] [--no-baselines] [--fast-bn 64]
 
 Shapes (32 local experts): DeepSeek-V3 slice (H 7168, I 2048), V4-Flash slice (H 4096, I 2048).
 L1: rows 2I, K = H. L2: rows H, K = I. Every expert gets the same token count m.
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--modes", default="exact,fast")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--fast-bn", type=int, default=None, help="force the fast mode's token tile (default: auto)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     rows = []
@@ -96,17 +98,18 @@ def main() -> None:
                     xsf = torch.randint(124, 131, (P, K // (32 if mode == "exact" else 128)), dtype=torch.uint8,
                                         device=dev)
                     x128 = None if mode == "exact" else xsf
+                    bn = args.fast_bn if mode == "fast" and args.fast_bn and m > args.fast_bn else None
                     if layer == 1:
                         wr = torch.randn(P, device=dev)
                         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=dev)
                         osf = torch.empty(P, inter // 32, dtype=torch.uint8, device=dev)
                         fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, mode=mode, out=out, out_sf=osf,  # noqa: E731
-                                               max_tokens=m, x_sf128=x128)
+                                               max_tokens=m, x_sf128=x128, block_n=bn)
                     else:
                         comb = torch.empty(1, P, H, dtype=torch.bfloat16, device=dev)
                         dst = torch.arange(P, dtype=torch.int32, device=dev)
                         fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, mode=mode, max_tokens=m,  # noqa: E731
-                                               x_sf128=x128)
+                                               x_sf128=x128, block_n=bn)
                     res[mode] = time_us(fn)
                 M = E * m
                 flops = 2.0 * M * R * K

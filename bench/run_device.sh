@@ -5,6 +5,10 @@ set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MEGAMOE_CACHE_DIR=$PWD/.jitcache
 export MEGAMOE_TEST_LOG=${OUT:-/tmp}/results.jsonl
 OUT=${OUT:-/tmp}
+# An uninstalled checkout (the device machine's copy) lacks the package-dir mapping of pyproject:
+# link megamoe.reference / .conformance / .kernel to their folders when the import fails.
+python3 -c "import megamoe.reference, megamoe.conformance, megamoe.kernel" 2>/dev/null ||
+  for m in reference conformance kernel; do [ -e megamoe/$m ] || ln -s ../$m megamoe/$m; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/gpu.txt
 ls .jitcache | wc -l
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -48,13 +48,15 @@ FAST_TAU = 2.0 ** -10
 
 
 def pick_block_n(max_tokens: int, layer: int = 2, mode: str = "exact") -> int:
-    """Token tile for a launch whose largest expert has max_tokens rows. Up to 64 everywhere (the
-    fast mode's double-buffered mainloop and the L1 epilogue need BN <= 64 to stay spill-free);
-    exact-mode L2 goes to 128."""
+    """Token tile for a launch whose largest expert has max_tokens rows: the smallest of 8..64 that
+    holds them; above 64, the fast mode takes 128 (split-N pipelined mainloop: one FP4 decode per
+    128 tokens), exact-mode L2 128, exact-mode L1 64 (BN = 128 compiles spill-free since the
+    epilogue's shared stores were fixed, but is neither tested nor measured). block_n=64 keeps the
+    fast mode on its BN <= 64 mainloop."""
     for bn in (8, 16, 32, 64):
         if max_tokens <= bn:
             return bn
-    return 128 if (layer == 2 and mode == "exact") else 64
+    return 128 if (layer == 2 or mode == "fast") else 64
 
 
 def _epi_bytes(layer: int, bn: int) -> int:
@@ -171,7 +173,7 @@ def used_specs() -> list[jb.GemmSpec]:
     specs = []
     for mode in ("exact", "fast"):
         for debug in (False, True):
-            for bn in (8, 16, 32, 64):
+            for bn in (8, 16, 32, 64) + ((128,) if mode == "fast" else ()):
                 for fast_silu in (True, False):
                     specs.append(spec_for(1, bn, mode=mode, fast_math=fast_silu, debug=debug))
             for bn in (8, 16, 32, 64, 128):

@@ -102,6 +102,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
   // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224;
   // 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104 (<= 61440).
+  // Fast mode, BN = 128: the split-N pipelined mainloop.
+  constexpr bool kSplitN = !kPromoteK32 && BN == 128 && kWGs == 2;
   constexpr int kProducerRegs = kWGs == 2 ? 56 : 40;
   constexpr int kConsumerRegs = kWGs == 2 ? 224 : 104;
   using Mma = WgmmaRS<BN>;
@@ -244,6 +246,127 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
+      if constexpr (kSplitN) {
+        // Split-N pipelined fast mainloop (BN = 128). The four k32 wgmmas of a stage run as two
+        // N = 64 halves that share one decoded A fragment (the FP4 decode is paid once per 128
+        // tokens). Pipeline over halves: half 0 of stage kb is promoted while half 1 runs in the
+        // tensor core, half 1 while half 0 of kb + 1 runs. Registers: acc 64 + half products
+        // 2 x 32 + A fragments 16 (a second A buffer, to decode kb + 1 while kb runs, spills).
+        using Mma64 = WgmmaRS<64>;
+        float ht[2][32];          // K128 products of token half 0 / 1
+        uint32_t pa[4][4];        // decoded A fragments of one stage
+        int prb[2][2];            // (smax - 127) << 23 of rows row_a / row_a + 8, per buffer
+        int pstage[2];
+        auto decode = [&](auto cur_c) {
+          constexpr int cur = decltype(cur_c)::value;
+          ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
+          const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
+          const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
+          const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
+          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
+          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
+          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
+          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
+          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
+          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+          prb[cur][0] = static_cast<int>(ma << 23) - (127 << 23);
+          prb[cur][1] = static_cast<int>(mb << 23) - (127 << 23);
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
+            const uint2 la = s_lut[da];
+            const uint2 lb = s_lut[db];
+            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
+            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
+            decode_fp4x8_2lut(w0, la, lb, pa[ks][0], pa[ks][1]);
+            decode_fp4x8_2lut(w1, la, lb, pa[ks][2], pa[ks][3]);
+          }
+          pstage[cur] = stage;
+          if (++stage == kStages) { stage = 0; phase ^= 1; }
+        };
+        auto mma = [&](auto cur_c, auto h_c) {
+          constexpr int cur = decltype(cur_c)::value;
+          constexpr int h = decltype(h_c)::value;
+          // Token rows 64 h .. 64 h + 63 of the stage's tile: 8 swizzle atoms (1024 B) further on.
+          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + pstage[cur] * L::kX + h * 64 * kBlockK);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+            Mma64::mma(ht[h], pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3],
+                       desc0 + static_cast<uint64_t>((ks * 32) >> 4), ks > 0 ? 1 : 0);
+          ptx::wgmma_commit();
+        };
+        // Promotion of half h of stage kb (its wgmmas complete); after half 1 the stage is released.
+        auto promote = [&](auto cur_c, auto h_c, int kb) {
+          constexpr int cur = decltype(cur_c)::value;
+          constexpr int h = decltype(h_c)::value;
+#pragma unroll
+          for (int i = 0; i < 32; ++i) ptx::fence_operand(ht[h][i]);
+          // Same integer scale construction as the BN <= 64 mainloop (see retire there).
+          const uint32_t* xsf = s_xsf + pstage[cur] * BN + 64 * h;
+          const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
+          const int rba = prb[cur][0];
+          const int rbb = prb[cur][1];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
+            const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
+            const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
+            float* a = acc + 32 * h + 4 * j;
+            a[0] = __fmaf_rn(ht[h][4 * j + 0], __int_as_float(rba + tb0), a[0]);
+            a[1] = __fmaf_rn(ht[h][4 * j + 1], __int_as_float(rba + tb1), a[1]);
+            a[2] = __fmaf_rn(ht[h][4 * j + 2], __int_as_float(rbb + tb0), a[2]);
+            a[3] = __fmaf_rn(ht[h][4 * j + 3], __int_as_float(rbb + tb1), a[3]);
+          }
+          // Pin the FMAs before the next wgmma issue: otherwise the compiler sinks them past it,
+          // keeps a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
+#pragma unroll
+          for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[32 * h + i]);
+          if constexpr (h == 1) {
+            __syncwarp();
+            if (lane == 0) ptx::mbar_arrive(&s_empty[pstage[cur]]);
+          }
+        };
+        using C0 = std::integral_constant<int, 0>;
+        using C1 = std::integral_constant<int, 1>;
+        using Yes = std::true_type;
+        using No = std::false_type;
+        // One stage: on entry both halves of kb are in flight; on exit both halves of kb + 1 (if any).
+        // The A fragments are single-buffered (register budget): stage kb + 1 is decoded once
+        // both halves of kb are complete, while the other consumer warpgroup keeps the tensor core
+        // busy; half 1 of kb is promoted while half 0 of kb + 1 runs.
+        auto step = [&](auto cur_c, auto nxt_c, int kb, auto more_c) {
+          constexpr bool more = decltype(more_c)::value;
+          ptx::wgmma_wait<1>();
+          promote(cur_c, C0{}, kb);
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ptx::fence_operand(pa[ks][i]);
+          if constexpr (more) {
+            decode(nxt_c);
+            mma(nxt_c, C0{});
+          }
+          promote(cur_c, C1{}, kb);
+          if constexpr (more) mma(nxt_c, C1{});
+        };
+        decode(C0{});
+        mma(C0{}, C0{});
+        mma(C0{}, C1{});
+        int kb = 0;
+        for (; kb + 2 < num_kb; kb += 2) {
+          step(C0{}, C1{}, kb, Yes{});
+          step(C1{}, C0{}, kb + 1, Yes{});
+        }
+        if (kb + 1 < num_kb) {
+          step(C0{}, C1{}, kb, Yes{});
+          step(C1{}, C0{}, kb + 1, No{});
+        } else {
+          step(C0{}, C1{}, kb, No{});
+        }
+      } else
       if constexpr (!kPromoteK32 && BN <= 64 && kWGs == 2) {
         // Pipelined fast mainloop: stage kb's four wgmmas run in the tensor core while stage kb-1
         // is retired (stage released, promoted); accumulators and A fragments double-buffered.
@@ -506,6 +629,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         }
         ptx::named_barrier(1 + wg, 128);
         const int64_t n_sf = inter / 32;
+        const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -518,7 +642,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
             const float mult = exp2i(127 - byte);               // 2^-e, e = byte - 127
             const float a = swiglu(acc[4 * j + h], acc[4 * j + 2 + h], tok);
             const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);
-            st_q[tok * 32 + wq * 8 + g] = static_cast<uint8_t>(q2 & 0xFFu);
+            ptx::st_shared_u8(st_q_s + tok * 32, q2 & 0xFFu);
             if (wq == 0 && g == 0 && tok < wi.valid)
               p.out_sf[(p0 + tok) * n_sf + (c - c_local) / 32 + wg] = static_cast<uint8_t>(byte);
           }
@@ -538,6 +662,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         const int64_t hidden = p.n_rows;
         const int64_t h_base = static_cast<int64_t>(wi.n_block) * kBlockRows + wg * 64;
         __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [BN][64]
+        const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
         ptx::named_barrier(1 + wg, 128);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
@@ -552,8 +677,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
                 p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g + 8] = v1;
               }
             }
-            st[tok * 64 + wq * 16 + g] = __float2bfloat16_rn(v0);
-            st[tok * 64 + wq * 16 + g + 8] = __float2bfloat16_rn(v1);
+            ptx::st_shared_u16(st_s + tok * 128, __bfloat16_as_ushort(__float2bfloat16_rn(v0)));
+            ptx::st_shared_u16(st_s + tok * 128 + 16, __bfloat16_as_ushort(__float2bfloat16_rn(v1)));
           }
         }
         ptx::named_barrier(1 + wg, 128);

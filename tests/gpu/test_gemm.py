@@ -189,7 +189,7 @@ def test_compile_error_is_readable(tmp_path, monkeypatch):
 # fast mode (K128 promotion, weight scales in the LUT, activations rebased per K128)
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("block_n", [8, 64])
+@pytest.mark.parametrize("block_n", [8, 64, 128])
 def test_fast_l1_bound_and_epilogue(block_n):
     H, inter = 2048, 1024
     pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=200 + block_n)
