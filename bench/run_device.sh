@@ -2,13 +2,13 @@
 # One device call: GPU tests of the GEMM core, then the benchmark table. Logs under $OUT.
 # Usage (device tool): bash bench/run_device.sh [pytest args...]
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MEGAMOE_CACHE_DIR=$PWD/.jitcache
+export PYTHONUNBUFFERED=1 MEGAMOE_CACHE_DIR=$PWD/.jitcache
 export MEGAMOE_TEST_LOG=${OUT:-/tmp}/results.jsonl
 OUT=${OUT:-/tmp}
-# An uninstalled checkout (the device machine's copy) lacks the package-dir mapping of pyproject:
-# link megamoe.reference / .conformance / .kernel to their folders when the import fails.
+# The device machine's copy is not installed: install it editable, offline (its dependencies are
+# there), so that megamoe.reference / .conformance / .kernel map to their folders as in pyproject.
 python3 -c "import megamoe.reference, megamoe.conformance, megamoe.kernel" 2>/dev/null ||
-  for m in reference conformance kernel; do [ -e megamoe/$m ] || ln -s ../$m megamoe/$m; done
+  python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee $OUT/gpu.txt
 ls .jitcache | wc -l
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
