@@ -25,7 +25,8 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     for owner in dumps:
         valid = ref.valid_rows(owner.tensors)
         meta = owner["D4.pool_meta"].long()
-        rows = (valid & (meta[:, 0] == rank)).nonzero().flatten()
+        in_range = (meta[:, 1] >= 0) & (meta[:, 1] < buf.shape[1]) & (meta[:, 2] >= 0) & (meta[:, 2] < buf.shape[0])
+        rows = (valid & in_range & (meta[:, 0] == rank)).nonzero().flatten()
         if rows.numel():
             k, t = meta[rows, 2], meta[rows, 1]
             want[k, t] = ref.bf16_tensor(ref.encode_bf16(owner["D7.acc2"][rows]))

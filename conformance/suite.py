@@ -23,7 +23,7 @@ from .dump import Dump, global_weights
 from .l1 import check_d5
 from .l2 import check_d7, check_d8
 from .pool import check_d4
-from .result import END_TO_END, FAIL, INFO, PASS, CheckResult
+from .result import END_TO_END, FAIL, GUARD, INFO, PASS, CheckResult
 from .swiglu import check_d6
 
 STAGES: tuple[tuple[str, str, Callable], ...] = (
@@ -113,7 +113,11 @@ def check(dumps: Iterable[Dump] | Iterable[str | Path], *, end_to_end: bool = Fa
         if progress:
             progress(f"checking {point} ({stage}) on {world} rank(s)")
         for rank in range(world):
-            results += fn(dumps, rank)
+            try:
+                results += fn(dumps, rank)
+            except Exception as exc:  # a malformed dump is a failure of its point, not a crash
+                results.append(CheckResult(point, f"{point}.*", GUARD, rank, FAIL,
+                                           message=f"the checker could not run on this dump: {type(exc).__name__}: {exc}"))
     if end_to_end:
         results += _end_to_end(dumps)
     return SuiteReport(results)

@@ -153,3 +153,13 @@ def test_cli_check_writes_error_plots(tmp_path):
     for name in ("d5_acc1_error.png", "d7_acc2_error.png", "y_end_to_end_error.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| D6.l2_acts |" in (tmp_path / "r.md").read_text()
+
+
+def test_a_malformed_dump_is_reported_not_raised():
+    cfg, inputs, weights = scenario_inputs("clamped", 0)
+    dumps = reference_dumps(cfg, inputs, weights)
+    dumps[0].tensors["D7.acc2"] = dumps[0]["D7.acc2"][:, :7]  # wrong shape
+    dumps[1].tensors["D4.pool_meta"][0] = torch.tensor([1, 10_000, 99], dtype=torch.int32)  # out of range
+    report = check(dumps)
+    assert report.first_failure == "D4"
+    assert any(r.point == "D7" and r.failed for r in report.results)
