@@ -226,6 +226,21 @@ def _common_checks(x, x_sf, expert_offsets, num_tokens, k, sf_group=32):
     return E
 
 
+def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, mode: str, k_name: str):
+    """The GEMM's activation operand, checked: per-32 scales (exact mode) or, in fast mode, the
+    payload and scales rebased per K128 (computed here unless the caller passes x_sf128 with an
+    already rebased x). Returns (x, scales, number of experts)."""
+    if mode == "fast":
+        if x_sf128 is None:
+            _common_checks(x, x_sf, expert_offsets, num_tokens, k)
+            x, x_sf128 = rebase_k128(x, x_sf)
+        x_sf = x_sf128
+    num_experts = _common_checks(x, x_sf, expert_offsets, num_tokens, k, 128 if mode == "fast" else 32)
+    if mode == "fast" and k % 512:
+        raise ValueError(f"{k_name}: the fast mode needs a multiple of 512, got {k}")
+    return x, x_sf, num_experts
+
+
 def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
             w_route: torch.Tensor, kw: KernelWeights, *, fast_math: bool = True,
             activation_clamp: float | None = None, mode: str = "exact", block_n: int | None = None,
@@ -236,14 +251,7 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
     (canonical: gate channels then up channels). Rows of padding are left as they were."""
     H, inter = kw.hidden, kw.intermediate
-    if mode == "fast":
-        if x_sf128 is None:
-            _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H)
-            x_pool, x_sf128 = rebase_k128(x_pool, x_sf)
-        x_sf = x_sf128
-    E = _common_checks(x_pool, x_sf, expert_offsets, num_tokens, H, 128 if mode == "fast" else 32)
-    if mode == "fast" and H % 512:
-        raise ValueError(f"hidden: the fast mode needs a multiple of 512, got {H}")
+    x_pool, x_sf, E = _activation_operand(x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, mode, "hidden")
     P = x_pool.shape[0]
     _check("w_route", w_route, torch.float32, (P,), x_pool.device)
     if kw.num_experts != E:
@@ -279,14 +287,8 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
     (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing."""
     H, inter = kw.hidden, kw.intermediate
-    if mode == "fast":
-        if x_sf128 is None:
-            _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter)
-            l2_acts, x_sf128 = rebase_k128(l2_acts, l2_sf)
-        l2_sf = x_sf128
-    E = _common_checks(l2_acts, l2_sf, expert_offsets, num_tokens, inter, 128 if mode == "fast" else 32)
-    if mode == "fast" and inter % 512:
-        raise ValueError(f"intermediate: the fast mode needs a multiple of 512, got {inter}")
+    l2_acts, l2_sf, E = _activation_operand(l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, mode,
+                                            "intermediate")
     P = l2_acts.shape[0]
     _check("dst_rows", dst_rows, torch.int32, (P,), l2_acts.device)
     if combine.dtype != torch.bfloat16 or combine.shape[-1] != H or not combine.is_contiguous():
