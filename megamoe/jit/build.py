@@ -17,25 +17,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from megamoe.kernel import KERNEL_DIR
+
 from .flags import NVCC_FLAGS
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernel"
 EXTRA_FLAGS = ["-lineinfo", "-Xptxas", "-v", "-diag-suppress", "1160"]
 
 
 class CompileError(RuntimeError):
     """nvcc failed; the message carries nvcc's output."""
-
-
-def _kernel_dir() -> Path:
-    if KERNEL_DIR.is_dir():
-        return KERNEL_DIR
-    import importlib.util
-
-    spec = importlib.util.find_spec("megamoe.kernel")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("megamoe kernel sources not found")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def cache_dir() -> Path:
@@ -74,7 +64,7 @@ class GemmSpec:
                 f"_{'fsilu' if self.fast_silu else 'psilu'}_w{self.wgs}{'_dbg' if self.debug else ''}")
 
     def source(self) -> str:
-        tmpl = (_kernel_dir() / "gemm" / "instantiate.cu.in").read_text()
+        tmpl = (KERNEL_DIR / "gemm" / "instantiate.cu.in").read_text()
         fields = {
             "LAYER": str(self.layer), "BN": str(self.block_n), "STAGES": str(self.stages),
             "PROMOTE_K32": "true" if self.exact else "false",
@@ -108,7 +98,7 @@ def flags() -> list[str]:
 
 
 def spec_key(spec: GemmSpec) -> str:
-    kdir = _kernel_dir()
+    kdir = KERNEL_DIR
     h = hashlib.sha256()
     h.update(_sources_digest(kdir))
     h.update(" ".join(flags()).encode())
@@ -118,7 +108,7 @@ def spec_key(spec: GemmSpec) -> str:
 
 def build(spec: GemmSpec, *, force: bool = False) -> Built:
     """The cubin of `spec`, compiled now or taken from the cache."""
-    kdir = _kernel_dir()
+    kdir = KERNEL_DIR
     key = spec_key(spec)
     out = cache_dir() / f"{spec.name}-{key}.cubin"
     log = out.with_suffix(".log")
