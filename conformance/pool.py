@@ -10,15 +10,10 @@ from .dump import Dump
 from .result import CheckResult
 
 
-def expected_offsets(recv_totals: torch.Tensor, block_m: int) -> torch.Tensor:
-    sizes = [ref.align_up(int(n), block_m) for n in recv_totals.tolist()]
-    return torch.tensor([0] + torch.tensor(sizes, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)
-
-
 def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d, cfg = dumps[rank], dumps[rank].config
     out = []
-    offsets = expected_offsets(d["D2.recv_totals"], cfg.block_m)
+    offsets = ref.pool_offsets(d["D2.recv_totals"].tolist(), cfg.block_m)
     out.append(exact("D4", "D4.expert_offsets", rank, d["D4.expert_offsets"], offsets, kind="int",
                      locate=lambda c: f"local expert {c[0]}"))
     if out[-1].failed:

@@ -13,7 +13,7 @@ and `run_reference` runs them all for R ranks in one process.
 from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import DEFAULT_CONFIG, MoEConfig
-from .dispatch import Pool, align_up, build_pool, receive_counts, region_valid, send_counts, source_lists
+from .dispatch import Pool, align_up, build_pool, pool_offsets, receive_counts, region_valid, send_counts, source_lists
 from .formats import (as_codes, as_float8, bf16_bits, bf16_tensor, ceil_exponent, decode_bf16,
                       decode_e2m1, decode_e4m3, decode_ue8m0, encode_bf16, encode_e2m1, encode_e4m3,
                       pack_fp4, pack_ue8m0, round_bf16, unpack_fp4, unpack_ue8m0)

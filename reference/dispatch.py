@@ -101,6 +101,14 @@ def align_up(n: int, block: int) -> int:
     return (n + block - 1) // block * block
 
 
+def pool_offsets(counts: list[int], block_m: int, device="cpu") -> torch.Tensor:
+    """int32 [E_l + 1]: each local expert's first pool row (expert-major, BLOCK_M-aligned), then P."""
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + align_up(int(n), block_m))
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
 def build_pool(all_inputs: list[RankInputs], rank: int, cfg: MoEConfig) -> Pool:
     """D4: pull every (s, t, k) routed to this rank's experts into the expert-major pool."""
     e_l, bm = cfg.local_experts, cfg.block_m
@@ -113,21 +121,18 @@ def build_pool(all_inputs: list[RankInputs], rank: int, cfg: MoEConfig) -> Pool:
             t, k = (inp.topk_idx == expert).nonzero(as_tuple=True)
             rows.append(torch.stack([torch.full_like(t, s), t, k], dim=1))
         per_expert.append(torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.int64, device=device))
-    sizes = [align_up(r.shape[0], bm) for r in per_expert]
-    offsets = [0]
-    for n in sizes:
-        offsets.append(offsets[-1] + n)
-    p, h = offsets[-1], cfg.hidden
+    offsets = pool_offsets([r.shape[0] for r in per_expert], bm, device)
+    p, h = int(offsets[-1]), cfg.hidden
     pool = Pool(
         x=torch.zeros(p, h, dtype=torch.uint8, device=device),
         x_sf=torch.zeros(p, h // 32, dtype=torch.uint8, device=device),
         weights=torch.zeros(p, dtype=torch.float32, device=device),
         meta=torch.full((p, 3), -1, dtype=torch.int32, device=device),
-        expert_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+        expert_offsets=offsets,
         block_arrivals=torch.zeros(p // bm, dtype=torch.int32, device=device),
     )
     for le, rows in enumerate(per_expert):
-        start = offsets[le]
+        start = int(offsets[le])
         for s, inp in enumerate(all_inputs):
             sel = rows[rows[:, 0] == s]
             if sel.numel() == 0:
