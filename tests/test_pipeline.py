@@ -27,7 +27,7 @@ def test_default_shape_runs_in_seconds():
     res = _run(cfg, inputs, weights)
     elapsed = time.perf_counter() - t0
     print(f"default shape {cfg}: reference {elapsed:.2f} s")
-    assert elapsed < 30
+    assert elapsed < 60  # about 0.3 s here; the bound only catches a pathological slowdown
     assert all(torch.isfinite(y.float()).all() and y.float().abs().sum() > 0 for y in res.y)
     expected = {"D1.send_counts", "D2.recv_counts", "D2.recv_totals", "D3.source_lists", "D4.pool_x",
                 "D4.pool_x_sf", "D4.pool_weights", "D4.pool_meta", "D4.expert_offsets", "D4.block_arrivals",
