@@ -30,67 +30,28 @@
 #include <cuda_bf16.h>
 
 #include "../common/ptx.cuh"
-#include "../epilogue/silu.cuh"
+#include "../common/ue8m0.cuh"
+#include "../epilogue/l1_swiglu_requant.cuh"
+#include "../epilogue/l2_combine_rows.cuh"
 #include "fp4_decode.cuh"
 #include "params.cuh"
+#include "producer.cuh"
+#include "scheduler.cuh"
 #include "wgmma_fp8_rs.cuh"
 
 namespace megamoe {
 
-constexpr int kBlockK = 128;          // K per pipeline stage (4 wgmma k32 steps)
 // A CTA has one producer warpgroup and kWGs consumer warpgroups (2, or 4 for small token tiles,
 // where more warps hide the per-stage latency); each consumer owns 64 weight rows.
 template <int kWGs>
 constexpr int threads_for() { return 128 * (1 + kWGs); }
-constexpr int kMaxExperts = 256;
 
 template <int BN, int kWGs>
 struct SmemLayout {
   static constexpr int kRows = 64 * kWGs;              // weight rows per CTA
-  static constexpr int kX = BN * kBlockK;              // e4m3 activations, 128B swizzled
-  static constexpr int kW = kRows * kBlockK / 2;       // packed FP4, kernel layout
-  static constexpr int kWsf = kRows * 4;               // scale bytes [row][4]
-  static constexpr int kXsf = BN * 4;                  // scale words [token]
-  static constexpr int kStage = kX + kW + kWsf + kXsf;
+  using Ring = StageRing<BN, kRows>;
+  static constexpr int kStage = Ring::kX + Ring::kW + Ring::kWsf + Ring::kXsf;
 };
-
-// 2^(b-127) of a UE8M0 byte as an fp32 (byte 0 is the subnormal 2^-127).
-__device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
-  return b == 0 ? __uint_as_float(0x00200000u) : __uint_as_float(b << 23);
-}
-
-// 2^x for integer x in [-149, 127] as an exact fp32.
-__device__ __forceinline__ float exp2i(int x) {
-  return x >= -126 ? __uint_as_float(static_cast<uint32_t>(x + 127) << 23)
-                   : __uint_as_float(1u << (x + 149));
-}
-
-struct WorkItem {
-  int expert;
-  int n_block;     // block of 64 * kWGs weight rows
-  int row0;        // first pool row of the token block
-  int valid;       // valid pool rows in the token block (1..BN)
-};
-
-template <int BN>
-__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk,
-                                                const GemmParams& p, int n_row_blocks) {
-  // Binary search for the expert whose item range holds `item`.
-  int lo = 0, hi = static_cast<int>(p.num_experts) - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (s_prefix[mid] <= item) lo = mid; else hi = mid - 1;
-  }
-  WorkItem w;
-  w.expert = lo;
-  const int local = item - s_prefix[lo];
-  const int nb = s_nblk[lo];
-  w.n_block = local / nb;
-  const int tb = local - w.n_block * nb;
-  w.row0 = __ldg(p.expert_offsets + lo) + tb * BN;
-  w.valid = min(BN, __ldg(p.num_tokens + lo) - tb * BN);
-  return w;
-}
 
 // The kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__ per
 // specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its descriptor).
@@ -113,18 +74,24 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // Align the dynamic base to 1024 bytes (128-byte swizzle atoms).
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* s_x = smem;                                   // [kStages][BN*128]
-  uint8_t* s_w = s_x + kStages * L::kX;                  // [kStages][128*64]
-  uint8_t* s_wsf = s_w + kStages * L::kW;                // [kStages][128*4]
-  uint32_t* s_xsf = reinterpret_cast<uint32_t*>(s_wsf + kStages * L::kWsf);  // [kStages][BN]
-  uint8_t* s_epi = reinterpret_cast<uint8_t*>(s_xsf + kStages * BN);
-  // Epilogue staging per consumer warpgroup: L1 [BN][32] e4m3 + [4][BN] fp32 amax; L2 [BN][64] bf16.
-  constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
-  uint64_t* s_full = reinterpret_cast<uint64_t*>(s_epi + kWGs * kEpiPerWg);
-  uint64_t* s_empty = s_full + kStages;
-  uint2* s_lut = reinterpret_cast<uint2*>(s_empty + kStages);   // fast mode: scaled FP4 LUTs
-  int* s_prefix = reinterpret_cast<int*>(s_lut + kLutEntries);  // [E+1] item prefix
-  int* s_nblk = s_prefix + kMaxExperts + 1;                   // [E] token blocks per expert
+  typename L::Ring ring;
+  ring.x = smem;                                          // [kStages][BN*128]
+  ring.w = ring.x + kStages * L::Ring::kX;                // [kStages][rows*64]
+  ring.wsf = ring.w + kStages * L::Ring::kW;              // [kStages][rows*4]
+  ring.xsf = reinterpret_cast<uint32_t*>(ring.wsf + kStages * L::Ring::kWsf);  // [kStages][BN]
+  uint8_t* s_epi = reinterpret_cast<uint8_t*>(ring.xsf + kStages * BN);
+  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  ring.full = reinterpret_cast<uint64_t*>(s_epi + kWGs * kEpiPerWg);
+  ring.empty = ring.full + kStages;
+  uint2* s_lut = reinterpret_cast<uint2*>(ring.empty + kStages);   // fast mode: scaled FP4 LUTs
+  int* s_prefix = reinterpret_cast<int*>(s_lut + kLutEntries);     // [E+1] item prefix
+  int* s_nblk = s_prefix + kMaxExperts + 1;                        // [E] token blocks per expert
+  const uint8_t* s_x = ring.x;
+  const uint8_t* s_w = ring.w;
+  const uint8_t* s_wsf = ring.wsf;
+  const uint32_t* s_xsf = ring.xsf;
+  uint64_t* s_full = ring.full;
+  uint64_t* s_empty = ring.empty;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -132,100 +99,25 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   const int num_kb = static_cast<int>(p.k / kBlockK);
   const int n_row_blocks = static_cast<int>(p.n_rows / kBlockRows);
 
-  if (!kPromoteK32 && tid >= 32 && tid < 32 + kLutEntries) {
-    const int d = tid - 32;
-    const float mags[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      lo |= (static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(mags[c], exp2i(-d)), 0.0f)) & 0xFFu) << (8 * c);
-      hi |= (static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(mags[c + 4], exp2i(-d)), 0.0f)) & 0xFFu) << (8 * c);
-    }
-    s_lut[d] = make_uint2(lo, hi);
-  }
+  if (!kPromoteK32 && tid >= 32 && tid < 32 + kLutEntries) init_scaled_lut(s_lut, tid - 32);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
       ptx::mbar_init(&s_empty[s], 4 * kWGs);  // one arrive per consumer warp
     }
     ptx::fence_mbar_init();
-    int acc = 0;
-    for (int e = 0; e < p.num_experts; ++e) {
-      const int nb = (__ldg(p.num_tokens + e) + BN - 1) / BN;
-      s_prefix[e] = acc;
-      s_nblk[e] = nb;
-      acc += nb * n_row_blocks;
-    }
-    s_prefix[p.num_experts] = acc;
+    build_schedule<BN>(p, n_row_blocks, s_prefix, s_nblk);
   }
   __syncthreads();
   const int num_items = s_prefix[p.num_experts];
 
   if (warp < 4) {
-    // ------------------------------------------------------------------ producer warpgroup
     ptx::setmaxnreg_dec<kProducerRegs>();
-    if (warp == 0 && lane == 0) {
-      ptx::prefetch_tma_desc(&p.tmap_x);
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-        const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
-        if (p.arrival != nullptr) {
-          // Fused kernel: wait until every pool block under this token block has all its rows.
-          // Counters count the valid rows of each pool block (blocks start at expert starts).
-          const int blk = static_cast<int>(p.arrival_block);
-          const int end = __ldg(p.expert_offsets + wi.expert) + __ldg(p.num_tokens + wi.expert);
-          for (int b = wi.row0 / blk; b <= (wi.row0 + wi.valid - 1) / blk; ++b) {
-            const int need = min(blk, end - b * blk);
-            const long long start = clock64();
-            while (ptx::ld_acquire_gpu(p.arrival + b) < need) {
-              if (clock64() - start > ptx::kSpinTimeoutCycles)
-                ptx::report_timeout(p.err, ptx::kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
-            }
-          }
-          ptx::fence_proxy_async_global();
-        }
-        const uint8_t* w_base =
-            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kBlockRows / 16)) * 1024;
-        const uint8_t* wsf_base =
-            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kBlockRows) * 4;
-        for (int kb = 0; kb < num_kb; ++kb) {
-          ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
-          ptx::mbar_arrive_expect_tx(&s_full[stage], L::kX + L::kW + L::kWsf);
-          ptx::tma_load_2d(s_x + stage * L::kX, &p.tmap_x, kb * kBlockK, wi.row0, &s_full[stage]);
-          ptx::bulk_g2s(s_w + stage * L::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, L::kW,
-                        &s_full[stage]);
-          ptx::bulk_g2s(s_wsf + stage * L::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4,
-                        L::kWsf, &s_full[stage]);
-          if (++stage == kStages) { stage = 0; phase ^= 1; }
-        }
-      }
-    } else if (warp == 1) {
-      // Activation scales: asynchronous 4-byte copies (cp.async) whose completion arrives on the
-      // stage's full barrier, so this warp runs ahead of the consumers like the TMA thread does.
-      // Exact mode: the scale word of (row, K128 block) = its four per-32 bytes. Fast mode: the
-      // aligned word holding the rebased byte of (row, kb) (num_kb % 4 == 0: byte kb % 4).
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-        const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
-        for (int kb = 0; kb < num_kb; ++kb) {
-          ptx::mbar_wait(&s_empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
-          for (int i = lane; i < BN; i += 32) {
-            const int64_t row = wi.row0 + min(i, wi.valid - 1);
-            const uint8_t* src = kPromoteK32 ? p.x_sf + (row * num_kb + kb) * 4 : p.x_sf + row * num_kb + (kb & ~3);
-            ptx::cp_async_4(s_xsf + stage * BN + i, src, i < wi.valid ? 4u : 0u);
-          }
-          ptx::cp_async_mbar_arrive(&s_full[stage]);
-          if (++stage == kStages) { stage = 0; phase ^= 1; }
-        }
-      }
-    }
+    run_producer<BN, kBlockRows, kStages, kPromoteK32>(p, ring, s_prefix, s_nblk, num_items);
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int wg = warp / 4 - 1;       // weight rows [64 wg, 64 wg + 64) of the CTA tile
-    const int wtid = tid % 128;
     const int wq = (tid / 32) % 4;     // warp within the warpgroup: rows 16 wq .. 16 wq + 15
     const int g = lane / 4;
     const int t = lane % 4;
@@ -242,7 +134,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     uint32_t phase = 0;
 
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p, n_row_blocks);
+      const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
@@ -260,28 +152,12 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         auto decode = [&](auto cur_c) {
           constexpr int cur = decltype(cur_c)::value;
           ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
-          const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
-          const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
-          const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
-          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
-          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
-          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
-          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
-          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
-          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + row_a * 4);
+          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + (row_a + 8) * 4);
+          uint32_t ma, mb;
+          decode_fast_fragments(s_w + stage * L::Ring::kW + rg * 1024, lane, sf_a, sf_b, s_lut, pa, ma, mb);
           prb[cur][0] = static_cast<int>(ma << 23) - (127 << 23);
           prb[cur][1] = static_cast<int>(mb << 23) - (127 << 23);
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint2 la = s_lut[da];
-            const uint2 lb = s_lut[db];
-            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
-            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
-            decode_fp4x8_2lut(w0, la, lb, pa[ks][0], pa[ks][1]);
-            decode_fp4x8_2lut(w1, la, lb, pa[ks][2], pa[ks][3]);
-          }
           pstage[cur] = stage;
           if (++stage == kStages) { stage = 0; phase ^= 1; }
         };
@@ -289,7 +165,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           constexpr int cur = decltype(cur_c)::value;
           constexpr int h = decltype(h_c)::value;
           // Token rows 64 h .. 64 h + 63 of the stage's tile: 8 swizzle atoms (1024 B) further on.
-          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + pstage[cur] * L::kX + h * 64 * kBlockK);
+          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + pstage[cur] * L::Ring::kX + h * 64 * kBlockK);
           ptx::wgmma_fence();
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
@@ -377,29 +253,13 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
         auto issue = [&](auto cur_c, int kb) {
           constexpr int cur = decltype(cur_c)::value;
           ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
-          const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
-          const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
-          const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
-          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
-          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
-          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
-          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
-          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
-          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+          const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + row_a * 4);
+          const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + (row_a + 8) * 4);
+          uint32_t ma, mb;
+          decode_fast_fragments(s_w + stage * L::Ring::kW + rg * 1024, lane, sf_a, sf_b, s_lut, pa[cur], ma, mb);
           pfa[cur] = __int_as_float(static_cast<int>(ma << 23));  // bits (smax << 23), see retire
           pfb[cur] = __int_as_float(static_cast<int>(mb << 23));
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint2 la = s_lut[da];
-            const uint2 lb = s_lut[db];
-            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
-            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
-            decode_fp4x8_2lut(w0, la, lb, pa[cur][ks][0], pa[cur][ks][1]);
-            decode_fp4x8_2lut(w1, la, lb, pa[cur][ks][2], pa[cur][ks][3]);
-          }
-          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::kX);
+          const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::Ring::kX);
           ptx::wgmma_fence();
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
@@ -464,11 +324,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
       } else
       for (int kb = 0; kb < num_kb; ++kb) {
         ptx::mbar_wait(&s_full[stage], phase, ptx::kWaitFull, stage, p.err);
-        const uint8_t* sw = s_w + stage * L::kW + rg * 1024 + lane * 16;
+        const uint8_t* sw = s_w + stage * L::Ring::kW + rg * 1024 + lane * 16;
         const uint4 wv0 = *reinterpret_cast<const uint4*>(sw);
         const uint4 wv1 = *reinterpret_cast<const uint4*>(sw + 512);
-        const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + row_a * 4);
-        const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::kWsf + (row_a + 8) * 4);
+        const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + row_a * 4);
+        const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(s_wsf + stage * L::Ring::kWsf + (row_a + 8) * 4);
         const uint32_t* xsf = s_xsf + stage * BN;
         uint32_t xw[BN / 4];  // scale words of this thread's token columns 8j + 2t + h
 #pragma unroll
@@ -477,27 +337,14 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           xw[2 * j] = v.x;
           xw[2 * j + 1] = v.y;
         }
-        const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::kX);
+        const uint64_t desc0 = ptx::smem_desc_sw128(s_x + stage * L::Ring::kX);
         if constexpr (!kPromoteK32) {
           // Fast mode: the weight scales enter the decode LUT relative to the largest group of the
           // (row, K128) block, the four k32 products accumulate in the tensor core, and one fp32
           // promotion per K128 applies 2^(smax-127) (row) x 2^(sx-127) (token, rebased per K128).
-          uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
-          ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
-          uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
-          mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
           uint32_t a[4][4];
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t da = min(ma - ((sf_a >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint32_t db = min(mb - ((sf_b >> (8 * ks)) & 0xFFu), static_cast<uint32_t>(kLutEntries - 1));
-            const uint2 la = s_lut[da];
-            const uint2 lb = s_lut[db];
-            const uint32_t w0 = ks == 0 ? wv0.x : ks == 1 ? wv0.z : ks == 2 ? wv1.x : wv1.z;
-            const uint32_t w1 = ks == 0 ? wv0.y : ks == 1 ? wv0.w : ks == 2 ? wv1.y : wv1.w;
-            decode_fp4x8_2lut(w0, la, lb, a[ks][0], a[ks][1]);
-            decode_fp4x8_2lut(w1, la, lb, a[ks][2], a[ks][3]);
-          }
+          uint32_t ma, mb;
+          decode_fast_fragments(s_w + stage * L::Ring::kW + rg * 1024, lane, sf_a, sf_b, s_lut, a, ma, mb);
           ptx::wgmma_fence();
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks)
@@ -579,122 +426,10 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
       }
 
       // ---------------------------------------------------------------- epilogues
-      const int64_t p0 = wi.row0;
-      if constexpr (kLayer == 1) {
-        // Interleaved rows (granularity 8): local row 16 rg + g is gate channel c, + 8 is up c.
-        const int64_t inter = p.n_rows / 2;                       // I
-        const int c_local = wg * 32 + wq * 8 + g;                 // channel within the CTA's kRows/2
-        const int64_t c = static_cast<int64_t>(wi.n_block) * (kBlockRows / 2) + c_local;
-        uint8_t* st_q = s_epi_wg;                                 // [BN][32] e4m3
-        float* st_amax = reinterpret_cast<float*>(s_epi_wg + BN * 32);  // [4][BN]
-        const float clampv = p.clamp_value;
-        const bool has_clamp = p.has_clamp != 0;
-        // a = (silu(g) * u) * w_route of (token column j, h); recomputed in the second pass
-        // rather than held (saves BN/4 registers; the arithmetic is deterministic).
-        auto swiglu = [&](float gate, float up, int tok) -> float {
-          float gf = __bfloat162float(__float2bfloat16_rn(gate));
-          float uf = __bfloat162float(__float2bfloat16_rn(up));
-          if (has_clamp) {
-            // NaN-propagating min / clamp in bf16 (values and c are bf16-representable).
-            gf = gf > clampv ? clampv : gf;
-            uf = uf > clampv ? clampv : uf;
-            uf = uf < -clampv ? -clampv : uf;
-          }
-          const float sv = silu<kFastSilu>(gf);
-          const float wr = tok < wi.valid ? __ldg(p.w_route + p0 + tok) : 0.0f;
-          return tok < wi.valid ? __fmul_rn(__fmul_rn(sv, uf), wr) : 0.0f;
-        };
-        ptx::named_barrier(1 + wg, 128);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int tok = 8 * j + 2 * t + h;
-            const float gate = acc[4 * j + h];
-            const float up = acc[4 * j + 2 + h];
-            if constexpr (kDebug) {
-              if (tok < wi.valid) {
-                p.dump[(p0 + tok) * 2 * inter + c] = gate;
-                p.dump[(p0 + tok) * 2 * inter + inter + c] = up;
-              }
-            }
-            const float a = swiglu(gate, up, tok);
-            // amax over the 8 gate rows g of this warp (lanes with the same t); fmaxf drops NaN.
-            float m = fmaxf(0.0f, fabsf(a));
-            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 16));
-            if (g == 0) st_amax[wq * BN + tok] = m;
-          }
-        }
-        ptx::named_barrier(1 + wg, 128);
-        const int64_t n_sf = inter / 32;
-        const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int tok = 8 * j + 2 * t + h;
-            const float amax = fmaxf(fmaxf(st_amax[tok], st_amax[BN + tok]),
-                                     fmaxf(st_amax[2 * BN + tok], st_amax[3 * BN + tok]));
-            const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
-            const int byte = static_cast<int>((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
-            const float mult = exp2i(127 - byte);               // 2^-e, e = byte - 127
-            const float a = swiglu(acc[4 * j + h], acc[4 * j + 2 + h], tok);
-            const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);
-            ptx::st_shared_u8(st_q_s + tok * 32, q2 & 0xFFu);
-            if (wq == 0 && g == 0 && tok < wi.valid)
-              p.out_sf[(p0 + tok) * n_sf + (c - c_local) / 32 + wg] = static_cast<uint8_t>(byte);
-          }
-        }
-        ptx::named_barrier(1 + wg, 128);
-        uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
-        for (int idx = wtid; idx < BN * 2; idx += 128) {
-          const int tok = idx / 2;
-          const int half = idx % 2;
-          if (tok < wi.valid) {
-            const uint4 v = *reinterpret_cast<const uint4*>(st_q + tok * 32 + half * 16);
-            *reinterpret_cast<uint4*>(out + (p0 + tok) * inter + (c - c_local) + wg * 32 + half * 16) = v;
-          }
-        }
-      } else {
-        // L2: bf16(acc2) into combine rows dst_rows[p] (natural channel order).
-        const int64_t hidden = p.n_rows;
-        const int64_t h_base = static_cast<int64_t>(wi.n_block) * kBlockRows + wg * 64;
-        __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [BN][64]
-        const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
-        ptx::named_barrier(1 + wg, 128);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int tok = 8 * j + 2 * t + h;
-            const float v0 = acc[4 * j + h];       // row 16 wq + g
-            const float v1 = acc[4 * j + 2 + h];   // row 16 wq + g + 8
-            if constexpr (kDebug) {
-              if (tok < wi.valid) {
-                p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g] = v0;
-                p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g + 8] = v1;
-              }
-            }
-            ptx::st_shared_u16(st_s + tok * 128, __bfloat16_as_ushort(__float2bfloat16_rn(v0)));
-            ptx::st_shared_u16(st_s + tok * 128 + 16, __bfloat16_as_ushort(__float2bfloat16_rn(v1)));
-          }
-        }
-        ptx::named_barrier(1 + wg, 128);
-        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
-        for (int idx = wtid; idx < BN * 8; idx += 128) {
-          const int tok = idx / 8;
-          const int part = idx % 8;
-          if (tok < wi.valid) {
-            const int row = __ldg(p.dst_rows + p0 + tok);
-            if (row >= 0) {
-              const uint4 v = *reinterpret_cast<const uint4*>(st + tok * 64 + part * 8);
-              *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
-            }
-          }
-        }
-      }
+      if constexpr (kLayer == 1)
+        l1_epilogue<BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
+      else
+        l2_epilogue<BN, kBlockRows, kDebug>(p, wi, acc, s_epi_wg, wg);
     }
   }
 }
@@ -703,7 +438,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 template <int kLayer, int BN, int kStages, int kWGs>
 constexpr int gemm_smem_bytes() {
   using L = SmemLayout<BN, kWGs>;
-  constexpr int kEpiPerWg = kLayer == 1 ? BN * 32 + 4 * BN * 4 : BN * 64 * 2;
+  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
   return 1024 + kStages * L::kStage + kWGs * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
          (2 * kMaxExperts + 1) * 4;
 }

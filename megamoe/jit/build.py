@@ -48,7 +48,14 @@ def _sources_digest(kdir: Path) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class GemmSpec:
-    """One compiled specialisation of kernel/gemm/gemm_sm90.cuh."""
+    """One compiled specialisation of the grouped GEMM.
+
+    decode="regs": kernel/gemm/gemm_sm90.cuh, every consumer thread decodes its own FP4 A
+    fragments into registers (RS wgmma); both modes, 2 or 4 consumer warpgroups.
+    decode="smem": kernel/gemm/gemm_sm90_ss.cuh, a transform warpgroup decodes each stage's weight
+    tile into shared memory once for all BN tokens (SS wgmma); fast mode only, 2 consumer
+    warpgroups, BN <= 128.
+    """
 
     layer: int            # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     block_n: int          # token tile (wgmma N): 8..256, multiple of 8
@@ -57,21 +64,36 @@ class GemmSpec:
     fast_silu: bool = True
     debug: bool = False   # dump the fp32 accumulators (D5 / D7)
     wgs: int = 2          # consumer warpgroups (64 weight rows each): 2, or 4 for small token tiles
+    decode: str = "regs"  # where the FP4 weights are decoded: "regs" or "smem" (see above)
+
+    def __post_init__(self):
+        if self.decode not in ("regs", "smem"):
+            raise ValueError(f"decode: expected 'regs' or 'smem', got {self.decode!r}")
+        if self.decode == "smem" and (self.exact or self.wgs != 2 or self.block_n > 128):
+            raise ValueError("decode='smem' is the fast mode with 2 consumer warpgroups and block_n <= 128")
 
     @property
     def name(self) -> str:
         return (f"gemm_l{self.layer}_n{self.block_n}_s{self.stages}_{'exact' if self.exact else 'fast'}"
-                f"_{'fsilu' if self.fast_silu else 'psilu'}_w{self.wgs}{'_dbg' if self.debug else ''}")
+                f"_{'fsilu' if self.fast_silu else 'psilu'}_w{self.wgs}{'_ss' if self.decode == 'smem' else ''}"
+                f"{'_dbg' if self.debug else ''}")
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: a producer warpgroup, a transform warpgroup (decode="smem") and the consumers."""
+        return 128 * (1 + self.wgs + (self.decode == "smem"))
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate.cu.in").read_text()
-        fields = {
-            "LAYER": str(self.layer), "BN": str(self.block_n), "STAGES": str(self.stages),
-            "PROMOTE_K32": "true" if self.exact else "false",
-            "FAST_SILU": "true" if self.fast_silu else "false",
-            "DEBUG": "true" if self.debug else "false",
-            "WGS": str(self.wgs),
-        }
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        if self.decode == "smem":
+            header, body = "gemm/gemm_sm90_ss.cuh", "gemm_sm90_ss_body"
+            args = [self.layer, self.block_n, self.stages, b(self.fast_silu), b(self.debug)]
+        else:
+            header, body = "gemm/gemm_sm90.cuh", "gemm_sm90_body"
+            args = [self.layer, self.block_n, self.stages, b(self.exact), b(self.fast_silu), b(self.debug), self.wgs]
+        fields = {"HEADER": header, "THREADS": str(self.threads), "BODY": body,
+                  "TEMPLATE_ARGS": ", ".join(str(a) for a in args)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl

@@ -1,0 +1,75 @@
+// Static persistent schedule of the grouped GEMM: work items (expert, N block of weight rows,
+// token block of BN pool rows), token block innermost so that CTAs running at the same time share
+// weight tiles in L2. Every role of a CTA (producer, transform, consumers) walks the same items.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/ptx.cuh"
+#include "params.cuh"
+
+namespace megamoe {
+
+constexpr int kMaxExperts = 256;
+
+struct WorkItem {
+  int expert;
+  int n_block;     // block of weight rows (the CTA's tile height)
+  int row0;        // first pool row of the token block
+  int valid;       // valid pool rows in the token block (1..BN)
+};
+
+// Shared-memory tables of the schedule: s_prefix[E + 1] (first item of each expert) and
+// s_nblk[E] (token blocks of each expert). Called by one thread before the CTA's first barrier.
+template <int BN>
+__device__ __forceinline__ void build_schedule(const GemmParams& p, int n_row_blocks, int* s_prefix, int* s_nblk) {
+  int acc = 0;
+  for (int e = 0; e < p.num_experts; ++e) {
+    const int nb = (__ldg(p.num_tokens + e) + BN - 1) / BN;
+    s_prefix[e] = acc;
+    s_nblk[e] = nb;
+    acc += nb * n_row_blocks;
+  }
+  s_prefix[p.num_experts] = acc;
+}
+
+template <int BN>
+__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk,
+                                                const GemmParams& p) {
+  // Binary search for the expert whose item range holds `item`.
+  int lo = 0, hi = static_cast<int>(p.num_experts) - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (s_prefix[mid] <= item) lo = mid; else hi = mid - 1;
+  }
+  WorkItem w;
+  w.expert = lo;
+  const int local = item - s_prefix[lo];
+  const int nb = s_nblk[lo];
+  w.n_block = local / nb;
+  const int tb = local - w.n_block * nb;
+  w.row0 = __ldg(p.expert_offsets + lo) + tb * BN;
+  w.valid = min(BN, __ldg(p.num_tokens + lo) - tb * BN);
+  return w;
+}
+
+// Fused kernel: wait until every pool block under the token block has all its rows (counters count
+// the valid rows of each pool block; blocks start at expert starts). Standalone launches pass no
+// counters. Ends with a proxy fence: the rows were written by other CTAs' generic stores and are
+// read next by TMA.
+__device__ __forceinline__ void wait_token_block(const GemmParams& p, const WorkItem& wi) {
+  if (p.arrival == nullptr) return;
+  const int blk = static_cast<int>(p.arrival_block);
+  const int end = __ldg(p.expert_offsets + wi.expert) + __ldg(p.num_tokens + wi.expert);
+  for (int b = wi.row0 / blk; b <= (wi.row0 + wi.valid - 1) / blk; ++b) {
+    const int need = min(blk, end - b * blk);
+    const long long start = clock64();
+    while (ptx::ld_acquire_gpu(p.arrival + b) < need) {
+      if (clock64() - start > ptx::kSpinTimeoutCycles)
+        ptx::report_timeout(p.err, ptx::kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
+    }
+  }
+  ptx::fence_proxy_async_global();
+}
+
+}  // namespace megamoe
