@@ -21,6 +21,12 @@ __device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
+// Dynamic shared memory of the launch (bytes), to check the host's size against the kernel's layout.
+__device__ __forceinline__ uint32_t dynamic_smem_size() {
+  uint32_t v;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+  return v;
+}
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }

@@ -41,6 +41,8 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + BN * 32);  // [4][BN]
   const float clampv = p.clamp_value;
   const bool has_clamp = p.has_clamp != 0;
+  // w_route is read with plain (coherent) loads, not __ldg: in the fused kernel it arrives with the
+  // rows behind the arrival gate, and the read-only path is not ordered by that acquire.
   // a = (silu(g) * u) * w_route of (token column j, h); recomputed in the second pass
   // rather than held (saves BN/4 registers; the arithmetic is deterministic).
   auto swiglu = [&](float gate, float up, int tok) -> float {
@@ -53,7 +55,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
       uf = uf < -clampv ? -clampv : uf;
     }
     const float sv = silu<kFastSilu>(gf);
-    const float wr = tok < wi.valid ? __ldg(p.w_route + p0 + tok) : 0.0f;
+    const float wr = tok < wi.valid ? p.w_route[p0 + tok] : 0.0f;
     return tok < wi.valid ? __fmul_rn(__fmul_rn(sv, uf), wr) : 0.0f;
   };
   ptx::named_barrier(1 + wg, 128);

@@ -53,6 +53,15 @@ struct SmemLayout {
   static constexpr int kStage = Ring::kX + Ring::kW + Ring::kWsf + Ring::kXsf;
 };
 
+// Dynamic shared memory the kernel needs (bytes), including the 1024-byte alignment slack.
+template <int kLayer, int BN, int kStages, int kWGs>
+__host__ __device__ constexpr int gemm_smem_bytes() {
+  using L = SmemLayout<BN, kWGs>;
+  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  return 1024 + kStages * L::kStage + kWGs * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
+         (2 * kMaxExperts + 1) * 4;
+}
+
 // The kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__ per
 // specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its descriptor).
 template <int kLayer, int BN, int kStages, bool kPromoteK32, bool kFastSilu, bool kDebug, int kWGs>
@@ -101,6 +110,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 
   if (!kPromoteK32 && tid >= 32 && tid < 32 + kLutEntries) init_scaled_lut(s_lut, tid - 32);
   if (tid == 0) {
+    // The host sizes the launch from its own copy of this layout (megamoe/gemm.py smem_bytes).
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(gemm_smem_bytes<kLayer, BN, kStages, kWGs>())) __trap();
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
       ptx::mbar_init(&s_empty[s], 4 * kWGs);  // one arrive per consumer warp
@@ -434,13 +445,5 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   }
 }
 
-// Dynamic shared memory the kernel needs (bytes), including the 1024-byte alignment slack.
-template <int kLayer, int BN, int kStages, int kWGs>
-constexpr int gemm_smem_bytes() {
-  using L = SmemLayout<BN, kWGs>;
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
-  return 1024 + kStages * L::kStage + kWGs * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
-         (2 * kMaxExperts + 1) * 4;
-}
 
 }  // namespace megamoe

@@ -55,6 +55,14 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int k) {
   return static_cast<uint32_t>(row * 128 + ((((k >> 4) ^ row) & 7) << 4) + (k & 15));
 }
 
+// Dynamic shared memory of gemm_sm90_ss_body (bytes), including the 1024-byte alignment slack.
+template <int kLayer, int BN, int kStages>
+__host__ __device__ constexpr int gemm_ss_smem_bytes() {
+  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  return 1024 + kStages * SmemLayoutSS<BN>::kStage + 2 * kEpiPerWg + 3 * kStages * 8 + kLutEntries * 8 +
+         (2 * kMaxExperts + 1) * 4;
+}
+
 template <int kLayer, int BN, int kStages, bool kFastSilu, bool kDebug>
 __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   using L = SmemLayoutSS<BN>;
@@ -64,8 +72,8 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "token tile");
   // setmaxnreg redistributes the launch allocation (512 x 128): producer and transform give up
   // what the consumers gain.
-  constexpr int kProducerRegs = 40;
-  constexpr int kTransformRegs = 96;
+  constexpr int kProducerRegs = 56;
+  constexpr int kTransformRegs = 104;
   constexpr int kConsumerRegs = 176;
   static_assert(128 * (kProducerRegs + kTransformRegs) + 256 * kConsumerRegs <= 65536, "register budget");
 
@@ -96,6 +104,8 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
 
   if (tid >= 32 && tid < 32 + kLutEntries) init_scaled_lut(s_lut, tid - 32);
   if (tid == 0) {
+    // The host sizes the launch from its own copy of this layout (megamoe/gemm.py smem_bytes).
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(gemm_ss_smem_bytes<kLayer, BN, kStages>())) __trap();
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&ring.full[s], 1 + 32);   // TMA thread (expect_tx) + scale warp
       ptx::mbar_init(&s_ready[s], 4);          // one arrive per transform warp
@@ -215,12 +225,5 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   }
 }
 
-// Dynamic shared memory of gemm_sm90_ss_body (bytes), including the 1024-byte alignment slack.
-template <int kLayer, int BN, int kStages>
-constexpr int gemm_ss_smem_bytes() {
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
-  return 1024 + kStages * SmemLayoutSS<BN>::kStage + 2 * kEpiPerWg + 3 * kStages * 8 + kLutEntries * 8 +
-         (2 * kMaxExperts + 1) * 4;
-}
 
 }  // namespace megamoe

@@ -66,6 +66,9 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
   } else if (warp == 1) {
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
       const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p);
+      // The scales arrive with the rows: the same gate as the TMA thread's.
+      if (lane == 0) wait_token_block(p, wi);
+      __syncwarp();
       for (int kb = 0; kb < num_kb; ++kb) {
         ptx::mbar_wait(&r.empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
         for (int i = lane; i < BN; i += 32) {
