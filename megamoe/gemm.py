@@ -173,7 +173,7 @@ def used_specs() -> list[jb.GemmSpec]:
     specs = []
     for mode in ("exact", "fast"):
         for debug in (False, True):
-            for bn in (8, 16, 32, 64) + ((128,) if mode == "fast" else ()):
+            for bn in (8, 16, 32, 64, 128):  # exact-mode L1 at 128: tests/gpu/test_gemm_fused_hooks.py
                 for fast_silu in (True, False):
                     specs.append(spec_for(1, bn, mode=mode, fast_math=fast_silu, debug=debug))
             for bn in (8, 16, 32, 64, 128):
@@ -191,13 +191,26 @@ def _function(spec: jb.GemmSpec, dev: int):
 
 
 def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, ptrs: list[int], n_rows: int, num_experts: int,
-            clamp: float, has_clamp: int, *, arrival_block: int = 0) -> None:
+            clamp: float, has_clamp: int, *, arrival: torch.Tensor | None = None, arrival_block: int = 0) -> None:
+    """Checks the arrival gate's arguments, then launches on the current stream. ptrs[10] (the
+    GemmParams::arrival pointer) is set here: the counters' address, or 0 (nullptr) without them."""
+    P = x.shape[0]
+    if arrival is None:
+        if arrival_block:
+            raise ValueError(f"arrival_block: given ({arrival_block!r}) without arrival counters (arrival=None)")
+        arrival_block = 0
+    else:
+        if isinstance(arrival_block, bool) or not isinstance(arrival_block, int) or arrival_block <= 0:
+            raise ValueError(f"arrival_block: expected a positive int (pool rows per arrival counter), "
+                             f"got {arrival_block!r}")
+        _check("arrival", arrival, torch.int32, (-(-P // arrival_block),), x.device)
+    ptrs = list(ptrs)
+    ptrs[10] = arrival.data_ptr() if arrival is not None else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn, grid = _function(spec, dev)
     smem = smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs)
     if n_rows % (64 * spec.wgs):
         raise ValueError(f"weight rows: expected a multiple of {64 * spec.wgs}, got {n_rows}")
-    P = x.shape[0]
     tmap = driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, spec.block_n)
     params = _pack_params(tmap, ptrs, [num_experts, P, k, n_rows, arrival_block], clamp, has_clamp,
                           _err_record(dev).data_ptr())
@@ -245,11 +258,28 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
             w_route: torch.Tensor, kw: KernelWeights, *, fast_math: bool = True,
             activation_clamp: float | None = None, mode: str = "exact", block_n: int | None = None,
             debug: bool = False, out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None,
-            max_tokens: int | None = None, x_sf128: torch.Tensor | None = None) -> L1Result:
+            max_tokens: int | None = None, x_sf128: torch.Tensor | None = None,
+            arrival: torch.Tensor | None = None, arrival_block: int = 0) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
     expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
-    (canonical: gate channels then up channels). Rows of padding are left as they were."""
+    (canonical: gate channels then up channels). Rows of padding are left as they were.
+
+    out / out_sf: optional destinations (contiguous [P, I] e4m3 or uint8, 16-byte aligned; [P, I/32]
+    uint8, any alignment); they may be views into a larger buffer (e.g. a peer's, through a pointer
+    offset): only the valid pool rows of the view are written.
+
+    Arrival gate (the fused kernel's hook; SPEC §5): with `arrival` (int32 [ceil(P / arrival_block)],
+    one counter per `arrival_block` pool rows) the producer's TMA thread and its scale warp spin, for
+    each work item, until every pool block under the item's token block has counter >= its number
+    of valid rows. So another stream or GPU may write the pool rows (x_pool, their scales x_sf /
+    x_sf128, w_route) while the GEMM runs and publish them by raising the counters (release order:
+    rows first); expert_offsets and num_tokens must be in place at the launch. Every pool block must
+    lie inside one expert (arrival_block divides the pool alignment of expert_offsets; not checked:
+    that would need a device sync). A counter that never fills makes the kernel trap after its spin
+    timeout (~10 s) with a record readable by timeout_message(). In fast mode pass the rebased
+    operand (x_sf128): without it the rows are rebased with torch ops before the launch, which reads
+    them ahead of the gate. arrival=None (default): all rows present, no gate."""
     H, inter = kw.hidden, kw.intermediate
     x_pool, x_sf, E = _activation_operand(x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, mode, "hidden")
     P = x_pool.shape[0]
@@ -265,8 +295,13 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=x_pool.device)
     if out_sf is None:
         out_sf = torch.empty(P, inter // 32, dtype=torch.uint8, device=x_pool.device)
+    if out.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"out: expected float8_e4m3fn or uint8, got {out.dtype}")
     _check("out", out, out.dtype, (P, inter), x_pool.device)
     _check("out_sf", out_sf, torch.uint8, (P, inter // 32), x_pool.device)
+    if out.data_ptr() % 16:
+        raise ValueError(f"out: must be 16-byte aligned (the epilogue stores 16-byte vectors), "
+                         f"address is {out.data_ptr() % 16} mod 16")
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=x_pool.device) if debug else None
     if activation_clamp is not None:
         c = float(torch.tensor(activation_clamp, dtype=torch.float32).to(torch.bfloat16).float())
@@ -276,16 +311,23 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
     ptrs = [kw.w1.data_ptr(), kw.w1_sf.data_ptr(), x_sf.data_ptr(), expert_offsets.data_ptr(),
             num_tokens.data_ptr(), w_route.data_ptr(), out.data_ptr(), out_sf.data_ptr(), 0,
             acc1.data_ptr() if acc1 is not None else 0, 0]
-    _launch(spec, _u8(x_pool), H, ptrs, 2 * inter, E, c, has_clamp)
+    _launch(spec, _u8(x_pool), H, ptrs, 2 * inter, E, c, has_clamp, arrival=arrival, arrival_block=arrival_block)
     return L1Result(out, out_sf, acc1)
 
 
 def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
             dst_rows: torch.Tensor, kw: KernelWeights, combine: torch.Tensor, *, mode: str = "exact",
             block_n: int | None = None, debug: bool = False, max_tokens: int | None = None,
-            x_sf128: torch.Tensor | None = None) -> L2Result:
+            x_sf128: torch.Tensor | None = None, arrival: torch.Tensor | None = None,
+            arrival_block: int = 0) -> L2Result:
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
-    (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing."""
+    (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing.
+    combine (contiguous bf16 [..., H], 16-byte aligned) may be a view into a larger buffer (e.g. a
+    peer's, through a pointer offset): rows no valid pool row maps to are left as they were.
+
+    arrival / arrival_block: the arrival gate on the pool rows of l2_acts and their scales (l2_sf /
+    x_sf128), as in l1_gemm; dst_rows (read through the read-only cache), expert_offsets and
+    num_tokens must be in place at the launch."""
     H, inter = kw.hidden, kw.intermediate
     l2_acts, l2_sf, E = _activation_operand(l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, mode,
                                             "intermediate")
@@ -293,6 +335,11 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
     _check("dst_rows", dst_rows, torch.int32, (P,), l2_acts.device)
     if combine.dtype != torch.bfloat16 or combine.shape[-1] != H or not combine.is_contiguous():
         raise ValueError(f"combine: expected a contiguous bf16 tensor [..., {H}], got {combine.dtype} {tuple(combine.shape)}")
+    if combine.device != l2_acts.device:
+        raise ValueError(f"combine: expected device {l2_acts.device}, got {combine.device}")
+    if combine.data_ptr() % 16:
+        raise ValueError(f"combine: must be 16-byte aligned (the epilogue stores 16-byte vectors), "
+                         f"address is {combine.data_ptr() % 16} mod 16")
     if H % BLOCK_ROWS:
         raise ValueError(f"hidden: expected a multiple of {BLOCK_ROWS}, got {H}")
     if block_n is None:
@@ -302,5 +349,5 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
     ptrs = [kw.w2.data_ptr(), kw.w2_sf.data_ptr(), l2_sf.data_ptr(), expert_offsets.data_ptr(),
             num_tokens.data_ptr(), 0, combine.data_ptr(), 0, dst_rows.data_ptr(),
             acc2.data_ptr() if acc2 is not None else 0, 0]
-    _launch(spec, _u8(l2_acts), inter, ptrs, H, E, 0.0, 0)
+    _launch(spec, _u8(l2_acts), inter, ptrs, H, E, 0.0, 0, arrival=arrival, arrival_block=arrival_block)
     return L2Result(combine, acc2)

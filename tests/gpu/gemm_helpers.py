@@ -8,6 +8,11 @@ import os
 import torch
 
 from megamoe import reference as ref
+from megamoe.jit import layout as L
+
+# Expert sizes of the standalone tests (pool alignment 64): none, one, BLOCK_M - 1, BLOCK_M + 1,
+# BLOCK_M, several token blocks.
+COUNTS = [0, 1, 63, 65, 64, 300]
 
 
 def log_result(**kw) -> None:
@@ -106,3 +111,60 @@ def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
         return "equal"
     idx = d.nonzero()[0].tolist()
     return f"{int(d.sum())} differ; first at {idx}: {a[tuple(idx)].item()} vs {b[tuple(idx)].item()}"
+
+
+def setup_l1(H, inter, counts, seed, grid=False, align=64, **kw):
+    """A pool of `counts` rows per expert (pool alignment `align`) with K = H, and random weights of
+    both layers: (pool, (w1, s1, w2, s2), KernelWeights)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = Pool(counts, H, gen=gen, grid=grid, align=align)
+    E = len(counts)
+    w1, s1 = random_weights(E, 2 * inter, H, gen=gen, grid=grid, **kw)
+    w2, s2 = random_weights(E, H, inter, gen=gen, grid=grid, **kw)
+    kw_ = L.transform_weights(w1, s1, w2, s2)
+    return pool, (w1, s1, w2, s2), kw_
+
+
+def check_l1_epilogue(pool, res, inter, fast, clamp, tag):
+    """D6 bit-exact on every expert's valid rows, given the dumped acc1 (res from a debug launch)."""
+    for e, n in enumerate(pool.counts):
+        if n == 0:
+            continue
+        r = pool.rows(e)
+        q, sb = emulate_d6(res.acc1[r], pool.w_route[r], inter, fast, clamp)
+        got_q = res.l2_acts[r].view(torch.uint8)
+        assert torch.equal(got_q, q), f"{tag} D6 l2_acts expert {e}: {first_diff(got_q, q)}"
+        assert torch.equal(res.l2_sf[r], sb), f"{tag} D6 l2_sf expert {e}: {first_diff(res.l2_sf[r], sb)}"
+
+
+def combine_rows(pool: Pool, H: int, K: int = 1, *, gen=None, fill=float("nan")):
+    """An L2 destination: combine buffer [K, T, H] (T = valid rows) filled with `fill`, and dst_rows
+    [P] int32 mapping the valid pool rows to distinct combine rows (a random choice among the K * T
+    when gen is given, else in order), -1 on padding rows. Returns (combine, dst_rows)."""
+    T = sum(pool.counts)
+    comb = torch.full((K, T, H), fill, dtype=torch.bfloat16, device=pool.x.device)
+    dst = torch.full((pool.P,), -1, dtype=torch.int32, device=pool.x.device)
+    rows = torch.randperm(K * T, generator=gen)[:T] if gen is not None else torch.arange(T)
+    dst[pool.valid] = rows.to(torch.int32).to(pool.x.device)
+    return comb, dst
+
+
+def check_l2_epilogue(pool, acc2, combine, dst, tag):
+    """D8 bit-exact: combine row dst[p] == bf16(acc2[p]) for every valid pool row p."""
+    flat = combine.view(-1, combine.shape[-1])
+    for e, n in enumerate(pool.counts):
+        if n == 0:
+            continue
+        r = pool.rows(e)
+        want = acc2[r].to(torch.bfloat16).view(torch.int16)
+        got = flat[dst[r].long()].view(torch.int16)
+        assert torch.equal(got, want), f"{tag} D8 expert {e}: {first_diff(got, want)}"
+
+
+def pool_arrivals(pool: Pool, block: int) -> torch.Tensor:
+    """The arrival counters of a complete pool: int32 [ceil(P / block)], valid rows per block of
+    `block` pool rows (what the fused kernel's dispatch leaves in them; reference D4.block_arrivals)."""
+    nb = -(-pool.P // block)
+    valid = torch.zeros(nb * block, dtype=torch.int32, device=pool.valid.device)
+    valid[:pool.P] = pool.valid.to(torch.int32)
+    return valid.view(nb, block).sum(1, dtype=torch.int32)

@@ -13,31 +13,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 from megamoe import gemm as G  # noqa: E402
 from megamoe.jit import layout as L  # noqa: E402
 
-from .gemm_helpers import (Pool, bound_ratio, emulate_d6, first_diff, log_result, random_weights,  # noqa: E402
+from .gemm_helpers import (COUNTS, Pool, bound_ratio, first_diff, log_result, random_weights,  # noqa: E402
                            reference_acc)
-
-COUNTS = [0, 1, 63, 65, 64, 300]
-
-
-def _setup_l1(H, inter, counts, seed, grid=False, **kw):
-    gen = torch.Generator().manual_seed(seed)
-    pool = Pool(counts, H, gen=gen, grid=grid)
-    E = len(counts)
-    w1, s1 = random_weights(E, 2 * inter, H, gen=gen, grid=grid, **kw)
-    w2, s2 = random_weights(E, H, inter, gen=gen, grid=grid, **kw)
-    kw_ = L.transform_weights(w1, s1, w2, s2)
-    return pool, (w1, s1, w2, s2), kw_
-
-
-def _check_l1_epilogue(pool, res, inter, fast, clamp, tag):
-    for e, n in enumerate(pool.counts):
-        if n == 0:
-            continue
-        r = pool.rows(e)
-        q, sb = emulate_d6(res.acc1[r], pool.w_route[r], inter, fast, clamp)
-        got_q = res.l2_acts[r].view(torch.uint8)
-        assert torch.equal(got_q, q), f"{tag} D6 l2_acts expert {e}: {first_diff(got_q, q)}"
-        assert torch.equal(res.l2_sf[r], sb), f"{tag} D6 l2_sf expert {e}: {first_diff(res.l2_sf[r], sb)}"
+from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue  # noqa: E402
+from .gemm_helpers import setup_l1 as _setup_l1  # noqa: E402
 
 
 @pytest.mark.parametrize("H,inter,block_n", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32)])

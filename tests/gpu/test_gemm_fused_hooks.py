@@ -1,0 +1,348 @@
+"""The GEMM mainloop's hooks for the fused kernel (issue 4), exercised through the standalone launch:
+
+* arrival gate (GemmParams::arrival / arrival_block): full counters give the bits of an ungated
+  launch; counters raised late by a second stream, over pool rows written just before them, make
+  the GEMM wait (tests/gpu/gemm_hooks_worker.py, in a subprocess: a wrong design could trap);
+* timeout record: a counter that never fills traps with a record naming it (subprocess, ~10 s);
+* outputs through a pointer offset (a peer's buffer in the fused kernel): L1 out / out_sf and the L2
+  combine buffer as views into larger buffers, same bits, nothing outside written;
+* expert sizes 0, 1, BLOCK_M - 1, BLOCK_M, BLOCK_M + 1 and many (BLOCK_M = pool alignment 64 and
+  128) in both modes, and the exact-mode L1 at block_n = 128.
+
+Run: pytest -s tests/gpu/test_gemm_fused_hooks.py"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from megamoe import gemm as G  # noqa: E402
+
+from . import gemm_hooks_worker as W  # noqa: E402
+from .gemm_helpers import (COUNTS, Pool, bound_ratio, check_l1_epilogue, check_l2_epilogue,  # noqa: E402
+                           combine_rows, first_diff, log_result, pool_arrivals, reference_acc, setup_l1)
+
+TAU = {"exact": G.EXACT_TAU, "fast": G.FAST_TAU}
+REPO = Path(__file__).resolve().parents[2]
+WORKER_TIMEOUT_S = 900  # includes JIT builds when the cache is cold
+SENTINEL_U8 = 0xA5
+SENTINEL_BF16 = 0x7FA5  # a NaN payload the kernel never produces (bf16 NaN from the cvt is 0x7FFF)
+
+
+def _l1(pool, kw, mode="exact", **kw2):
+    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, mode=mode, **kw2)
+
+
+def _l2(pool, kw, dst, comb, mode="exact", **kw2):
+    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, mode=mode, **kw2)
+
+
+def _l1_outputs(pool, inter, fill=SENTINEL_U8):
+    return (torch.full((pool.P, inter), fill, dtype=torch.uint8, device="cuda"),
+            torch.full((pool.P, inter // 32), fill, dtype=torch.uint8, device="cuda"))
+
+
+def _bf16_sentinel(*shape):
+    return torch.full(shape, SENTINEL_BF16, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------------
+# 1a. arrival gate, counters already full: the standalone launch's bits
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("block,over", [(64, False), (32, True)])
+def test_full_counters_same_bits_l1(mode, block, over):
+    """Counters exactly at each pool block's valid rows (block = the pool alignment) or, with
+    block 32, over-full (every counter at `block`): out, out_sf bit-equal to the ungated launch."""
+    H, inter = 1024, 1024
+    pool, _, kw = setup_l1(H, inter, COUNTS, seed=41)
+    arrival = pool_arrivals(pool, block)
+    if over:
+        arrival.fill_(block)
+    ref_out, ref_sf = _l1_outputs(pool, inter)
+    out, out_sf = _l1_outputs(pool, inter)
+    _l1(pool, kw, mode, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
+    res = _l1(pool, kw, mode, out=out.view(torch.float8_e4m3fn), out_sf=out_sf, arrival=arrival, arrival_block=block)
+    torch.cuda.synchronize()
+    assert res.l2_acts.data_ptr() == out.data_ptr()
+    assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
+    assert torch.equal(out_sf, ref_sf), f"l2_sf: {first_diff(out_sf, ref_sf)}"
+    assert torch.equal(arrival, pool_arrivals(pool, block) if not over else torch.full_like(arrival, block)), \
+        "the GEMM wrote its arrival counters"
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("block_n", [None, 8])
+def test_full_counters_same_bits_l2(mode, block_n):
+    H, inter = 1024, 512
+    gen = torch.Generator().manual_seed(42)
+    _, _, kw = setup_l1(H, inter, [1] * len(COUNTS), seed=43)
+    pool = Pool(COUNTS, inter, gen=gen)
+    ref, dst = combine_rows(pool, H, K=2, gen=gen)
+    ref = _bf16_sentinel(*ref.shape)
+    comb = _bf16_sentinel(*ref.shape)
+    _l2(pool, kw, dst, ref, mode, block_n=block_n)
+    _l2(pool, kw, dst, comb, mode, block_n=block_n, arrival=pool_arrivals(pool, 64), arrival_block=64)
+    torch.cuda.synchronize()
+    assert torch.equal(comb.view(torch.int16), ref.view(torch.int16)), first_diff(comb.view(torch.int16),
+                                                                               ref.view(torch.int16))
+
+
+def test_arrival_arguments_checked():
+    H, inter = 1024, 512
+    pool, _, kw = setup_l1(H, inter, COUNTS, seed=44)
+    good = pool_arrivals(pool, 64)
+    cases = [
+        (dict(arrival_block=64), ValueError, "without arrival counters"),
+        (dict(arrival=good), ValueError, "arrival_block: expected a positive int"),
+        (dict(arrival=good, arrival_block=-64), ValueError, "arrival_block: expected a positive int"),
+        (dict(arrival=good, arrival_block=64.0), ValueError, "arrival_block: expected a positive int"),
+        (dict(arrival=good, arrival_block=32), ValueError, r"arrival: expected shape \(%d,\)" % (pool.P // 32)),
+        (dict(arrival=good.long(), arrival_block=64), TypeError, "arrival: expected dtype torch.int32"),
+        (dict(arrival=good.cpu(), arrival_block=64), ValueError, "arrival: expected device"),
+        (dict(arrival=torch.zeros(2 * good.numel(), dtype=torch.int32, device="cuda")[::2], arrival_block=64),
+         ValueError, "arrival: must be contiguous"),
+    ]
+    for kwargs, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            _l1(pool, kw, block_n=64, **kwargs)
+    comb, dst = combine_rows(Pool(COUNTS, inter, gen=torch.Generator().manual_seed(1)), H)
+    with pytest.raises(ValueError, match="arrival_block: expected a positive int"):
+        G.l2_gemm(pool.x[:, :inter].contiguous(), pool.sf[:, :inter // 32].contiguous(), pool.offsets,
+                  pool.num_tokens, dst, kw, comb, block_n=64, arrival=good, arrival_block=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# 1b. arrival gate with counters raised late by another stream; 2. the timeout record
+# (subprocess: tests/gpu/gemm_hooks_worker.py)
+# ------------------------------------------------------------------------------------------------
+
+def _run_worker(*args):
+    proc = subprocess.run([sys.executable, "-m", "tests.gpu.gemm_hooks_worker", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    results = [json.loads(line[len(W.PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(W.PREFIX)]
+    where = f"worker {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, where
+    return results, where
+
+
+def _gate_problem(variant, r):
+    """What is wrong with one variant's result of `gemm_hooks_worker gated` (None: nothing)."""
+    if "error" in r:
+        return (f"{r['error']}; timeout record: {r.get('timeout_message')} (a trap here means the filler "
+                f"stream never ran next to the gated GEMM)")
+    if not r["equal"]:
+        return (f"output differs from the ungated launch ({r['diff']}): the kernel read {r['poison']} rows "
+                f"before their arrival counters were raised")
+    if r["gemm_ms"] < 0.5 * r["delay_ms"]:
+        return (f"the GEMM took {r['gemm_ms']:.2f} ms, the filler slept {r['delay_ms']} ms first: the two "
+                f"streams did not overlap, so the gate was not exercised")
+    if r["gemm_ms"] < r["fill_ms"] - 1.0:
+        return f"the GEMM ended at {r['gemm_ms']:.2f} ms, before the last counter was raised ({r['fill_ms']:.2f} ms)"
+    return None
+
+
+@pytest.mark.slow
+def test_arrival_gate_waits_for_late_rows():
+    """Every variant of `gemm_hooks_worker gated` (one subprocess; one test, so that pytest-xdist
+    never runs two gated GEMMs on the GPU at once): one input of the pool rows (the payload x, the
+    activation scales x_sf, or w_route) is poisoned, and a second stream writes the real rows and
+    then raises the counters, block by block, while the GEMM runs; the output must be the ungated
+    launch's, and the GEMM must have been held until the last counter was raised. (x_sf: the
+    producer's scale warp waits at the gate too since e6d9587; w_route: read with coherent loads.)"""
+    results, where = _run_worker("gated")
+    results = {r["variant"]: r for r in results}
+    problems, skipped = [], []
+    for variant in W.VARIANTS:
+        r = results.get(variant)
+        if r is None:
+            problems.append(f"{variant}: no result")
+            continue
+        log_result(test="arrival_gate", **{k: v for k, v in r.items() if k != "diff"})
+        if "skipped" in r:
+            skipped.append(f"{variant}: {r['skipped']}")
+            continue
+        p = _gate_problem(variant, r)
+        if p is not None:
+            problems.append(f"{variant}: {p}")
+    assert not problems, "\n".join(problems) + f"\n{where}"
+    if skipped:
+        pytest.skip("; ".join(skipped))
+
+
+@pytest.mark.slow
+def test_arrival_timeout_record():
+    """A counter that stays short (pool block 5: 40 of 64 rows) makes the kernel trap after its spin
+    timeout; the record, read back by megamoe.gemm.timeout_message(), names that counter."""
+    block, observed = 5, 40
+    results, where = _run_worker("timeout", "--block", str(block), "--observed", str(observed))
+    assert len(results) == 1, where
+    r = results[0]
+    log_result(test="arrival_timeout", elapsed_s=r["elapsed_s"], message=r["timeout_message"], record=r["record"])
+    assert r["error"] is not None, f"the launch completed although pool block {block} never filled\n{where}"
+    assert r["timeout_message"] is not None, f"trapped ({r['error']}) without a timeout record\n{where}"
+    want = f"waited for arrival counter of pool block {block}: expected {r['need']}, observed {observed}"
+    assert want in r["timeout_message"], f"record: {r['timeout_message']!r}, expected it to contain {want!r}"
+    # Two producer threads wait at the gate (the TMA thread and the scale warp's lane 0): either may report.
+    assert re.match(r"SM block \d+ thread \d+: ", r["timeout_message"]), r["timeout_message"]
+    assert r["elapsed_s"] < 120, f"the spin timeout took {r['elapsed_s']:.1f} s"
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. outputs through a pointer offset
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_l1_outputs_into_offset_views(mode):
+    """out at a 16-byte aligned offset (two rows and 16 bytes) into a larger buffer, out_sf at an
+    odd byte offset: the view holds the normal launch's bits, the rest of both buffers is untouched."""
+    H, inter = 1024, 1024
+    pool, _, kw = setup_l1(H, inter, COUNTS, seed=51)
+    P, n_sf = pool.P, inter // 32
+    ref_out, ref_sf = _l1_outputs(pool, inter)
+    _l1(pool, kw, mode, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
+    off, off_sf = 2 * inter + 16, 7
+    big = torch.full((off + P * inter + 3 * inter,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
+    big_sf = torch.full((off_sf + P * n_sf + 33,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
+    out = big[off:off + P * inter].view(P, inter)
+    out_sf = big_sf[off_sf:off_sf + P * n_sf].view(P, n_sf)
+    res = _l1(pool, kw, mode, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    torch.cuda.synchronize()
+    assert res.l2_acts.data_ptr() == big.data_ptr() + off and res.l2_sf.data_ptr() == big_sf.data_ptr() + off_sf
+    assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
+    assert torch.equal(out_sf, ref_sf), f"l2_sf: {first_diff(out_sf, ref_sf)}"
+    for name, outside in (("before out", big[:off]), ("after out", big[off + P * inter:]),
+                          ("before out_sf", big_sf[:off_sf]), ("after out_sf", big_sf[off_sf + P * n_sf:])):
+        assert (outside == SENTINEL_U8).all(), f"written {name}"
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_l2_combine_into_offset_view(mode):
+    """combine [2, T, H] at 3 rows + 8 elements (16 bytes) into a larger bf16 buffer, half its rows
+    mapped: same bits as into its own buffer, unmapped rows and everything outside untouched."""
+    H, inter = 1024, 512
+    gen = torch.Generator().manual_seed(52)
+    _, _, kw = setup_l1(H, inter, [1] * len(COUNTS), seed=53)
+    pool = Pool(COUNTS, inter, gen=gen)
+    ref, dst = combine_rows(pool, H, K=2, gen=gen)
+    ref = _bf16_sentinel(*ref.shape)
+    _l2(pool, kw, dst, ref, mode)
+    n = ref.numel()
+    off = 3 * H + 8
+    big = _bf16_sentinel(off + n + 5 * H)
+    comb = big[off:off + n].view(ref.shape)
+    res = _l2(pool, kw, dst, comb, mode)
+    torch.cuda.synchronize()
+    assert res.combine.data_ptr() == big.data_ptr() + 2 * off
+    got, want = comb.view(torch.int16), ref.view(torch.int16)
+    assert torch.equal(got, want), first_diff(got, want)
+    unmapped = torch.ones(n // H, dtype=torch.bool, device="cuda")
+    unmapped[dst[pool.valid].long()] = False
+    assert unmapped.any() and (got.view(-1, H)[unmapped] == SENTINEL_BF16).all(), "unmapped combine rows written"
+    bi = big.view(torch.int16)
+    assert (bi[:off] == SENTINEL_BF16).all() and (bi[off + n:] == SENTINEL_BF16).all(), "written outside the view"
+
+
+def test_misaligned_destinations_rejected():
+    H, inter = 1024, 512
+    pool, _, kw = setup_l1(H, inter, COUNTS, seed=54)
+    P = pool.P
+    big = torch.zeros(P * inter + 16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="out: must be 16-byte aligned"):
+        _l1(pool, kw, block_n=64, out=big[8:8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
+    with pytest.raises(TypeError, match="out: expected float8_e4m3fn or uint8"):
+        _l1(pool, kw, block_n=64, out=torch.zeros(P, inter, dtype=torch.int8, device="cuda"))
+    pool2 = Pool(COUNTS, inter, gen=torch.Generator().manual_seed(2))
+    comb, dst = combine_rows(pool2, H)
+    flat = torch.zeros(comb.numel() + 8, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="combine: must be 16-byte aligned"):
+        _l2(pool2, kw, dst, flat[4:4 + comb.numel()].view(comb.shape), block_n=64)
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. expert sizes around BLOCK_M, many tokens, both modes; exact-mode L1 at block_n = 128
+# ------------------------------------------------------------------------------------------------
+
+MANY = 1100
+
+
+def _sizes(block_m):
+    return [0, 1, block_m - 1, block_m, block_m + 1, 0, MANY]
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("block_n", [None, 8])
+def test_l1_expert_sizes(mode, block_m, block_n):
+    H, inter = 1024, 1024
+    counts = _sizes(block_m)
+    pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=60 + block_m, align=block_m)
+    out, out_sf = _l1_outputs(pool, inter, 0x55)
+    res = _l1(pool, kw, mode, block_n=block_n, debug=True, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    torch.cuda.synchronize()
+    worst = max(bound_ratio(res.acc1[pool.rows(e)], ex, b)
+                for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w1, s1).items())
+    pad = ~pool.valid
+    assert torch.isnan(res.acc1[pad]).all(), "acc1 written on padding rows"
+    assert (out[pad] == 0x55).all() and (out_sf[pad] == 0x55).all(), "outputs written on padding rows"
+    check_l1_epilogue(pool, res, inter, True, None, f"{mode} BLOCK_M {block_m} bn {block_n}")
+    log_result(test="l1_expert_sizes", mode=mode, block_m=block_m, block_n=block_n, max_ratio=worst, tau=TAU[mode])
+    assert worst <= TAU[mode], f"GEMM_BOUND: max ratio {worst} > tau {TAU[mode]}"
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("block_n", [None, 8])
+def test_l2_expert_sizes(mode, block_m, block_n):
+    H, inter = 1024, 1024
+    counts = _sizes(block_m)
+    gen = torch.Generator().manual_seed(70 + block_m)
+    _, (_, _, w2, s2), kw = setup_l1(H, inter, [1] * len(counts), seed=71)
+    pool = Pool(counts, inter, gen=gen, align=block_m)
+    comb, dst = combine_rows(pool, H, K=2, gen=gen)
+    comb = _bf16_sentinel(*comb.shape)
+    res = _l2(pool, kw, dst, comb, mode, block_n=block_n, debug=True)
+    torch.cuda.synchronize()
+    worst = max(bound_ratio(res.acc2[pool.rows(e)], ex, b)
+                for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w2, s2).items())
+    assert torch.isnan(res.acc2[~pool.valid]).all(), "acc2 written on padding rows"
+    check_l2_epilogue(pool, res.acc2, comb, dst, f"{mode} BLOCK_M {block_m} bn {block_n}")
+    unmapped = torch.ones(comb.numel() // H, dtype=torch.bool, device="cuda")
+    unmapped[dst[pool.valid].long()] = False
+    assert (comb.view(torch.int16).view(-1, H)[unmapped] == SENTINEL_BF16).all(), "unmapped combine rows written"
+    log_result(test="l2_expert_sizes", mode=mode, block_m=block_m, block_n=block_n, max_ratio=worst, tau=TAU[mode])
+    assert worst <= TAU[mode], f"GEMM_BOUND: max ratio {worst} > tau {TAU[mode]}"
+
+
+@pytest.mark.parametrize("fast_math,clamp", [(True, None), (False, 1.0)])
+def test_exact_l1_block_n_128(fast_math, clamp):
+    """The exact-mode L1 at block_n = 128 (pick_block_n never picks it): GEMM_BOUND, D6 bit-exact,
+    padding untouched, and the production build's bits equal the debug build's."""
+    H, inter = 1024, 1024
+    counts = [0, 1, 63, 65, 127, 128, 129, 300]
+    pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=80)
+    out, out_sf = _l1_outputs(pool, inter, 0x55)
+    res = _l1(pool, kw, "exact", block_n=128, debug=True, fast_math=fast_math, activation_clamp=clamp,
+              out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    prod_out, prod_sf = _l1_outputs(pool, inter, 0x55)
+    _l1(pool, kw, "exact", block_n=128, fast_math=fast_math, activation_clamp=clamp,
+        out=prod_out.view(torch.float8_e4m3fn), out_sf=prod_sf)
+    torch.cuda.synchronize()
+    worst = max(bound_ratio(res.acc1[pool.rows(e)], ex, b)
+                for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w1, s1).items())
+    pad = ~pool.valid
+    assert torch.isnan(res.acc1[pad]).all(), "acc1 written on padding rows"
+    assert (out[pad] == 0x55).all() and (out_sf[pad] == 0x55).all(), "outputs written on padding rows"
+    check_l1_epilogue(pool, res, inter, fast_math, clamp, f"exact bn128 fast_math {fast_math} clamp {clamp}")
+    assert torch.equal(prod_out, out), f"production vs debug l2_acts: {first_diff(prod_out, out)}"
+    assert torch.equal(prod_sf, out_sf), f"production vs debug l2_sf: {first_diff(prod_sf, out_sf)}"
+    log_result(test="exact_l1_bn128", fast_math=fast_math, clamp=clamp, max_ratio=worst, tau=G.EXACT_TAU)
+    assert worst <= G.EXACT_TAU, f"GEMM_BOUND: max ratio {worst} > tau {G.EXACT_TAU}"
