@@ -8,8 +8,8 @@ L1: rows 2I, K = H. L2: rows H, K = I. Every expert gets the same token count m.
 Columns:
   ours_exact / ours_fast  our kernel time (us), median of 5 timed batches (CUDA events); the fast
            mode with the decode placement megamoe picks (GemmSpec.decode)
-  fast_regs the fast mode with the FP4 decode in the consumers' registers, where the pick is the
-           shared-memory decode (same run, for comparison)
+  fast_smem the fast mode with the FP4 decode in shared memory by a transform warpgroup
+           (GemmSpec.decode="smem"), at the same token tile, for comparison (not in "best")
   fp8_rw   torch._scaled_grouped_mm, FP8 weights and activations with row-wise fp32 scales
   bf16     torch._grouped_mm, BF16
   floor    max(weight+scale bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s)
@@ -114,15 +114,15 @@ def main() -> None:
                         fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, mode=mode, max_tokens=m,  # noqa: E731
                                                x_sf128=x128, block_n=bn)
                     res[mode] = time_us(fn)
-                    spec = G.spec_for(layer, bn or G.pick_block_n(m, layer, mode), mode=mode)
-                    if mode == "fast" and spec.decode == "smem":
+                    tile = bn or G.pick_block_n(m, layer, mode)
+                    if mode == "fast" and tile >= 64:
                         if layer == 1:
                             fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, mode=mode, out=out, out_sf=osf,  # noqa: E731
-                                                   max_tokens=m, x_sf128=x128, block_n=bn, decode="regs")
+                                                   max_tokens=m, x_sf128=x128, block_n=bn, decode="smem")
                         else:
                             fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, mode=mode, max_tokens=m,  # noqa: E731
-                                                   x_sf128=x128, block_n=bn, decode="regs")
-                        res["fast_regs"] = time_us(fn)
+                                                   x_sf128=x128, block_n=bn, decode="smem")
+                        res["fast_smem"] = time_us(fn)
                 M = E * m
                 flops = 2.0 * M * R * K
                 fp8_t = bf16_t = float("nan")
@@ -134,17 +134,17 @@ def main() -> None:
                     fp8_t = time_us(lambda: torch._scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sb, offs=offs,
                                                                      out_dtype=torch.bfloat16))
                     bf16_t = time_us(lambda: torch._grouped_mm(ab, wb.transpose(-2, -1), offs=offs))
-                best = min(v for k, v in res.items() if k != "fast_regs")
+                best = min(v for k, v in res.items() if k != "fast_smem")
                 floor = max(wbytes / HBM, flops / PEAK) * 1e6
                 base = min(fp8_t, bf16_t)
                 rows.append(dict(shape=shape, layer=f"L{layer}", m=m, exact=res.get("exact"), fast=res.get("fast"),
-                                 fast_regs=res.get("fast_regs"),
+                                 fast_smem=res.get("fast_smem"),
                                  fp8=fp8_t, bf16=bf16_t, floor=floor, hbm=wbytes / (best * 1e-6) / HBM,
                                  tflops=flops / (best * 1e-6) / 1e12, speedup=base / best))
                 print("done", rows[-1], flush=True)
             if not args.no_baselines:
                 del w8, wb
-    hdr = (f"{'shape':8} {'GEMM':4} {'tok/exp':>7} {'ours_exact':>10} {'ours_fast':>9} {'fast_regs':>9} {'fp8_rw':>8} {'bf16':>8} "
+    hdr = (f"{'shape':8} {'GEMM':4} {'tok/exp':>7} {'ours_exact':>10} {'ours_fast':>9} {'fast_smem':>9} {'fp8_rw':>8} {'bf16':>8} "
            f"{'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'speedup':>7}")
     print()
     print("time in us; hbm% = weight+scale bytes / our best time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
@@ -152,7 +152,7 @@ def main() -> None:
     print(hdr)
     f = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
     for r in rows:
-        print(f"{r['shape']:8} {r['layer']:4} {r['m']:7d} {f(r['exact']):>10} {f(r['fast']):>9} {f(r['fast_regs']):>9} {f(r['fp8']):>8} "
+        print(f"{r['shape']:8} {r['layer']:4} {r['m']:7d} {f(r['exact']):>10} {f(r['fast']):>9} {f(r['fast_smem']):>9} {f(r['fp8']):>8} "
               f"{f(r['bf16']):>8} {r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} "
               f"{100 * r['tflops'] * 1e12 / PEAK:5.1f} {r['speedup']:7.2f}")
     if args.json:

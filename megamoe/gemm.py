@@ -50,9 +50,9 @@ FAST_TAU = 2.0 ** -10
 def pick_block_n(max_tokens: int, layer: int = 2, mode: str = "exact") -> int:
     """Token tile for a launch whose largest expert has max_tokens rows: the smallest of 8..64 that
     holds them; above 64, the fast mode takes 128 (split-N pipelined mainloop: one FP4 decode per
-    128 tokens), exact-mode L2 128, exact-mode L1 64 (BN = 128 compiles spill-free since the
-    epilogue's shared stores were fixed, but is neither tested nor measured). block_n=64 keeps the
-    fast mode on its BN <= 64 mainloop."""
+    128 tokens), exact-mode L2 128, exact-mode L1 64 (BN = 128 is tested, tests/gpu/
+    test_gemm_fused_hooks.py, but not measured faster). block_n=64 keeps the fast mode on its
+    BN <= 64 mainloop."""
     for bn in (8, 16, 32, 64):
         if max_tokens <= bn:
             return bn
@@ -63,20 +63,26 @@ def _epi_bytes(layer: int, bn: int) -> int:
     return 2 * (bn * 32 + 4 * bn * 4 if layer == 1 else bn * 64 * 2)
 
 
-def _stage_bytes(bn: int, wgs: int = 2) -> int:
+def _stage_bytes(bn: int, wgs: int = 2, decode: str = "regs") -> int:
     rows = 64 * wgs
-    return bn * BLOCK_K + rows * BLOCK_K // 2 + rows * 4 + bn * 4
+    decoded = rows * BLOCK_K if decode == "smem" else 0   # the E4M3 A tile of the decode-to-smem kernel
+    return bn * BLOCK_K + decoded + rows * BLOCK_K // 2 + rows * 4 + bn * 4
 
 
-def smem_bytes(layer: int, bn: int, stages: int, wgs: int = 2) -> int:
-    # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh
-    return (1024 + stages * _stage_bytes(bn, wgs) + _epi_bytes(layer, bn) * wgs // 2 + 2 * stages * 8 + 17 * 8
+def smem_bytes(layer: int, bn: int, stages: int, wgs: int = 2, decode: str = "regs") -> int:
+    # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh and gemm_ss_smem_bytes() in gemm_sm90_ss.cuh
+    barriers = (3 if decode == "smem" else 2) * stages * 8
+    return (1024 + stages * _stage_bytes(bn, wgs, decode) + _epi_bytes(layer, bn) * wgs // 2 + barriers + 17 * 8
             + (2 * MAX_EXPERTS + 1) * 4)
 
 
-def pick_stages(layer: int, bn: int, wgs: int = 2) -> int:
-    fixed = smem_bytes(layer, bn, 0, wgs)
-    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn, wgs) + 16)))
+def spec_smem_bytes(spec: jb.GemmSpec) -> int:
+    return smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs, spec.decode)
+
+
+def pick_stages(layer: int, bn: int, wgs: int = 2, decode: str = "regs") -> int:
+    fixed = smem_bytes(layer, bn, 0, wgs, decode)
+    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn, wgs, decode) + 24)))
 
 
 def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
@@ -89,13 +95,24 @@ def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
     return 2
 
 
+def pick_decode(block_n: int, mode: str) -> str:
+    """Where the FP4 weights are decoded (GemmSpec.decode): always in the consumers' registers.
+    The shared-memory decode (decode="smem", a transform warpgroup) gives bit-identical results
+    but measured 3-12 % slower at BN = 128 and 8-22 % slower at BN = 64 on the H200
+    (`python -m bench.check_decode`, bench/NOTES.md v7); it stays selectable for that comparison."""
+    return "regs"
+
+
 def spec_for(layer: int, block_n: int, *, mode: str = "exact", fast_math: bool = True,
-             debug: bool = False, n_rows: int | None = None, wgs: int | None = None) -> jb.GemmSpec:
+             debug: bool = False, n_rows: int | None = None, wgs: int | None = None,
+             decode: str | None = None) -> jb.GemmSpec:
     if mode not in ("exact", "fast"):
         raise ValueError(f"mode: expected 'exact' or 'fast', got {mode!r}")
-    wgs = pick_wgs(block_n, n_rows) if wgs is None else wgs
-    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n, wgs), exact=mode == "exact",
-                       fast_silu=bool(fast_math) if layer == 1 else True, debug=debug, wgs=wgs)
+    decode = pick_decode(block_n, mode) if decode is None else decode
+    wgs = (pick_wgs(block_n, n_rows) if decode == "regs" else 2) if wgs is None else wgs
+    return jb.GemmSpec(layer=layer, block_n=block_n, stages=pick_stages(layer, block_n, wgs, decode),
+                       exact=mode == "exact", fast_silu=bool(fast_math) if layer == 1 else True, debug=debug,
+                       wgs=wgs, decode=decode)
 
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,6 +195,14 @@ def used_specs() -> list[jb.GemmSpec]:
                     specs.append(spec_for(1, bn, mode=mode, fast_math=fast_silu, debug=debug))
             for bn in (8, 16, 32, 64, 128):
                 specs.append(spec_for(2, bn, mode=mode, debug=debug))
+    # The fast mode's two decode placements at the tiles where both run (the benchmark compares them).
+    for decode in ("regs", "smem"):
+        for debug in (False, True):
+            for bn in (64, 128):
+                for spec in [spec_for(1, bn, mode="fast", fast_math=f, debug=debug, decode=decode) for f in (True, False)] \
+                        + [spec_for(2, bn, mode="fast", debug=debug, decode=decode)]:
+                    if spec not in specs:
+                        specs.append(spec)
     return specs
 
 
@@ -185,7 +210,7 @@ def _function(spec: jb.GemmSpec, dev: int):
     key = (spec, dev)
     if key not in _FUNCS:
         built = jb.build(spec)
-        smem = smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs)
+        smem = spec_smem_bytes(spec)
         _FUNCS[key] = (driver.get_function(built.cubin, "megamoe_gemm", dev, smem), driver.num_sms(dev))
     return _FUNCS[key]
 
@@ -208,14 +233,14 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, ptrs: list[int], n_rows:
     ptrs[10] = arrival.data_ptr() if arrival is not None else 0
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     fn, grid = _function(spec, dev)
-    smem = smem_bytes(spec.layer, spec.block_n, spec.stages, spec.wgs)
+    smem = spec_smem_bytes(spec)
     if n_rows % (64 * spec.wgs):
         raise ValueError(f"weight rows: expected a multiple of {64 * spec.wgs}, got {n_rows}")
     tmap = driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, spec.block_n)
     params = _pack_params(tmap, ptrs, [num_experts, P, k, n_rows, arrival_block], clamp, has_clamp,
                           _err_record(dev).data_ptr())
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    driver.launch(fn, grid, 128 * (1 + spec.wgs), smem, stream, params)
+    driver.launch(fn, grid, spec.threads, smem, stream, params)
 
 
 def _common_checks(x, x_sf, expert_offsets, num_tokens, k, sf_group=32):
@@ -259,7 +284,7 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
             activation_clamp: float | None = None, mode: str = "exact", block_n: int | None = None,
             debug: bool = False, out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None,
             max_tokens: int | None = None, x_sf128: torch.Tensor | None = None,
-            arrival: torch.Tensor | None = None, arrival_block: int = 0) -> L1Result:
+            arrival: torch.Tensor | None = None, arrival_block: int = 0, decode: str | None = None) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
     expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
@@ -290,7 +315,7 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
         raise ValueError(f"intermediate: 2I must be a multiple of {BLOCK_ROWS}, got {2 * inter}")
     if block_n is None:
         block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 1, mode)
-    spec = spec_for(1, block_n, mode=mode, fast_math=fast_math, debug=debug, n_rows=2 * inter)
+    spec = spec_for(1, block_n, mode=mode, fast_math=fast_math, debug=debug, n_rows=2 * inter, decode=decode)
     if out is None:
         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=x_pool.device)
     if out_sf is None:
@@ -319,7 +344,7 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
             dst_rows: torch.Tensor, kw: KernelWeights, combine: torch.Tensor, *, mode: str = "exact",
             block_n: int | None = None, debug: bool = False, max_tokens: int | None = None,
             x_sf128: torch.Tensor | None = None, arrival: torch.Tensor | None = None,
-            arrival_block: int = 0) -> L2Result:
+            arrival_block: int = 0, decode: str | None = None) -> L2Result:
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
     (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing.
     combine (contiguous bf16 [..., H], 16-byte aligned) may be a view into a larger buffer (e.g. a
@@ -344,7 +369,7 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
         raise ValueError(f"hidden: expected a multiple of {BLOCK_ROWS}, got {H}")
     if block_n is None:
         block_n = pick_block_n(max_tokens if max_tokens is not None else int(num_tokens.max().item()) if E else 1, 2, mode)
-    spec = spec_for(2, block_n, mode=mode, debug=debug, n_rows=H)
+    spec = spec_for(2, block_n, mode=mode, debug=debug, n_rows=H, decode=decode)
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=l2_acts.device) if debug else None
     ptrs = [kw.w2.data_ptr(), kw.w2_sf.data_ptr(), l2_sf.data_ptr(), expert_offsets.data_ptr(),
             num_tokens.data_ptr(), 0, combine.data_ptr(), 0, dst_rows.data_ptr(),
