@@ -97,9 +97,10 @@ def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
 
 def pick_decode(block_n: int, mode: str) -> str:
     """Where the FP4 weights are decoded (GemmSpec.decode): always in the consumers' registers.
-    The shared-memory decode (decode="smem", a transform warpgroup) gives bit-identical results
-    but measured 3-12 % slower at BN = 128 and 8-22 % slower at BN = 64 on the H200
-    (`python -m bench.check_decode`, bench/NOTES.md v7); it stays selectable for that comparison."""
+    The shared-memory decode (decode="smem", a transform warpgroup, SS wgmma) gives bit-identical
+    results but measured 3-12 % slower at BN = 128 and 8-22 % slower at BN = 64 on the H200
+    (`python -m bench.check_decode`; bench/NOTES.md v7 / v7b: shared-memory bandwidth); it stays
+    selectable for that comparison."""
     return "regs"
 
 

@@ -18,17 +18,15 @@
 //                          with the scaled LUTs into the stage's A tile (E4M3, K-major, 128-byte
 //                          swizzle: the layout a TMA would write), fences the generic-proxy stores
 //                          for the async proxy and arrives on the stage's ready barrier;
-//   warpgroups 2-3, consumers: 64 weight rows each; wait for ready, issue the stage's four k32 SS
-//                          wgmmas as two token halves, promote each half into the fp32 result
-//                          with the row and token K128 scales while the other half (or the next
-//                          stage's first half) runs, release the stage (empty barrier), and run
-//                          the layer's epilogue after the last stage.
+//   warpgroups 2-3, consumers: 64 weight rows each; wait for ready, four k32 SS wgmmas into a
+//                          fresh accumulator, promote it into the fp32 result with the row and
+//                          token K128 scales, release the stage (empty barrier), and run the
+//                          layer's epilogue after the last stage.
 // The A tile of a stage is rewritten only after the producer refilled the stage, which it does
 // only after the consumers released it, so one ring of stages orders all three roles.
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/ptx.cuh"
 #include "../epilogue/l1_swiglu_requant.cuh"
@@ -71,13 +69,12 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   using R = typename L::Ring;
   constexpr int kBlockRows = L::kRows;
   constexpr int kAcc = BN / 2;
-  static_assert(BN % 16 == 0 && BN >= 16 && BN <= 128, "token tile (two halves of whole 8-row atoms)");
+  static_assert(BN % 8 == 0 && BN >= 8 && BN <= 128, "token tile");
   // setmaxnreg redistributes the launch allocation (512 x 128): producer and transform give up
-  // what the consumers gain (BN = 128 consumers need more than 184; the transform fits in 72 with
-  // its two row groups decoded one after the other).
+  // what the consumers gain.
   constexpr int kProducerRegs = 56;
-  constexpr int kTransformRegs = 72;
-  constexpr int kConsumerRegs = 192;
+  constexpr int kTransformRegs = 104;
+  constexpr int kConsumerRegs = 176;
   static_assert(128 * (kProducerRegs + kTransformRegs) + 256 * kConsumerRegs <= 65536, "register budget");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -133,8 +130,8 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
       for (int kb = 0; kb < num_kb; ++kb) {
         ptx::mbar_wait(&ring.full[stage], phase, ptx::kWaitFull, stage, p.err);
         const uint32_t a_tile = ptx::smem_addr(s_a + stage * L::kA);
-#pragma unroll 1
-        for (int half = 0; half < 2; ++half) {   // rolled: bounds the transform's registers
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
           const int rg = tw + 4 * half;
           const int row = rg * 16 + g;
           const uint8_t* wsf = ring.wsf + stage * R::kWsf;
@@ -162,120 +159,63 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
     }
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
-    // Pipelined over token halves (as the split-N mainloop of gemm_sm90.cuh, without its decode):
-    // each stage's four k32 wgmmas run as two N = BN/2 halves into their own products ht[h];
-    // half 0 of stage kb is promoted while half 1 runs, half 1 while half 0 of kb + 1 runs, so a
-    // warpgroup always has a wgmma group in flight while it promotes. Registers: acc BN/2 +
-    // products 2 x BN/4.
     ptx::setmaxnreg_inc<kConsumerRegs>();
     const int wg = warp / 4 - 2;       // weight rows [64 wg, 64 wg + 64) of the CTA tile
     const int row_a = wg * 64 + (warp % 4) * 16 + g;   // this thread's rows: row_a and row_a + 8
     uint8_t* s_epi_wg = s_epi + wg * kEpiPerWg;
-    constexpr int kHalf = BN / 2;
-    constexpr int kHAcc = kHalf / 2;
-    using Mma = WgmmaSS<kHalf>;
     float acc[kAcc];
-    float ht[2][kHAcc];
-    int pstage[2];
-    // Waits for stage `stage` (decoded) and issues its half h; the stage index is kept in pstage[cur].
-    auto issue = [&](auto cur_c, auto h_c) {
-      constexpr int cur = decltype(cur_c)::value;
-      constexpr int h = decltype(h_c)::value;
-      if constexpr (h == 0) {
-        // The full barrier completed before ready did; waiting on it too (one try_wait) makes the
-        // producer's scale bytes visible to this thread directly.
-        ptx::mbar_wait(&ring.full[stage], phase, ptx::kWaitFull, stage, p.err);
-        ptx::mbar_wait(&s_ready[stage], phase, ptx::kWaitFull, stage, p.err);
-        pstage[cur] = stage;
-        if (++stage == kStages) { stage = 0; phase ^= 1; }
-      }
-      const int st = pstage[cur];
-      const uint64_t desc_a = ptx::smem_desc_sw128(s_a + st * L::kA + wg * 64 * kBlockK);
-      // Token rows h * BN/2 ..: whole 8-row swizzle atoms (BN/2 is a multiple of 8) further on.
-      const uint64_t desc_b = ptx::smem_desc_sw128(ring.x + st * R::kX + h * kHalf * kBlockK);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        Mma::mma(ht[h], desc_a + static_cast<uint64_t>((ks * 32) >> 4), desc_b + static_cast<uint64_t>((ks * 32) >> 4),
-                 ks > 0 ? 1 : 0);
-      ptx::wgmma_commit();
-    };
-    // Promotion of half h of the stage in pstage[cur] (its wgmmas complete): acc += ht * 2^(smax_row
-    // - 127) * 2^(sx_token - 127), the scale built on the fp32 bits with one integer add per (row,
-    // token) (see the fast mode of gemm_sm90.cuh). After half 1 the stage is released.
-    auto promote = [&](auto cur_c, auto h_c, int kb) {
-      constexpr int cur = decltype(cur_c)::value;
-      constexpr int h = decltype(h_c)::value;
-#pragma unroll
-      for (int i = 0; i < kHAcc; ++i) ptx::fence_operand(ht[h][i]);
-      const int st = pstage[cur];
-      const uint8_t* wsf = ring.wsf + st * R::kWsf;
-      const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(wsf + row_a * 4);
-      const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(wsf + (row_a + 8) * 4);
-      uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
-      ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
-      uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
-      mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
-      const int rba = static_cast<int>(ma << 23) - (127 << 23);
-      const int rbb = static_cast<int>(mb << 23) - (127 << 23);
-      const uint32_t* xsf = ring.xsf + st * BN + h * kHalf;
-      const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
-      float* a = acc + h * kHAcc;
-#pragma unroll
-      for (int j = 0; j < kHalf / 8; ++j) {
-        const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-        const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
-        const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
-        a[4 * j + 0] = __fmaf_rn(ht[h][4 * j + 0], __int_as_float(rba + tb0), a[4 * j + 0]);
-        a[4 * j + 1] = __fmaf_rn(ht[h][4 * j + 1], __int_as_float(rba + tb1), a[4 * j + 1]);
-        a[4 * j + 2] = __fmaf_rn(ht[h][4 * j + 2], __int_as_float(rbb + tb0), a[4 * j + 2]);
-        a[4 * j + 3] = __fmaf_rn(ht[h][4 * j + 3], __int_as_float(rbb + tb1), a[4 * j + 3]);
-      }
-      // Pin the FMAs before the next wgmma issue (else ptxas keeps a copy of the in-flight
-      // products and serialises the wgmmas, C7514).
-#pragma unroll
-      for (int i = 0; i < kHAcc; ++i) ptx::fence_operand(a[i]);
-      if constexpr (h == 1) {
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&ring.empty[st]);
-      }
-    };
-    using C0 = std::integral_constant<int, 0>;
-    using C1 = std::integral_constant<int, 1>;
-    // One stage: on entry both halves of kb (buffer cur) are in flight; on exit both halves of
-    // kb + 1 (buffer cur ^ 1) when there is one. Compile-time buffers and `more` keep every wgmma
-    // on a path ptxas sees as uniform (a runtime-conditional issue serialises them, C7518).
-    auto step = [&](auto cur_c, int kb, auto more_c) {
-      constexpr int cur = decltype(cur_c)::value;
-      constexpr bool more = decltype(more_c)::value;
-      using Nxt = std::integral_constant<int, cur ^ 1>;
-      ptx::wgmma_wait<1>();            // half 0 of kb done (half 1 may run)
-      promote(cur_c, C0{}, kb);
-      if constexpr (more) {
-        issue(Nxt{}, C0{});
-        ptx::wgmma_wait<1>();          // half 1 of kb done
-      } else {
-        ptx::wgmma_wait<0>();
-      }
-      promote(cur_c, C1{}, kb);
-      if constexpr (more) issue(Nxt{}, C1{});
-    };
+    float tmp[kAcc];
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
       const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      issue(C0{}, C0{});
-      issue(C0{}, C1{});
-      int kb = 0;
-      for (; kb + 2 < num_kb; kb += 2) {
-        step(C0{}, kb, std::true_type{});
-        step(C1{}, kb + 1, std::true_type{});
-      }
-      if (kb + 1 < num_kb) {
-        step(C0{}, kb, std::true_type{});
-        step(C1{}, kb + 1, std::false_type{});
-      } else {
-        step(C0{}, kb, std::false_type{});
+      for (int kb = 0; kb < num_kb; ++kb) {
+        // The full barrier has completed before ready did; waiting on it too (one try_wait) makes
+        // the producer's scale bytes visible to this thread directly rather than through the
+        // transform warps' arrival.
+        ptx::mbar_wait(&ring.full[stage], phase, ptx::kWaitFull, stage, p.err);
+        ptx::mbar_wait(&s_ready[stage], phase, ptx::kWaitFull, stage, p.err);
+        const uint64_t desc_a = ptx::smem_desc_sw128(s_a + stage * L::kA + wg * 64 * kBlockK);
+        const uint64_t desc_b = ptx::smem_desc_sw128(ring.x + stage * R::kX);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          WgmmaSS<BN>::mma(tmp, desc_a + static_cast<uint64_t>((ks * 32) >> 4),
+                           desc_b + static_cast<uint64_t>((ks * 32) >> 4), ks > 0 ? 1 : 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[i]);
+        // Promotion: acc += tmp * 2^(smax_row - 127) * 2^(sx_token - 127), the scale built on the
+        // fp32 bits with one integer add per (row, token) (see the fast mode of gemm_sm90.cuh).
+        const uint8_t* wsf = ring.wsf + stage * R::kWsf;
+        const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(wsf + row_a * 4);
+        const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(wsf + (row_a + 8) * 4);
+        uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
+        ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
+        uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
+        mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
+        const int rba = static_cast<int>(ma << 23) - (127 << 23);
+        const int rbb = static_cast<int>(mb << 23) - (127 << 23);
+        const uint32_t* xsf = ring.xsf + stage * BN;
+        const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
+          const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
+          const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
+          acc[4 * j + 0] = __fmaf_rn(tmp[4 * j + 0], __int_as_float(rba + tb0), acc[4 * j + 0]);
+          acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], __int_as_float(rba + tb1), acc[4 * j + 1]);
+          acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], __int_as_float(rbb + tb0), acc[4 * j + 2]);
+          acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], __int_as_float(rbb + tb1), acc[4 * j + 3]);
+        }
+        // Pin the FMAs before the next wgmma issue (else ptxas keeps a copy of tmp and serialises
+        // the wgmmas, C7514).
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&ring.empty[stage]);
+        if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
       if constexpr (kLayer == 1)
         l1_epilogue<BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
