@@ -36,6 +36,7 @@
 #include "fp4_decode.cuh"
 #include "params.cuh"
 #include "producer.cuh"
+#include "promotion.cuh"
 #include "scheduler.cuh"
 #include "wgmma_fp8_rs.cuh"
 
@@ -190,22 +191,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
           constexpr int h = decltype(h_c)::value;
 #pragma unroll
           for (int i = 0; i < 32; ++i) ptx::fence_operand(ht[h][i]);
-          // Same integer scale construction as the BN <= 64 mainloop (see retire there).
-          const uint32_t* xsf = s_xsf + pstage[cur] * BN + 64 * h;
-          const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
-          const int rba = prb[cur][0];
-          const int rbb = prb[cur][1];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-            const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
-            const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
-            float* a = acc + 32 * h + 4 * j;
-            a[0] = __fmaf_rn(ht[h][4 * j + 0], __int_as_float(rba + tb0), a[0]);
-            a[1] = __fmaf_rn(ht[h][4 * j + 1], __int_as_float(rba + tb1), a[1]);
-            a[2] = __fmaf_rn(ht[h][4 * j + 2], __int_as_float(rbb + tb0), a[2]);
-            a[3] = __fmaf_rn(ht[h][4 * j + 3], __int_as_float(rbb + tb1), a[3]);
-          }
+          promote_k128<64>(acc + 32 * h, ht[h], s_xsf + pstage[cur] * BN + 64 * h, t, kb, prb[cur][0], prb[cur][1]);
           // Pin the FMAs before the next wgmma issue: otherwise the compiler sinks them past it,
           // keeps a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
 #pragma unroll
@@ -289,24 +275,8 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) ptx::fence_operand(pa[cur][ks][i]);
           // Token scales straight from the stage (released only after this read).
-          // The scale 2^(smax-127) * 2^(sx-127) is built on the fp32 bits with one integer add per
-          // (row, token): (smax - 127) << 23 + sx << 23. Equal to the fp32 product whenever that is
-          // a normal number (both factors are powers of two); products under 2^-126 (never met
-          // by real scales: both factors tiny) are not supported in the fast mode.
-          const uint32_t* xsf = s_xsf + pstage[cur] * BN;
-          const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
-          const int rba = __float_as_int(pfa[cur]) - (127 << 23);
-          const int rbb = __float_as_int(pfb[cur]) - (127 << 23);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-            const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
-            const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
-            acc[4 * j + 0] = __fmaf_rn(ptmp[cur][4 * j + 0], __int_as_float(rba + tb0), acc[4 * j + 0]);
-            acc[4 * j + 1] = __fmaf_rn(ptmp[cur][4 * j + 1], __int_as_float(rba + tb1), acc[4 * j + 1]);
-            acc[4 * j + 2] = __fmaf_rn(ptmp[cur][4 * j + 2], __int_as_float(rbb + tb0), acc[4 * j + 2]);
-            acc[4 * j + 3] = __fmaf_rn(ptmp[cur][4 * j + 3], __int_as_float(rbb + tb1), acc[4 * j + 3]);
-          }
+          promote_k128<BN>(acc, ptmp[cur], s_xsf + pstage[cur] * BN, t, kb, __float_as_int(pfa[cur]) - (127 << 23),
+                           __float_as_int(pfb[cur]) - (127 << 23));
           __syncwarp();
           if (lane == 0) ptx::mbar_arrive(&s_empty[pstage[cur]]);
         };

@@ -34,6 +34,7 @@
 #include "fp4_decode.cuh"
 #include "params.cuh"
 #include "producer.cuh"
+#include "promotion.cuh"
 #include "scheduler.cuh"
 #include "wgmma_fp8_ss.cuh"
 
@@ -186,29 +187,13 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) ptx::fence_operand(tmp[i]);
-        // Promotion: acc += tmp * 2^(smax_row - 127) * 2^(sx_token - 127), the scale built on the
-        // fp32 bits with one integer add per (row, token) (see the fast mode of gemm_sm90.cuh).
+        // Promotion (kernel/gemm/promotion.cuh), scales straight from the stage.
         const uint8_t* wsf = ring.wsf + stage * R::kWsf;
         const uint32_t sf_a = *reinterpret_cast<const uint32_t*>(wsf + row_a * 4);
         const uint32_t sf_b = *reinterpret_cast<const uint32_t*>(wsf + (row_a + 8) * 4);
-        uint32_t ma = __vmaxu4(sf_a, sf_a >> 16);
-        ma = __vmaxu4(ma, ma >> 8) & 0xFFu;
-        uint32_t mb = __vmaxu4(sf_b, sf_b >> 16);
-        mb = __vmaxu4(mb, mb >> 8) & 0xFFu;
-        const int rba = static_cast<int>(ma << 23) - (127 << 23);
-        const int rbb = static_cast<int>(mb << 23) - (127 << 23);
-        const uint32_t* xsf = ring.xsf + stage * BN;
-        const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-          const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
-          const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
-          acc[4 * j + 0] = __fmaf_rn(tmp[4 * j + 0], __int_as_float(rba + tb0), acc[4 * j + 0]);
-          acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], __int_as_float(rba + tb1), acc[4 * j + 1]);
-          acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], __int_as_float(rbb + tb0), acc[4 * j + 2]);
-          acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], __int_as_float(rbb + tb1), acc[4 * j + 3]);
-        }
+        const int rba = row_scale_bits(sf_a);
+        const int rbb = row_scale_bits(sf_b);
+        promote_k128<BN>(acc, tmp, ring.xsf + stage * BN, t, kb, rba, rbb);
         // Pin the FMAs before the next wgmma issue (else ptxas keeps a copy of tmp and serialises
         // the wgmmas, C7514).
 #pragma unroll
