@@ -31,8 +31,7 @@
 
 #include "../common/ptx.cuh"
 #include "../common/ue8m0.cuh"
-#include "../epilogue/l1_swiglu_requant.cuh"
-#include "../epilogue/l2_combine_rows.cuh"
+#include "../epilogue/epilogue.cuh"
 #include "fp4_decode.cuh"
 #include "params.cuh"
 #include "producer.cuh"
@@ -58,7 +57,7 @@ struct SmemLayout {
 template <int kLayer, int BN, int kStages, int kWGs>
 __host__ __device__ constexpr int gemm_smem_bytes() {
   using L = SmemLayout<BN, kWGs>;
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  constexpr int kEpiPerWg = kEpilogueBytes<kLayer, BN>;
   return 1024 + kStages * L::kStage + kWGs * kEpiPerWg + 2 * kStages * 8 + kLutEntries * 8 +
          (2 * kMaxExperts + 1) * 4;
 }
@@ -90,7 +89,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   ring.wsf = ring.w + kStages * L::Ring::kW;              // [kStages][rows*4]
   ring.xsf = reinterpret_cast<uint32_t*>(ring.wsf + kStages * L::Ring::kWsf);  // [kStages][BN]
   uint8_t* s_epi = reinterpret_cast<uint8_t*>(ring.xsf + kStages * BN);
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  constexpr int kEpiPerWg = kEpilogueBytes<kLayer, BN>;
   ring.full = reinterpret_cast<uint64_t*>(s_epi + kWGs * kEpiPerWg);
   ring.empty = ring.full + kStages;
   uint2* s_lut = reinterpret_cast<uint2*>(ring.empty + kStages);   // fast mode: scaled FP4 LUTs
@@ -407,10 +406,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
       }
 
       // ---------------------------------------------------------------- epilogues
-      if constexpr (kLayer == 1)
-        l1_epilogue<BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
-      else
-        l2_epilogue<BN, kBlockRows, kDebug>(p, wi, acc, s_epi_wg, wg);
+      layer_epilogue<kLayer, BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
     }
   }
 }

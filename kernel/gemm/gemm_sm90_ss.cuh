@@ -29,8 +29,7 @@
 #include <cstdint>
 
 #include "../common/ptx.cuh"
-#include "../epilogue/l1_swiglu_requant.cuh"
-#include "../epilogue/l2_combine_rows.cuh"
+#include "../epilogue/epilogue.cuh"
 #include "fp4_decode.cuh"
 #include "params.cuh"
 #include "producer.cuh"
@@ -59,7 +58,7 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int k) {
 // Dynamic shared memory of gemm_sm90_ss_body (bytes), including the 1024-byte alignment slack.
 template <int kLayer, int BN, int kStages>
 __host__ __device__ constexpr int gemm_ss_smem_bytes() {
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  constexpr int kEpiPerWg = kEpilogueBytes<kLayer, BN>;
   return 1024 + kStages * SmemLayoutSS<BN>::kStage + 2 * kEpiPerWg + 3 * kStages * 8 + kLutEntries * 8 +
          (2 * kMaxExperts + 1) * 4;
 }
@@ -87,7 +86,7 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   ring.wsf = ring.w + kStages * R::kW;                            // [kStages][128 * 4]
   ring.xsf = reinterpret_cast<uint32_t*>(ring.wsf + kStages * R::kWsf);  // [kStages][BN]
   uint8_t* s_epi = reinterpret_cast<uint8_t*>(ring.xsf + kStages * BN);
-  constexpr int kEpiPerWg = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+  constexpr int kEpiPerWg = kEpilogueBytes<kLayer, BN>;
   ring.full = reinterpret_cast<uint64_t*>(s_epi + 2 * kEpiPerWg);
   ring.empty = ring.full + kStages;
   uint64_t* s_ready = ring.empty + kStages;                       // A tile of the stage decoded
@@ -202,10 +201,7 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
         if (lane == 0) ptx::mbar_arrive(&ring.empty[stage]);
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
-      if constexpr (kLayer == 1)
-        l1_epilogue<BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
-      else
-        l2_epilogue<BN, kBlockRows, kDebug>(p, wi, acc, s_epi_wg, wg);
+      layer_epilogue<kLayer, BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
     }
   }
 }
