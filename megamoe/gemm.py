@@ -60,7 +60,16 @@ def pick_block_n(max_tokens: int, layer: int = 2, mode: str = "exact") -> int:
 
 
 def _epi_bytes(layer: int, bn: int) -> int:
-    return 2 * (bn * 32 + 4 * bn * 4 if layer == 1 else bn * 64 * 2)
+    """Epilogue staging per consumer warpgroup (kernel/epilogue/epilogue.cuh kEpilogueBytes)."""
+    return bn * 32 + 4 * bn * 4 if layer == 1 else bn * 64 * 2
+
+
+LUT_ENTRIES = 17          # kernel/gemm/fp4_decode.cuh kLutEntries (8-byte scaled FP4 LUTs)
+BARRIER_BYTES = 8
+
+
+def _barriers_per_stage(decode: str) -> int:
+    return 3 if decode == "smem" else 2      # full, empty (+ ready: the decoded A tile)
 
 
 def _stage_bytes(bn: int, wgs: int = 2, decode: str = "regs") -> int:
@@ -71,9 +80,9 @@ def _stage_bytes(bn: int, wgs: int = 2, decode: str = "regs") -> int:
 
 def smem_bytes(layer: int, bn: int, stages: int, wgs: int = 2, decode: str = "regs") -> int:
     # mirrors gemm_smem_bytes() in kernel/gemm/gemm_sm90.cuh and gemm_ss_smem_bytes() in gemm_sm90_ss.cuh
-    barriers = (3 if decode == "smem" else 2) * stages * 8
-    return (1024 + stages * _stage_bytes(bn, wgs, decode) + _epi_bytes(layer, bn) * wgs // 2 + barriers + 17 * 8
-            + (2 * MAX_EXPERTS + 1) * 4)
+    barriers = _barriers_per_stage(decode) * stages * BARRIER_BYTES
+    return (1024 + stages * _stage_bytes(bn, wgs, decode) + _epi_bytes(layer, bn) * wgs + barriers
+            + LUT_ENTRIES * 8 + (2 * MAX_EXPERTS + 1) * 4)
 
 
 def spec_smem_bytes(spec: jb.GemmSpec) -> int:
@@ -82,7 +91,8 @@ def spec_smem_bytes(spec: jb.GemmSpec) -> int:
 
 def pick_stages(layer: int, bn: int, wgs: int = 2, decode: str = "regs") -> int:
     fixed = smem_bytes(layer, bn, 0, wgs, decode)
-    return max(2, min(12, (MAX_DYN_SMEM - fixed) // (_stage_bytes(bn, wgs, decode) + 24)))
+    per_stage = _stage_bytes(bn, wgs, decode) + 3 * BARRIER_BYTES   # (one barrier of slack for the register form)
+    return max(2, min(12, (MAX_DYN_SMEM - fixed) // per_stage))
 
 
 def pick_wgs(block_n: int, n_rows: int | None = None) -> int:
@@ -133,7 +143,10 @@ def _pack_params(tmap: bytes, ptrs: list[int], ints: list[int], clamp: float, ha
 
 
 _ERR: dict[int, torch.Tensor] = {}
-WAIT_NAMES = {1: "full stage barrier", 2: "empty stage barrier", 3: "arrival counter of pool block"}
+# kernel/common/ptx.cuh WaitKind: what a trap record names.
+WAIT_NAMES = {1: "full stage barrier", 2: "empty stage barrier", 3: "arrival counter of pool block",
+              4: "decoded-tile (ready) barrier of stage"}
+LAYOUT_CHECK = 5
 
 
 def _err_record(dev: int) -> torch.Tensor:
@@ -144,13 +157,27 @@ def _err_record(dev: int) -> torch.Tensor:
 
 
 def timeout_message(dev: int = 0) -> str | None:
-    """Words for the last timeout record of device `dev`, or None when no wait timed out."""
+    """Words for the kernel's trap record on device `dev` (a wait that timed out, or the shared-memory
+    layout check), or None when no launch trapped through it. Word 0 is 1 when the record is
+    complete, 2 when the trapping thread claimed it but the trap ended the kernel before it set 1
+    (its fields were written and fenced first, so they are still shown)."""
     r = _ERR.get(dev)
     if r is None or int(r[0]) == 0:
         return None
-    what, blk, idx, exp, obs, thr = (int(v) for v in r[1:7])
+    state, what, blk, idx, exp, obs, thr = (int(v) for v in r[0:7])
+    note = "" if state == 1 else " (record claimed, completion flag not seen)"
+    if what == LAYOUT_CHECK:
+        return (f"SM block {blk} thread {thr}: the launch gave {obs} bytes of dynamic shared memory, the "
+                f"kernel's layout needs {exp}{note}")
     return (f"SM block {blk} thread {thr}: waited for {WAIT_NAMES.get(what, what)} {idx}: "
-            f"expected {exp}, observed {obs}")
+            f"expected {exp}, observed {obs}{note}")
+
+
+def reset_timeout_record(dev: int = 0) -> None:
+    """Clears device `dev`'s trap record (the kernel only writes it while it is clear)."""
+    r = _ERR.get(dev)
+    if r is not None:
+        r.zero_()
 
 
 def _check(name, t, dtype, shape=None, device=None):

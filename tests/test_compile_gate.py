@@ -48,5 +48,11 @@ def test_cache_hit_and_key(built):
 
 def test_compile_error_is_a_readable_python_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
-    with pytest.raises(jb.CompileError, match=r"nvcc failed[\s\S]*error"):
-        jb.build(jb.GemmSpec(layer=1, block_n=12, stages=2))
+    monkeypatch.setattr(jb.GemmSpec, "source", lambda self: '#error "planted compile error"\n')
+    with pytest.raises(jb.CompileError, match=r"nvcc failed[\s\S]*planted compile error"):
+        jb.build(jb.GemmSpec(layer=1, block_n=16, stages=2))
+
+
+def test_spec_rejects_a_token_tile_the_kernel_cannot_have():
+    with pytest.raises(ValueError, match="block_n"):
+        jb.GemmSpec(layer=1, block_n=12, stages=2)

@@ -68,7 +68,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // Spin-waits have a timeout (SPEC §5: a hung GPU is never the result of bad input). On expiry the
-// waiter claims the record `rec` (host-mapped pinned memory, still readable by the host after the
+// waiter claims the record `rec` (report_trap) (host-mapped pinned memory, still readable by the host after the
 // trap), writes {1, what, block, index, expected, observed, thread} and traps; only the first
 // waiter to expire writes, so the record is never a mix of two. The arrival wait (the root cause
 // when rows never come) expires first: the barrier waits behind it, which start at about the same
@@ -76,9 +76,10 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // the wgmma pipeline and save registers around it.
 constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // arrival counters: ~10 s at 2 GHz
 constexpr long long kBarrierTimeoutCycles = 2 * kSpinTimeoutCycles;  // mbarriers of the pipeline
-enum WaitKind : int { kWaitFull = 1, kWaitEmpty = 2, kWaitArrival = 3 };
+// What a trap record names (megamoe/gemm.py WAIT_NAMES): a wait that timed out, or the layout check.
+enum WaitKind : int { kWaitFull = 1, kWaitEmpty = 2, kWaitArrival = 3, kWaitReady = 4, kLayoutCheck = 5 };
 
-__device__ __forceinline__ void report_timeout(int* rec, int what, int index, int expected, int observed) {
+__device__ __forceinline__ void report_trap(int* rec, int what, int index, int expected, int observed) {
   if (rec != nullptr && atomicCAS(rec, 0, 2) == 0) {   // 2 = claimed, being written
     rec[1] = what;
     rec[2] = blockIdx.x;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int wh
   if (mbar_try_wait(bar, parity)) return;
   const long long start = clock64();
   while (!mbar_try_wait(bar, parity)) {
-    if (clock64() - start > kBarrierTimeoutCycles) report_timeout(rec, what, index, (int)parity, -1);
+    if (clock64() - start > kBarrierTimeoutCycles) report_trap(rec, what, index, (int)parity, -1);
   }
 }
 

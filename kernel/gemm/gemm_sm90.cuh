@@ -3,14 +3,15 @@
 // epilogue.
 //
 // Orientation (swap-AB): weight rows are the wgmma M dimension (64 per consumer warpgroup, 128 per
-// CTA), pool rows (tokens) are the wgmma N dimension (BN = 8..256). The weights travel packed (FP4)
+// CTA), pool rows (tokens) are the wgmma N dimension (BN = 8..128 as used; the wrappers go to 256). The weights travel packed (FP4)
 // into shared memory and are decoded to E4M3 in registers (prmt byte lookup), so they are the
 // register (A) operand of an RS wgmma; the activations are the shared-memory (B) operand, K-major,
 // written by a 2-D TMA with the 128-byte swizzle.
 //
-// Warp specialisation: 384 threads. Warpgroup 0 is the producer (warp 0 lane 0 issues the TMA /
-// bulk copies, warp 1 stages the activation scale words); warpgroups 1 and 2 are consumers, each
-// owning 64 of the CTA's 128 weight rows. Stages are handed over through full / empty mbarriers.
+// Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer (kernel/gemm/
+// producer.cuh: warp 0 lane 0 issues the TMA / bulk copies, warp 1 stages the activation scale
+// words); warpgroups 1 .. kWGs are consumers, each owning 64 of the CTA's 64 x kWGs weight rows
+// (kWGs = 2, or 4 for the 8-token tile). Stages are handed over through full / empty mbarriers.
 //
 // Work: persistent CTAs walk a static schedule of (expert, N block of 128 weight rows, token block
 // of BN pool rows) items, token block innermost so CTAs running at the same time share weight tiles
@@ -111,7 +112,9 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   if (!kPromoteK32 && tid >= 32 && tid < 32 + kLutEntries) init_scaled_lut(s_lut, tid - 32);
   if (tid == 0) {
     // The host sizes the launch from its own copy of this layout (megamoe/gemm.py smem_bytes).
-    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(gemm_smem_bytes<kLayer, BN, kStages, kWGs>())) __trap();
+    constexpr int kLayoutBytes = gemm_smem_bytes<kLayer, BN, kStages, kWGs>();
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(kLayoutBytes))
+      ptx::report_trap(p.err, ptx::kLayoutCheck, 0, kLayoutBytes, static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&s_full[s], 1 + 32);  // producer thread (expect_tx) + scale warp
       ptx::mbar_init(&s_empty[s], 4 * kWGs);  // one arrive per consumer warp

@@ -105,7 +105,9 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
   if (tid >= 32 && tid < 32 + kLutEntries) init_scaled_lut(s_lut, tid - 32);
   if (tid == 0) {
     // The host sizes the launch from its own copy of this layout (megamoe/gemm.py smem_bytes).
-    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(gemm_ss_smem_bytes<kLayer, BN, kStages>())) __trap();
+    constexpr int kLayoutBytes = gemm_ss_smem_bytes<kLayer, BN, kStages>();
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(kLayoutBytes))
+      ptx::report_trap(p.err, ptx::kLayoutCheck, 0, kLayoutBytes, static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&ring.full[s], 1 + 32);   // TMA thread (expect_tx) + scale warp
       ptx::mbar_init(&s_ready[s], 4);          // one arrive per transform warp
@@ -174,7 +176,7 @@ __device__ __forceinline__ void gemm_sm90_ss_body(const GemmParams& p) {
         // the producer's scale bytes visible to this thread directly rather than through the
         // transform warps' arrival.
         ptx::mbar_wait(&ring.full[stage], phase, ptx::kWaitFull, stage, p.err);
-        ptx::mbar_wait(&s_ready[stage], phase, ptx::kWaitFull, stage, p.err);
+        ptx::mbar_wait(&s_ready[stage], phase, ptx::kWaitReady, stage, p.err);
         const uint64_t desc_a = ptx::smem_desc_sw128(s_a + stage * L::kA + wg * 64 * kBlockK);
         const uint64_t desc_b = ptx::smem_desc_sw128(ring.x + stage * R::kX);
         ptx::wgmma_fence();

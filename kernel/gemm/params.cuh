@@ -1,6 +1,6 @@
 // Kernel parameters of the SM90 grouped GEMM, passed by value as one __grid_constant__ struct.
-// megamoe/jit/launch.py packs the same layout (PARAM_LAYOUT there); keep the two in step: the
-// static_asserts below pin every offset.
+// megamoe/gemm.py (_pack_params) packs the same layout; keep the two in step: the static_asserts
+// below pin every offset.
 #pragma once
 
 #include <cstddef>

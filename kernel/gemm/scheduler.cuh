@@ -66,7 +66,7 @@ __device__ __forceinline__ void wait_token_block(const GemmParams& p, const Work
     const long long start = clock64();
     while (ptx::ld_acquire_gpu(p.arrival + b) < need) {
       if (clock64() - start > ptx::kSpinTimeoutCycles)
-        ptx::report_timeout(p.err, ptx::kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
+        ptx::report_trap(p.err, ptx::kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
     }
   }
   ptx::fence_proxy_async_global();

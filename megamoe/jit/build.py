@@ -58,7 +58,7 @@ class GemmSpec:
     """
 
     layer: int            # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
-    block_n: int          # token tile (wgmma N): 8..256, multiple of 8
+    block_n: int          # token tile (wgmma N): multiple of 8, 8..256 (8..128 picked and tested)
     stages: int           # pipeline depth
     exact: bool = True    # True: promote per k32 with both scales (exact mode)
     fast_silu: bool = True
@@ -67,6 +67,8 @@ class GemmSpec:
     decode: str = "regs"  # where the FP4 weights are decoded: "regs" or "smem" (see above)
 
     def __post_init__(self):
+        if self.block_n % 8 or not 8 <= self.block_n <= 256:
+            raise ValueError(f"block_n: expected a multiple of 8 in 8..256, got {self.block_n}")
         if self.decode not in ("regs", "smem"):
             raise ValueError(f"decode: expected 'regs' or 'smem', got {self.decode!r}")
         if self.decode == "smem" and (self.exact or self.wgs != 2 or self.block_n > 128):

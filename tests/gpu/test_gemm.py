@@ -158,15 +158,6 @@ def test_wide_scale_spread():
     assert worst <= G.EXACT_TAU
 
 
-def test_compile_error_is_readable(tmp_path, monkeypatch):
-    from megamoe.jit import build as jb
-
-    monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
-    spec = jb.GemmSpec(layer=1, block_n=12, stages=2)  # 12 is not a wgmma N the kernel instantiates
-    with pytest.raises(jb.CompileError, match="nvcc failed"):
-        jb.build(spec)
-
-
 # ------------------------------------------------------------------------------------------------
 # fast mode (K128 promotion, weight scales in the LUT, activations rebased per K128)
 # ------------------------------------------------------------------------------------------------

@@ -137,8 +137,9 @@ def _run_worker(*args):
 def _gate_problem(variant, r):
     """What is wrong with one variant's result of `gemm_hooks_worker gated` (None: nothing)."""
     if "error" in r:
-        return (f"{r['error']}; timeout record: {r.get('timeout_message')} (a trap here means the filler "
-                f"stream never ran next to the gated GEMM)")
+        return (f"{r['error']}; trap record: {r.get('timeout_message')} (a record naming the arrival "
+                f"counter means the filler stream never ran next to the gated GEMM; no record means a "
+                f"trap or fault other than the kernel's spin timeouts)")
     if not r["equal"]:
         return (f"output differs from the ungated launch ({r['diff']}): the kernel read {r['poison']} rows "
                 f"before their arrival counters were raised")
@@ -154,7 +155,8 @@ def _gate_problem(variant, r):
 @pytest.mark.xfail(strict=False, reason=(
     "H200 run of f813dd9: the first variant (l1-exact-bn32-x) ended in 'unspecified launch failure' "
     "with no timeout record, i.e. a trap or fault other than the spin timeouts; not diagnosed "
-    "(no device time left). The gate with full counters (test_full_counters_same_bits_l1 / _l2) passes."))
+    "(no device time left). The gate with full counters passes (test_full_counters_same_bits_l1 / _l2, "
+    "which run other tiles: BN 32 with an arrival pointer has only run here)."))
 def test_arrival_gate_waits_for_late_rows():
     """Every variant of `gemm_hooks_worker gated` (one subprocess; one test, so that pytest-xdist
     never runs two gated GEMMs on the GPU at once): one input of the pool rows (the payload x, the
