@@ -56,3 +56,41 @@ def test_compile_error_is_a_readable_python_error(tmp_path, monkeypatch):
 def test_spec_rejects_a_token_tile_the_kernel_cannot_have():
     with pytest.raises(ValueError, match="block_n"):
         jb.GemmSpec(layer=1, block_n=12, stages=2)
+
+
+def test_registers_are_the_launch_allocation(built):
+    """The setmaxnreg budgets in the kernels (producer / transform / consumers) redistribute the
+    launch allocation, so they assume ptxas gave every thread the launch-bound maximum:
+    65536 / threads, rounded down to a multiple of 8."""
+    bad = [f"{s.name}: {b.registers} registers, expected {(65536 // s.threads) // 8 * 8}"
+           for s, b in built.items() if b.registers != (65536 // s.threads) // 8 * 8]
+    assert not bad, "\n".join(bad)
+
+
+def test_host_shared_memory_size_matches_the_kernel_layout(tmp_path):
+    """megamoe.gemm.smem_bytes (what the launch asks for) equals the kernel's own layout size
+    (gemm_smem_bytes / gemm_ss_smem_bytes, constexpr on the host too) for every used
+    specialisation. (The kernel also traps at run time when it gets less.)"""
+    from megamoe.jit.flags import NVCC_FLAGS
+    from megamoe.kernel import KERNEL_DIR
+
+    specs = G.used_specs()
+    lines = []
+    for s in specs:
+        if s.decode == "smem":
+            lines.append(f'  std::printf("%d\\n", megamoe::gemm_ss_smem_bytes<{s.layer}, {s.block_n}, {s.stages}>());')
+        else:
+            lines.append(f'  std::printf("%d\\n", megamoe::gemm_smem_bytes<{s.layer}, {s.block_n}, {s.stages}, {s.wgs}>());')
+    src = tmp_path / "sizes.cu"
+    src.write_text('#include <cstdio>\n#include "gemm/gemm_sm90.cuh"\n#include "gemm/gemm_sm90_ss.cuh"\n'
+                   "int main() {\n" + "\n".join(lines) + "\n  return 0;\n}\n")
+    exe = tmp_path / "sizes"
+    import subprocess
+
+    subprocess.run([shutil.which("nvcc"), *NVCC_FLAGS, "-I", str(KERNEL_DIR), "-o", str(exe), str(src)],
+                   check=True, capture_output=True, text=True)
+    kernel_sizes = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True,
+                                                   text=True).stdout.split()]
+    host_sizes = [G.spec_smem_bytes(s) for s in specs]
+    bad = [f"{s.name}: host {h}, kernel {k}" for s, h, k in zip(specs, host_sizes, kernel_sizes) if h != k]
+    assert len(kernel_sizes) == len(specs) and not bad, "\n".join(bad)

@@ -45,7 +45,7 @@ namespace megamoe {
 // A CTA has one producer warpgroup and kWGs consumer warpgroups (2, or 4 for small token tiles,
 // where more warps hide the per-stage latency); each consumer owns 64 weight rows.
 template <int kWGs>
-constexpr int threads_for() { return 128 * (1 + kWGs); }
+__host__ __device__ constexpr int threads_for() { return 128 * (1 + kWGs); }
 
 template <int BN, int kWGs>
 struct SmemLayout {
@@ -77,6 +77,9 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   constexpr bool kSplitN = !kPromoteK32 && BN == 128 && kWGs == 2;
   constexpr int kProducerRegs = kWGs == 2 ? 56 : 40;
   constexpr int kConsumerRegs = kWGs == 2 ? 224 : 104;
+  constexpr int kLaunchRegs = (65536 / threads_for<kWGs>()) / 8 * 8;   // what ptxas allocates (compile gate)
+  static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= threads_for<kWGs>() * kLaunchRegs,
+                "setmaxnreg budget exceeds the launch allocation");
   using Mma = WgmmaRS<BN>;
   constexpr int kAcc = BN / 2;
   static_assert(BN % 8 == 0 && BN >= 8 && BN <= 256, "token tile");
