@@ -34,7 +34,6 @@ class Pool:
     def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125,
                  grid_sf=(126, 128)):
         self.counts = list(counts)
-        E = len(counts)
         offs = [0]
         for n in counts:
             offs.append(offs[-1] + (n + align - 1) // align * align)
@@ -96,6 +95,13 @@ def bound_ratio(acc: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> 
     assert torch.isfinite(acc).all(), "non-finite accumulator"
     ratio = torch.where(bound > 0, err / bound.clamp_min(1e-300), torch.where(err > 0, torch.inf, 0.0))
     return float(ratio.max()) if ratio.numel() else 0.0
+
+
+def worst_bound_ratio(acc: torch.Tensor, pool: Pool, w, w_sf) -> float:
+    """The largest GEMM_BOUND ratio of a dumped accumulator [P, R] over every expert's valid rows,
+    against the pool's own operands (pool.x, pool.sf) and the canonical weights (w, w_sf)."""
+    return max(bound_ratio(acc[pool.rows(e)], ex, b)
+               for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w, w_sf).items())
 
 
 def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool, clamp):
