@@ -114,3 +114,57 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
                        F.pow2_f32(shift.clamp(min=-149)))
     v = F.decode_e4m3(c).reshape(p, k // 128, 4, GROUP) * mult[..., None]
     return Quantized(F.encode_e4m3(v.reshape(p, k)), smax.to(torch.uint8))
+
+
+# The fast GEMM mode's weight operand (megamoe.gemm promotion="k128"). Each weight row r has a base
+# B_r = the largest of its per-32 scale bytes (over all of K). Group g of the row is decoded through
+# the scaled lookup table d = B_r - s_g: its E2M1 magnitudes m become the E4M3 value
+# RNE(m * 2^(FAST_LUT_HEADROOM - d)) (subnormals included), and the row's accumulator is scaled by
+# 2^(B_r - 127 - FAST_LUT_HEADROOM) once. The headroom uses the binades of E4M3 above 6 (6 * 2^6 =
+# 384 <= 448), so every group within 14 binades of its row's largest is decoded exactly; 15-18
+# binades under it, the values are rounded onto E4M3's subnormal grid (2^-9); from 19 they are 0.
+FAST_LUT_HEADROOM = 6
+FAST_LUT_ENTRIES = 20      # d = 0 .. 19; larger offsets use entry 19 (all magnitudes round to 0)
+FAST_EXACT_BINADES = 14    # d <= 14 decodes exactly
+
+
+def scaled_fp4_lut() -> torch.Tensor:
+    """[FAST_LUT_ENTRIES, 8] uint8: entry d holds the E4M3 codes of the E2M1 magnitudes
+    {0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(FAST_LUT_HEADROOM - d), RNE (fp32 multiply, then encode)."""
+    mags = F.decode_e2m1(torch.arange(8, dtype=torch.uint8))
+    d = torch.arange(FAST_LUT_ENTRIES, dtype=torch.int32)
+    return F.encode_e4m3(mags[None, :] * F.pow2_f32(FAST_LUT_HEADROOM - d)[:, None])
+
+
+class FastWeightScales(NamedTuple):
+    offsets: torch.Tensor      # uint8 [..., N, K/32]: min(B_r - s_g, FAST_LUT_ENTRIES - 1)
+    row_base: torch.Tensor     # uint8 [..., N]: B_r
+
+
+def fast_weight_scales(scale_bytes: torch.Tensor) -> FastWeightScales:
+    """The fast mode's view of per-32 weight scale bytes [..., N, K/32]: row bases and LUT offsets."""
+    sf = scale_bytes.to(torch.int32)
+    base = sf.amax(dim=-1)
+    off = (base[..., None] - sf).clamp(max=FAST_LUT_ENTRIES - 1)
+    return FastWeightScales(off.to(torch.uint8), base.to(torch.uint8))
+
+
+def fast_rounded_rows(scale_bytes: torch.Tensor) -> int:
+    """How many weight rows [..., N, K/32] have a group more than FAST_EXACT_BINADES under the row's
+    largest: the rows whose fast-mode operand is not the exact dequantized weight."""
+    sf = scale_bytes.to(torch.int32)
+    return int(((sf.amax(dim=-1, keepdim=True) - sf) > FAST_EXACT_BINADES).any(dim=-1).sum())
+
+
+def dequantize_fp4_fast(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """The fast mode's weight operand as float64 values [..., N, K]: what the kernel multiplies,
+    by the rule above (equal to dequantize_fp4 wherever fast_rounded_rows finds nothing)."""
+    codes = F.unpack_fp4(packed).to(torch.int64)
+    fs = fast_weight_scales(scale_bytes)
+    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64)            # [entries, 8]
+    off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., :codes.shape[-1]]
+    mag = lut[off, codes & 7]
+    sign = torch.where((codes & 8) != 0, -1.0, 1.0).to(torch.float64)
+    row = torch.pow(torch.tensor(2.0, dtype=torch.float64),
+                    fs.row_base.to(torch.float64) - 127 - FAST_LUT_HEADROOM)
+    return sign * mag * row[..., None]

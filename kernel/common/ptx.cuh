@@ -21,6 +21,13 @@ __device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void st_shared_u16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
 }
+// threadIdx.x, read again where it is used: a value held across setmaxnreg is spilled by ptxas, and
+// the compiler would otherwise reuse one read of threadIdx.x for the whole kernel.
+__device__ __forceinline__ int thread_idx() {
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
 // Dynamic shared memory of the launch (bytes), to check the host's size against the kernel's layout.
 __device__ __forceinline__ uint32_t dynamic_smem_size() {
   uint32_t v;
@@ -76,8 +83,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // the wgmma pipeline and save registers around it.
 constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // arrival counters: ~10 s at 2 GHz
 constexpr long long kBarrierTimeoutCycles = 2 * kSpinTimeoutCycles;  // mbarriers of the pipeline
-// What a trap record names (megamoe/gemm.py WAIT_NAMES): a wait that timed out, or the layout check.
-enum WaitKind : int { kWaitFull = 1, kWaitEmpty = 2, kWaitArrival = 3, kWaitReady = 4, kLayoutCheck = 5 };
+// What a record names (`what`) is one of the codes of kernel/gemm/contract.cuh (WaitKind).
 
 __device__ __forceinline__ void report_trap(int* rec, int what, int index, int expected, int observed) {
   if (rec != nullptr && atomicCAS(rec, 0, 2) == 0) {   // 2 = claimed, being written
@@ -173,15 +179,16 @@ __device__ __forceinline__ void fence_operand(uint32_t& x) {
 
 // Shared-memory matrix descriptor for a K-major operand stored with the 128-byte swizzle (the
 // layout a 2-D TMA with CU_TENSOR_MAP_SWIZZLE_128B writes): rows of 128 bytes, 8-row core groups
-// 1024 bytes apart (SBO), leading byte offset unused, base 1024-byte aligned.
-__device__ __forceinline__ uint64_t smem_desc_sw128(const void* smem_ptr) {
-  const uint64_t addr = smem_addr(smem_ptr);
-  uint64_t desc = 0;
-  desc |= (addr & 0x3FFFFull) >> 4;         // start address, bits [0,14)
-  desc |= (uint64_t)(16 >> 4) << 16;        // leading byte offset (ignored for swizzled K-major)
-  desc |= (uint64_t)(1024 >> 4) << 32;      // stride byte offset: 8 rows x 128 B
-  desc |= (uint64_t)1 << 62;                // layout type 1 = SWIZZLE_128B
-  return desc;
+// 1024 bytes apart (SBO), leading byte offset unused, base 1024-byte aligned. The low word holds the
+// start address (>> 4, bits 0-13) and the leading byte offset (bits 16-29); the high word is the
+// same for every such operand, so a mainloop keeps only low words and advances them (+2 per 32
+// bytes of K: no carry out of the address field for a tile inside shared memory).
+__device__ __forceinline__ uint32_t smem_desc_sw128_lo(const void* smem_ptr) {
+  return ((smem_addr(smem_ptr) & 0x3FFFFu) >> 4) | (static_cast<uint32_t>(16 >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t smem_desc_sw128_from_lo(uint32_t lo) {
+  constexpr uint32_t kHi = (1024 >> 4) | (1u << 30);   // stride byte offset; layout type 1 = SWIZZLE_128B
+  return (static_cast<uint64_t>(kHi) << 32) | lo;
 }
 
 // ---------------------------------------------------------------------------------------------

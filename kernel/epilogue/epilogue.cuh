@@ -7,16 +7,18 @@
 
 namespace megamoe {
 
-template <int kLayer, int BN>
-constexpr int kEpilogueBytes = kLayer == 1 ? kL1EpilogueBytes<BN> : kL2EpilogueBytes<BN>;
+// Staging per consumer warpgroup for token tiles up to kMaxN (the epilogues work in chunks of 64).
+template <int kLayer, int kMaxN>
+constexpr int kEpilogueBytes = kLayer == 1 ? kL1EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>
+                                           : kL2EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>;
 
-template <int kLayer, int BN, int kBlockRows, bool kFastSilu, bool kDebug>
-__device__ __forceinline__ void layer_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[BN / 2],
+template <int kLayer, int N, int kRows, bool kFastMath, bool kDebug>
+__device__ __forceinline__ void layer_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                                uint8_t* s_epi_wg, int wg) {
   if constexpr (kLayer == 1)
-    l1_epilogue<BN, kBlockRows, kFastSilu, kDebug>(p, wi, acc, s_epi_wg, wg);
+    l1_epilogue<N, kRows, kFastMath, kDebug>(p, wi, acc, s_epi_wg, wg);
   else
-    l2_epilogue<BN, kBlockRows, kDebug>(p, wi, acc, s_epi_wg, wg);
+    l2_epilogue<N, kRows, kDebug>(p, wi, acc, s_epi_wg, wg);
 }
 
 }  // namespace megamoe

@@ -3,64 +3,69 @@
 // order, through a plain pointer (the fused kernel points it into the token's rank). In the debug
 // build the fp32 accumulators (D7) are dumped first.
 //
-// Accumulator fragment: acc[4j + h] is weight row 16 wq + g, token column 8j + 2t + h;
-// acc[4j + 2 + h] is row 16 wq + g + 8.
+// Accumulator fragment (per chunk of cw = min(N, 64) tokens): element c cw/2 + 4j + h is weight
+// row 16 wq + g, token column c cw + 8j + 2t + h; element ... + 2 + h is row 16 wq + g + 8. The
+// tile is staged and written one chunk at a time.
 #pragma once
 
 #include <cstdint>
 #include <cuda_bf16.h>
 
 #include "../common/ptx.cuh"
-#include "../gemm/params.cuh"
+#include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
 
 namespace megamoe {
 
-// Staging bytes per consumer warpgroup: [BN][64] bf16.
-template <int BN>
-constexpr int kL2EpilogueBytes = BN * 64 * 2;
+// Staging bytes per consumer warpgroup for chunks of up to cw tokens: [cw][64] bf16.
+template <int kCw>
+constexpr int kL2EpilogueBytes = kCw * 64 * 2;
 
-template <int BN, int kBlockRows, bool kDebug>
-__device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[BN / 2],
+template <int N, int kRows, bool kDebug>
+__device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
-  const int wtid = threadIdx.x % 128;
+  constexpr int CW = N < kChunkN ? N : kChunkN;
+  const int wtid = ptx::thread_idx() % 128;   // re-read: values kept from before the mainloop would cost registers there
   const int wq = wtid / 32;
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
-  // L2: bf16(acc2) into combine rows dst_rows[p] (natural channel order).
   const int64_t hidden = p.n_rows;
-  const int64_t h_base = static_cast<int64_t>(wi.n_block) * kBlockRows + wg * 64;
-  __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [BN][64]
+  const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
+  __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
-  ptx::named_barrier(1 + wg, 128);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int tok = 8 * j + 2 * t + h;
-      const float v0 = acc[4 * j + h];       // row 16 wq + g
-      const float v1 = acc[4 * j + 2 + h];   // row 16 wq + g + 8
-      if constexpr (kDebug) {
-        if (tok < wi.valid) {
-          p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g] = v0;
-          p.dump[(p0 + tok) * hidden + h_base + wq * 16 + g + 8] = v1;
-        }
-      }
-      ptx::st_shared_u16(st_s + tok * 128, __bfloat16_as_ushort(__float2bfloat16_rn(v0)));
-      ptx::st_shared_u16(st_s + tok * 128 + 16, __bfloat16_as_ushort(__float2bfloat16_rn(v1)));
-    }
-  }
-  ptx::named_barrier(1 + wg, 128);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
-  for (int idx = wtid; idx < BN * 8; idx += 128) {
-    const int tok = idx / 8;
-    const int part = idx % 8;
-    if (tok < wi.valid) {
-      const int row = __ldg(p.dst_rows + p0 + tok);
-      if (row >= 0) {
-        const uint4 v = *reinterpret_cast<const uint4*>(st + tok * 64 + part * 8);
-        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+#pragma unroll
+  for (int c = 0; c < N / CW; ++c) {
+    // The staging of the previous chunk (or item) is read out by every thread before it is rewritten.
+    ptx::named_barrier(1 + wg, 128);
+#pragma unroll
+    for (int j = 0; j < CW / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 8 * j + 2 * t + h;
+        const float v0 = acc[c * (CW / 2) + 4 * j + h];       // row 16 wq + g
+        const float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];   // row 16 wq + g + 8
+        if constexpr (kDebug) {
+          if (c * CW + col < wi.valid) {
+            p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g] = v0;
+            p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g + 8] = v1;
+          }
+        }
+        ptx::st_shared_u16(st_s + col * 128, __bfloat16_as_ushort(__float2bfloat16_rn(v0)));
+        ptx::st_shared_u16(st_s + col * 128 + 16, __bfloat16_as_ushort(__float2bfloat16_rn(v1)));
+      }
+    }
+    ptx::named_barrier(1 + wg, 128);
+    for (int idx = wtid; idx < CW * 8; idx += 128) {
+      const int col = idx / 8;
+      const int part = idx % 8;
+      if (c * CW + col < wi.valid) {
+        const int row = __ldg(p.dst_rows + p0 + c * CW + col);
+        if (row >= 0) {
+          const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
+          *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+        }
       }
     }
   }

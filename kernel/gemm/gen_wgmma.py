@@ -1,13 +1,13 @@
-"""Generates the FP8 (e4m3 x e4m3 -> f32) wgmma wrappers, m64 x N x k32, for every token tile N
-the kernels instantiate: wgmma_fp8_rs.cuh (A from registers, B from shared memory) and
-wgmma_fp8_ss.cuh (both from shared memory). Inline asm needs one operand per accumulator
+"""Generates the FP8 (e4m3 x e4m3 -> f32) wgmma wrappers, m64 x N x k32 with A from registers and B
+from shared memory (wgmma_fp8_rs.cuh), for every wgmma width the kernel issues: the token tiles up
+to 64 and the 64-token chunks of the wider tiles. Inline asm needs one operand per accumulator
 register, so the wrappers are written out by this script rather than by hand.
 
-    python3 kernel/gemm/gen_wgmma.py      # rewrites both headers
+    python3 kernel/gemm/gen_wgmma.py      # rewrites the header
 """
 import pathlib
 
-NS = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+NS = [8, 16, 32, 64]
 
 
 # Per form: (A operand parameters of mma(), their asm operands and constraints, header comment).
@@ -15,8 +15,6 @@ FORMS = {
     "RS": ("uint32_t a0, uint32_t a1, uint32_t a2,\n                                             uint32_t a3, ",
            ['"r"(a0)', '"r"(a1)', '"r"(a2)', '"r"(a3)'], "{{{a}}}",
            "A (64 x 32, weights) from registers, B (N x 32, tokens)\n// from shared memory through a K-major descriptor."),
-    "SS": ("uint64_t desc_a, ", ['"l"(desc_a)'], "{a}",
-           "A (64 x 32, weights) and B (N x 32, tokens) from shared\n// memory through K-major descriptors."),
 }
 
 
@@ -27,23 +25,31 @@ def wrapper(form: str, n: int) -> str:
     a = ", ".join(f"%{nacc + i}" for i in range(len(a_cons)))
     desc = nacc + len(a_cons)
     sd = desc + 1
-    cons_out = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
-    cons_in = ", ".join([*a_cons, '"l"(desc_b)', '"r"(scale_d)'])
-    return f'''template <>
-struct Wgmma{form}<{n}> {{
-  static constexpr int kAcc = {nacc};
-  __device__ __forceinline__ static void mma(float (&d)[{nacc}], {params}uint64_t desc_b, int scale_d) {{
-    asm volatile(
-        "{{\\n"
-        ".reg .pred p;\\n"
-        "setp.ne.b32 p, %{sd}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{outs}}}, {a_fmt.format(a=a)}, %{desc}, p, 1, 1;\\n"
-        "}}\\n"
-        : {cons_out}
-        : {cons_in});
-  }}
-}};
-'''
+
+    def body(cons: str, inputs: list[str], scale: str) -> str:
+        cons_out = ", ".join(f'"{cons}"(d[{i}])' for i in range(nacc))
+        return (f'    asm volatile(\n'
+                f'        "{{\\n"\n'
+                f'        ".reg .pred p;\\n"\n'
+                f'        "setp.ne.b32 p, {scale}, 0;\\n"\n'
+                f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{outs}}}, {a_fmt.format(a=a)}, %{desc}, p, 1, 1;\\n"\n'
+                f'        "}}\\n"\n'
+                f'        : {cons_out}\n'
+                f'        : {", ".join(inputs)});\n')
+
+    acc_in = [*a_cons, '"l"(desc_b)', '"r"(scale_d)']
+    over_in = [*a_cons, '"l"(desc_b)']
+    return (f"template <>\nstruct Wgmma{form}<{n}> {{\n"
+            f"  static constexpr int kAcc = {nacc};\n"
+            f"  // d = A B + (scale_d ? d : 0)\n"
+            f"  __device__ __forceinline__ static void mma(float (&d)[{nacc}], {params}uint64_t desc_b, int scale_d) {{\n"
+            + body("+f", acc_in, f"%{sd}") +
+            f"  }}\n"
+            f"  // d = A B: d is only written, so its registers need no value before (a read of an\n"
+            f"  // unwritten register would keep them live from the kernel's start).\n"
+            f"  __device__ __forceinline__ static void mma_overwrite(float (&d)[{nacc}], {params}uint64_t desc_b) {{\n"
+            + body("=f", over_in, "0") +
+            f"  }}\n}};\n")
 
 
 def write(form: str) -> None:

@@ -1,62 +1,86 @@
 // The producer warpgroup of the grouped GEMM: fills the ring of pipeline stages (BK = 128) that the
-// consumers (or the transform warpgroup) drain.
-//   warp 0, lane 0: 2-D TMA of the activation tile (BN pool rows x 128 B, 128-byte swizzle), 1-D
-//                   bulk copies of the packed FP4 weights and their scale bytes;
-//   warp 1:         the activation scale words, by cp.async whose completion arrives on the
-//                   stage's full barrier (so the warp runs ahead like the TMA thread).
-// A stage's full barrier expects 1 + 32 arrivals (the TMA thread's expect_tx, the scale warp) plus
-// the transaction bytes; the empty barrier is released by whoever reads the stage last.
+// consumers drain.
+//   warp 0, lane 0: 2-D TMA of the activation tile (the item's token tile x 128 B, 128-byte
+//                   swizzle: 8-row boxes for tiles up to 32 tokens, 64-row boxes above), 1-D bulk
+//                   copies of the packed FP4 weights and their scale bytes;
+//   warp 1:         the activation scales of the stage as fp32, in the order the consumers read
+//                   them (see StageRing::scale_index), so a consumer promotes with one fp32 FMA
+//                   per accumulator and no scale arithmetic.
+// A stage's full barrier expects 2 arrivals (the TMA thread's expect_tx, the scale warp) plus the
+// transaction bytes; the empty barrier is released by one arrival per consumer warp.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/ptx.cuh"
-#include "params.cuh"
+#include "../common/ue8m0.cuh"
+#include "contract.cuh"
 #include "scheduler.cuh"
 
 namespace megamoe {
 
-constexpr int kBlockK = 128;   // K per pipeline stage (4 wgmma k32 steps)
-
-// Where stage s of each producer-filled buffer lives.
-template <int BN, int kBlockRows>
+// Where stage s of each producer-filled buffer lives, for a CTA of kRows weight rows and token
+// tiles up to kMaxN. kPerK32: the exact mode's four scales per token and stage (else one).
+template <int kMaxN, int kRows, bool kPerK32>
 struct StageRing {
-  static constexpr int kX = BN * kBlockK;                 // e4m3 activations, 128B swizzled
-  static constexpr int kW = kBlockRows * kBlockK / 2;     // packed FP4, kernel layout
-  static constexpr int kWsf = kBlockRows * 4;             // weight scale bytes [row][4]
-  static constexpr int kXsf = BN * 4;                     // activation scale words [token]
+  static constexpr int kX = kMaxN * kBlockK;              // e4m3 activations, 128B swizzled
+  static constexpr int kW = kRows * kBlockK / 2;          // packed FP4, kernel layout
+  static constexpr int kWsf = kRows * 4;                  // weight scale bytes [row][4]
+  static constexpr int kSxWords = (kPerK32 ? 4 : 1) * kMaxN;   // fp32 activation scales
+  static constexpr int kSx = kSxWords * 4;
+  static constexpr int kStage = kX + kW + kWsf + kSx;
+  static_assert(kX % 1024 == 0 && kW % 1024 == 0, "swizzle atoms and bulk copies stay aligned");
+
+  // The fp32 scale of token `tok` (k32 step `ks`) of an item with token tile `tile`: chunk c of
+  // cw = min(tile, 64) tokens, then the wgmma accumulator thread t = (tok % 8) / 2 that owns it,
+  // then its column pair (j, h). Consumer thread t of chunk c reads its cw/4 scales contiguously.
+  __device__ __forceinline__ static int scale_index(int tok, int ks, int tile) {
+    const int cw = tile < kChunkN ? tile : kChunkN;
+    const int c = tok / cw;
+    const int r = tok - c * cw;
+    return ks * kMaxN + c * cw + ((r & 7) >> 1) * (cw >> 2) + (r >> 3) * 2 + (r & 1);
+  }
+
   uint8_t* x;
   uint8_t* w;
   uint8_t* wsf;
-  uint32_t* xsf;
+  float* sx;
   uint64_t* full;
   uint64_t* empty;
 };
 
-// Exact mode (kPerK32Scales): the scale word of (row, K128 block) = its four per-32 bytes. Fast
-// mode: the aligned word holding the rebased byte of (row, kb) (num_kb % 4 == 0: byte kb % 4).
-template <int BN, int kBlockRows, int kStages, bool kPerK32Scales>
-__device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<BN, kBlockRows>& r,
+// The fp32 scale 2^e of an integer exponent, saturated: 0 under 2^-149, 2^127 above (the fast
+// mode's promotion scale; see gemm_sm90.cuh).
+__device__ __forceinline__ float exp2_sat(int e) { return e < -149 ? 0.0f : exp2i(e > 127 ? 127 : e); }
+
+template <int kMaxN, int kRows, int kStages, bool kPerK32>
+__device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
                                              const int* s_prefix, const int* s_nblk, int num_items) {
-  using R = StageRing<BN, kBlockRows>;
+  using R = StageRing<kMaxN, kRows, kPerK32>;
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
-  const int num_kb = static_cast<int>(p.k / kBlockK);
+  const int num_kb = p.k / kBlockK;
   int stage = 0;
   uint32_t phase = 0;
   if (warp == 0 && lane == 0) {
-    ptx::prefetch_tma_desc(&p.tmap_x);
+    ptx::prefetch_tma_desc(&p.tmap_x8);
+    ptx::prefetch_tma_desc(&p.tmap_x64);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p);
+      const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
       wait_token_block(p, wi);
       const uint8_t* w_base =
-          p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kBlockRows / 16)) * 1024;
-      const uint8_t* wsf_base =
-          p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kBlockRows) * 4;
+          p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
+      const uint8_t* wsf_base = p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
+      // Boxes of 8 rows for the small tiles, of 64 for the chunked ones: only the tile's rows move.
+      const bool wide = wi.tile >= kChunkN;
+      const int box = wide ? kChunkN : 8;
+      const int boxes = wi.tile / box;
       for (int kb = 0; kb < num_kb; ++kb) {
-        ptx::mbar_wait(&r.empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
-        ptx::mbar_arrive_expect_tx(&r.full[stage], R::kX + R::kW + R::kWsf);
-        ptx::tma_load_2d(r.x + stage * R::kX, &p.tmap_x, kb * kBlockK, wi.row0, &r.full[stage]);
+        ptx::mbar_wait(&r.empty[stage], phase ^ 1, kWaitEmpty, stage, p.err);
+        ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
+        for (int b = 0; b < boxes; ++b)
+          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
+                           wi.row0 + b * box, &r.full[stage]);
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
@@ -64,19 +88,58 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       }
     }
   } else if (warp == 1) {
+    // Each lane owns tokens lane + 32 m. One 4-byte word of scale bytes serves four stages (k128:
+    // one byte per K128 block; K % 512 == 0), loaded when its first stage comes; or one stage (k32:
+    // the four K32 groups), loaded a stage ahead so its latency hides behind the ring.
+    constexpr int kM = (kMaxN + 31) / 32;
+    const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<BN>(item, s_prefix, s_nblk, p);
-      // The scales arrive with the rows: the same gate as the TMA thread's.
+      const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
+      // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
+      // in the fused kernel other SMs write them.
       if (lane == 0) wait_token_block(p, wi);
       __syncwarp();
+      // k128: the expert's base folds the weight rows' common scale into the token scale.
+      const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
+      // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
+      const int first = (wi.row0 + lane) * words_per_row;
+      int idx[kM];
+      uint32_t cur[kM], nxt[kM];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        idx[m] = R::scale_index(lane + 32 * m, 0, wi.tile);
+        nxt[m] = kPerK32 && lane + 32 * m < wi.valid ? __ldcg(words + first + 32 * m * words_per_row) : 0u;
+      }
       for (int kb = 0; kb < num_kb; ++kb) {
-        ptx::mbar_wait(&r.empty[stage], phase ^ 1, ptx::kWaitEmpty, stage, p.err);
-        for (int i = lane; i < BN; i += 32) {
-          const int64_t row = wi.row0 + min(i, wi.valid - 1);
-          const uint8_t* src = kPerK32Scales ? p.x_sf + (row * num_kb + kb) * 4 : p.x_sf + row * num_kb + (kb & ~3);
-          ptx::cp_async_4(r.xsf + stage * BN + i, src, i < wi.valid ? 4u : 0u);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          const bool valid = lane + 32 * m < wi.valid;
+          if constexpr (kPerK32) {
+            cur[m] = nxt[m];
+            if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + 32 * m * words_per_row + kb + 1);
+          } else if (kb % 4 == 0) {
+            cur[m] = valid ? __ldcg(words + first + 32 * m * words_per_row + kb / 4) : 0u;
+          }
         }
-        ptx::cp_async_mbar_arrive(&r.full[stage]);
+        ptx::mbar_wait(&r.empty[stage], phase ^ 1, kWaitEmpty, stage, p.err);
+        float* sx = r.sx + stage * R::kSxWords;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          const int tok = lane + 32 * m;
+          if (tok < wi.tile) {
+            const bool valid = tok < wi.valid;
+            if constexpr (kPerK32) {
+#pragma unroll
+              for (int ks = 0; ks < 4; ++ks)
+                sx[idx[m] + ks * kMaxN] = valid ? ue8m0_to_float((cur[m] >> (8 * ks)) & 0xFFu) : 0.0f;
+            } else {
+              sx[idx[m]] = valid ? exp2_sat(static_cast<int>((cur[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+            }
+          }
+        }
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&r.full[stage]);
         if (++stage == kStages) { stage = 0; phase ^= 1; }
       }
     }

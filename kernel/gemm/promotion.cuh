@@ -1,43 +1,60 @@
-// Fast-mode promotion: one K128 block's tensor-core products into the fp32 result, with the row's
-// and the token's K128 scales.
+// Promotion: one wgmma group's tensor-core products into the fp32 result, with the scales of its
+// K block. One definition per promotion mode, used by every token tile.
 //
-// The scale 2^(smax - 127) (weight row) x 2^(sx - 127) (token) is built on the fp32 bits with one
-// integer add per (row, token): ((smax - 127) << 23) + (sx << 23). Equal to the fp32 product
-// whenever that is a normal number (both factors are powers of two); products under 2^-126 (never
-// met by real scales: both factors tiny) are not supported in the fast mode.
+// Accumulator fragment of a chunk of cw tokens (wgmma m64 x cw, swap-AB): element 4j + 2r + h is
+// weight row g + 8r of the warp's 16 and token column 8j + 2t + h (g = lane / 4, t = lane % 4). The
+// producer's scale warp stages the chunk's fp32 token scales so that thread t reads its cw/4
+// scales (index 2j + h) contiguously: StageRing::scale_index.
 #pragma once
 
 #include <cstdint>
 
-#include "../common/ptx.cuh"
-
 namespace megamoe {
 
-// (smax - 127) << 23 of a weight row, from its four per-32 scale bytes: the row's K128 scale bits.
-__device__ __forceinline__ int row_scale_bits(uint32_t sf4) {
-  uint32_t m = __vmaxu4(sf4, sf4 >> 16);
-  m = __vmaxu4(m, m >> 8) & 0xFFu;
-  return static_cast<int>(m << 23) - (127 << 23);
+template <int CW>
+__device__ __forceinline__ void load_token_scales(const float* sx, int t, float (&s)[CW / 4]) {
+  const float* src = sx + t * (CW / 4);
+  if constexpr (CW == 8) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    s[0] = v.x;
+    s[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < CW / 16; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(src + 4 * i);
+      s[4 * i + 0] = v.x;
+      s[4 * i + 1] = v.y;
+      s[4 * i + 2] = v.z;
+      s[4 * i + 3] = v.w;
+    }
+  }
 }
 
-// acc[4j + h] += prod[4j + h] * scale(row_a, token 8j + 2t + h), acc[4j + 2 + h] likewise for row
-// row_a + 8 (the wgmma fragment layout), over kCols token columns. xsf: the stage's scale words
-// of those columns (byte kb % 4 of each is this K128 block's); rba / rbb: row_scale_bits of the
-// thread's two rows.
-template <int kCols>
-__device__ __forceinline__ void promote_k128(float* acc, const float* prod, const uint32_t* xsf, int t, int kb,
-                                             int rba, int rbb) {
-  const uint32_t sel = 0x4440u | static_cast<uint32_t>(kb & 3);
+// Fast mode (K128): acc += prod * 2^(sx - 127 + B_e - 133), the token's K128 scale with the
+// expert's weight base folded in by the producer: one FMA per accumulator. The weight rows' own
+// factors 2^(B_r - B_e) are constant over K and applied once, after the mainloop.
+template <int CW>
+__device__ __forceinline__ void promote_k128(float* acc, const float* prod, const float* sx, int t) {
+  float s[CW / 4];
+  load_token_scales<CW>(sx, t, s);
 #pragma unroll
-  for (int j = 0; j < kCols / 8; ++j) {
-    const uint2 v = *reinterpret_cast<const uint2*>(xsf + 8 * j + 2 * t);
-    const int tb0 = static_cast<int>(ptx::prmt(v.x, 0u, sel)) << 23;
-    const int tb1 = static_cast<int>(ptx::prmt(v.y, 0u, sel)) << 23;
-    acc[4 * j + 0] = __fmaf_rn(prod[4 * j + 0], __int_as_float(rba + tb0), acc[4 * j + 0]);
-    acc[4 * j + 1] = __fmaf_rn(prod[4 * j + 1], __int_as_float(rba + tb1), acc[4 * j + 1]);
-    acc[4 * j + 2] = __fmaf_rn(prod[4 * j + 2], __int_as_float(rbb + tb0), acc[4 * j + 2]);
-    acc[4 * j + 3] = __fmaf_rn(prod[4 * j + 3], __int_as_float(rbb + tb1), acc[4 * j + 3]);
-  }
+  for (int j = 0; j < CW / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[4 * j + i] = __fmaf_rn(prod[4 * j + i], s[2 * j + (i & 1)], acc[4 * j + i]);
+}
+
+// Exact mode (K32): acc += prod * (2^(sw - 127) * 2^(sx - 127)) with the weight row's and the
+// token's per-32 scales of the k32 step (swa: row g, swb: row g + 8).
+template <int CW>
+__device__ __forceinline__ void promote_k32(float* acc, const float* prod, const float* sx, int t, float swa,
+                                            float swb) {
+  float s[CW / 4];
+  load_token_scales<CW>(sx, t, s);
+#pragma unroll
+  for (int j = 0; j < CW / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[4 * j + i] = __fmaf_rn(prod[4 * j + i], __fmul_rn(i < 2 ? swa : swb, s[2 * j + (i & 1)]), acc[4 * j + i]);
 }
 
 }  // namespace megamoe

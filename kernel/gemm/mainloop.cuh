@@ -1,0 +1,189 @@
+// The consumer mainloop of one work item: one warpgroup's 64 weight rows x the item's token tile N,
+// over all K blocks, software-pipelined so that the tensor core always has this warpgroup's next
+// wgmma group while the warps promote, release and decode.
+//
+// Work is cut into wgmma groups. A group is one N-chunk (cw = min(N, 64) tokens) of one K block:
+// in the fast mode (promotion k128) its four k32 wgmmas accumulate in the tensor core and the group
+// is promoted once; in the exact mode (k32) every k32 step is a group of its own. So a K block has
+// G = C (k128) or 4 C (k32) groups, C = N / cw. Groups are issued in order into two temporaries
+// (tmp[q % 2]); the decoded A fragments of two K blocks are held (a[kb % 2]). Step q:
+//     retire group q - 2: wait until only group q - 1 is in flight (wgmma.wait_group 1), promote
+//         tmp[q % 2] into the accumulators (one FFMA per accumulator in the fast mode), and after
+//         the last group of a K block release its stage (one empty-barrier arrival per warp);
+//     issue group q into tmp[q % 2].
+// The A fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
+// (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue, while
+// kb - 1 runs). So while a warp promotes or decodes, one or two of its own groups are in the
+// tensor core, and the only wait<0> is the item's last.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/ptx.cuh"
+#include "../common/ue8m0.cuh"
+#include "contract.cuh"
+#include "fp4_decode.cuh"
+#include "producer.cuh"
+#include "promotion.cuh"
+#include "wgmma_fp8_rs.cuh"
+
+namespace megamoe {
+
+template <int I, int End, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  if constexpr (I < End) {
+    f(std::integral_constant<int, I>{});
+    static_for<I + 1, End>(f);
+  }
+}
+
+// The consumers' position in the stage ring (which stage the next decode waits for).
+struct RingCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+};
+
+// Everything a consumer thread needs about the CTA's shared memory and its own place in the tile.
+template <int kMaxN, int kRows, int kStages, bool kPerK32>
+struct ConsumerCtx {
+  using Ring = StageRing<kMaxN, kRows, kPerK32>;
+  Ring ring;
+  const uint8_t* lut;   // the fast mode's scaled tables (kLutEntries x 8 bytes)
+  const GemmParams* p;
+  int rg;               // the warp's 16-row group in the CTA tile
+  int row_a;            // the thread's rows: row_a and row_a + 8 of the CTA tile
+  int lane;
+  int t;                // lane % 4: the thread's token columns 8j + 2t + h
+};
+
+template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
+__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
+                                         int num_kb, float (&acc)[N / 2]) {
+  using Ring = StageRing<kMaxN, kRows, kPerK32>;
+  constexpr int CW = N < kChunkN ? N : kChunkN;
+  constexpr int C = N / CW;
+  constexpr int G = kPerK32 ? 4 * C : C;
+  constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
+  static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
+  using Mma = WgmmaRS<CW>;
+
+  uint32_t a[2][4][4];          // decoded A fragments of two K blocks
+  float tmp[2][CW / 2];         // products of the two groups in flight
+  int bstage[2];                // ring stage of the K block in each A buffer
+  uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (warp-uniform)
+  uint32_t wsf_a[2], wsf_b[2];  // exact mode: the K block's scale bytes of rows row_a / row_a + 8
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+
+  auto decode = [&](auto b_c) {
+    constexpr int b = decltype(b_c)::value;
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    const uint8_t* w_frag = ctx.ring.w + cur.stage * Ring::kW + ctx.rg * 1024;
+    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+    const uint32_t sfa = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+    const uint32_t sfb = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    if constexpr (kPerK32) {
+      wsf_a[b] = sfa;
+      wsf_b[b] = sfb;
+      decode_stage_plain(w_frag, ctx.lane, a[b]);
+    } else {
+      decode_stage_scaled(w_frag, ctx.lane, sfa, sfb, ctx.lut, a[b]);
+    }
+    bstage[b] = cur.stage;
+    // The descriptor of a stage is the same for every thread: computed once per warp and broadcast,
+    // so it lives in uniform registers next to the wgmma.
+    xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+    if (++cur.stage == kStages) {
+      cur.stage = 0;
+      cur.phase ^= 1;
+    }
+  };
+
+  auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
+    constexpr int gi = decltype(gi_c)::value;
+    constexpr int tt = decltype(tt_c)::value;
+    constexpr int b = decltype(b_c)::value;
+    constexpr int c = kPerK32 ? gi % C : gi;
+    constexpr int ks0 = kPerK32 ? gi / C : 0;
+    // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
+    // into each 128-byte row.
+    const uint32_t lo = xdesc[b] + c * (CW * kBlockK >> 4);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kWgmmasPerGroup; ++k) {
+      const int ks = ks0 + k;
+      const uint64_t desc = ptx::smem_desc_sw128_from_lo(lo + ks * 2);
+      if (k == 0)
+        Mma::mma_overwrite(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc);
+      else
+        Mma::mma(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc, 1);
+    }
+    ptx::wgmma_commit();
+  };
+
+  auto promote = [&](auto gi_c, auto tt_c, auto b_c) {
+    constexpr int gi = decltype(gi_c)::value;
+    constexpr int tt = decltype(tt_c)::value;
+    constexpr int b = decltype(b_c)::value;
+    constexpr int c = kPerK32 ? gi % C : gi;
+    constexpr int ks = kPerK32 ? gi / C : 0;
+#pragma unroll
+    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(tmp[tt][i]);
+    const float* sx = ctx.ring.sx + bstage[b] * Ring::kSxWords + ks * kMaxN + c * CW;
+    if constexpr (kPerK32) {
+      promote_k32<CW>(acc + c * (CW / 2), tmp[tt], sx, ctx.t, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
+                      ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
+    } else {
+      promote_k128<CW>(acc + c * (CW / 2), tmp[tt], sx, ctx.t);
+    }
+    // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
+    // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
+#pragma unroll
+    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(acc[c * (CW / 2) + i]);
+  };
+
+  auto release = [&](auto b_c) {
+    constexpr int b = decltype(b_c)::value;
+    __syncwarp();
+    if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
+  };
+
+  // One step per group q: retire group q - 2 (same temporary), then issue group q. Running q past
+  // the last group (to total + 1) retires the last two, so every decode, issue and promotion has
+  // one call site with compile-time buffer indices; the guards are warp-uniform. (A prologue that
+  // issued wgmmas would make ptxas give the loop's A fragments registers of their own.)
+  const int total = num_kb * G;
+  auto step = [&](auto u_c, int q) {
+    constexpr int u = decltype(u_c)::value;   // position of group q in the two-K-block cycle
+    constexpr int b = u / G;
+    constexpr int gi = u % G;
+    constexpr int tt = u % 2;
+    constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
+    if (q >= 2 && q - 2 < total) {
+      if (q - 1 < total) ptx::wgmma_wait<1>(); else ptx::wgmma_wait<0>();
+      promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
+              std::integral_constant<int, pu / G>{});
+      if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});
+    }
+    if (q < total) {
+      // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group per
+      // K block, right before its issue; otherwise at group 1 of kb - 1, after that group's issue,
+      // while two of this warpgroup's groups run.
+      if constexpr (G == 1) decode(std::integral_constant<int, b>{});
+      issue(std::integral_constant<int, gi>{}, std::integral_constant<int, tt>{}, std::integral_constant<int, b>{});
+      if constexpr (G >= 2 && gi == 1) {
+        if (q / G + 1 < num_kb) decode(std::integral_constant<int, 1 - b>{});
+      }
+    }
+  };
+  if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
+  for (int q0 = 0; q0 < total + 2; q0 += 2 * G)
+    static_for<0, 2 * G>([&](auto u_c) { step(u_c, q0 + decltype(u_c)::value); });
+  // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
+  // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own
+  // in the epilogue's divergent code and serialises the wgmmas: C7518).
+  ptx::wgmma_wait<0>();
+}
+
+}  // namespace megamoe
