@@ -1,34 +1,34 @@
 """Benchmark of the SM90 grouped GEMMs against torch's grouped GEMMs; prints one table.
 
-    python -m bench.gemm [--shapes dsv3,v4flash] [--tokens 8,64,512,2048] [--json out.json]
-                         [--modes exact,fast] [--no-baselines] [--fast-bn 64]
+    python -m bench.gemm [--shapes dsv3,v4flash] [--tokens 8,64,512,2048] [--routings uniform,zipf]
+                         [--promotions k32,k128] [--no-baselines] [--json out.json]
 
 Shapes (32 local experts): DeepSeek-V3 slice (H 7168, I 2048), V4-Flash slice (H 4096, I 2048).
-L1: rows 2I, K = H. L2: rows H, K = I. Every expert gets the same token count m.
+L1: rows 2I, K = H. L2: rows H, K = I. Weights (0.1-0.5 GB per layer) are far larger than L2.
+Routings: uniform (every expert gets `tokens`), zipf (32 x `tokens` tokens, expert e's share
+proportional to (e + 1)^-1.2: at 8 tokens/expert, 256 tokens with the largest expert at about 80).
+Every time is the median over replays of a CUDA graph of several launches (kernel time: no host
+launch cost in it); `eager` is the same call launched from Python, and `host` the Python time of one
+launch (entry-point checks, cached parameters, cuLaunchKernel).
 Columns:
-  ours_exact / ours_fast  our kernel time (us), median of 5 timed batches (CUDA events); the fast
-           mode with the decode placement megamoe picks (GemmSpec.decode)
-  fast_smem the fast mode with the FP4 decode in shared memory by a transform warpgroup
-           (GemmSpec.decode="smem"), at the same token tile, for comparison (not in "best")
-  fp8_rw   torch._scaled_grouped_mm, FP8 weights and activations with row-wise fp32 scales
-  bf16     torch._grouped_mm, BF16
-  floor    max(weight+scale bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s)
-  hbm%     (weight+scale bytes / our best time) / 4.8 TB/s
-  TF/s     our best TFLOP/s;  pk% = of 1979
-  speedup  best baseline time / our best time
-Weights are random bytes in the kernel layout (a bijection of canonical random weights), so the
-numbers depend on nothing but the shapes.
+  k32 / k128   our kernel with promotion k32 (exact mode) / k128 (fast mode), graph-timed, us
+  eager        the fast mode launched eagerly, us;  host  its Python time per launch, us
+  fp8_rw       torch._scaled_grouped_mm, FP8 weights and activations with row-wise fp32 scales
+  bf16         torch._grouped_mm, BF16
+  floor        max(weight+scale bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s)
+  hbm%         weight+scale bytes / our fast time / 4.8 TB/s
+  TF/s, pk%    our fast mode's TFLOP/s, and as a share of 1979
+  x_fp8        torch FP8 row-wise time / our fast time
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
+import time
 
 import torch
-
-from megamoe import gemm as G
-from megamoe.jit.layout import KernelWeights
 
 HBM = 4.8e12
 PEAK = 1979e12
@@ -37,29 +37,58 @@ E = 32
 ALIGN = 64
 
 
-def time_us(fn, inner: int = 5, reps: int = 5) -> float:
+def graph_us(fn, launches: int = 4, reps: int = 7) -> float:
+    """Kernel time of fn() (us): the median of `reps` replays of a graph of `launches` calls."""
     fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for _ in range(launches):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / launches)
+    return statistics.median(times)
+
+
+def eager_us(fn, inner: int = 5, reps: int = 5) -> tuple[float, float]:
+    """(time per call with eager launches, Python time per launch), us."""
+    fn()
+    torch.cuda.synchronize()
+    times, host = [], []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        t0 = time.perf_counter()
         for _ in range(inner):
             fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1000.0 / inner)
-    return statistics.median(times)
+        host.append((time.perf_counter() - t0) * 1e6 / inner)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / inner)
+    return statistics.median(times), statistics.median(host)
 
 
 def rand_e4m3(shape, dev):
     codes = torch.randint(0, 0x7F, shape, dtype=torch.uint8, device=dev)  # no NaN codes
     sign = torch.randint(0, 2, shape, dtype=torch.uint8, device=dev) << 7
-    return (codes | sign)
+    return codes | sign
 
 
-def random_kernel_weights(H: int, inter: int, dev) -> KernelWeights:
+def random_kernel_weights(H: int, inter: int, dev):
     """Random bytes already in the kernel layout (timing only needs realistic scale bytes)."""
+    from megamoe.jit.layout import KernelWeights
+
     return KernelWeights(
         w1=torch.randint(0, 256, (E, H // 128, 2 * inter // 16, 1024), dtype=torch.uint8, device=dev),
         w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
@@ -68,16 +97,32 @@ def random_kernel_weights(H: int, inter: int, dev) -> KernelWeights:
         hidden=H, intermediate=inter)
 
 
+def routing_counts(routing: str, tokens: int) -> list[int]:
+    if routing == "uniform":
+        return [tokens] * E
+    w = [(e + 1) ** -1.2 for e in range(E)]
+    total = tokens * E
+    counts = [int(total * x / sum(w)) for x in w]
+    counts[0] += total - sum(counts)
+    return counts
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="dsv3,v4flash")
-    ap.add_argument("--tokens", default="8,64,512,2048")
-    ap.add_argument("--modes", default="exact,fast")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--no-baselines", action="store_true")
-    ap.add_argument("--fast-bn", type=int, default=None, help="force the fast mode's token tile (default: auto)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="dsv3,v4flash", help="comma list of dsv3, v4flash (default: both)")
+    ap.add_argument("--tokens", default="8,64,512,2048", help="tokens per expert (default: 8,64,512,2048)")
+    ap.add_argument("--routings", default="uniform,zipf", help="comma list of uniform, zipf (default: both)")
+    ap.add_argument("--zipf-tokens", default="8,64", help="tokens per expert for the zipf rows (default: 8,64)")
+    ap.add_argument("--promotions", default="k32,k128", help="comma list of k32, k128 (default: both)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
+    ap.add_argument("--no-baselines", action="store_true", help="skip the torch grouped GEMMs")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench.gemm needs a CUDA GPU (it times the SM90 kernels)")
+    from megamoe import gemm as G
+
     dev = torch.device("cuda")
+    promotions = args.promotions.split(",")
     rows = []
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
@@ -89,72 +134,74 @@ def main() -> None:
                 w8 = torch.randn(E, R, K, device=dev).to(torch.float8_e4m3fn)
                 wb = torch.randn(E, R, K, device=dev, dtype=torch.bfloat16)
                 sb = torch.rand(E, R, device=dev) + 0.5
-            for m in (int(t) for t in args.tokens.split(",")):
-                mp = (m + ALIGN - 1) // ALIGN * ALIGN
-                P = E * mp
-                offsets = torch.arange(E + 1, dtype=torch.int32, device=dev) * mp
-                ntok = torch.full((E,), m, dtype=torch.int32, device=dev)
+            cases = [("uniform", int(t)) for t in args.tokens.split(",")] if "uniform" in args.routings else []
+            if "zipf" in args.routings:
+                cases += [("zipf", int(t)) for t in args.zipf_tokens.split(",")]
+            for routing, m in cases:
+                counts = routing_counts(routing, m)
+                padded = [(n + ALIGN - 1) // ALIGN * ALIGN for n in counts]
+                offs = [0]
+                for n in padded:
+                    offs.append(offs[-1] + n)
+                P = offs[-1] + ALIGN
+                offsets = torch.tensor(offs, dtype=torch.int32, device=dev)
+                ntok = torch.tensor(counts, dtype=torch.int32, device=dev)
                 x = rand_e4m3((P, K), dev)
                 res = {}
-                for mode in args.modes.split(","):
-                    # fast mode: the activation operand is already rebased per K128 (rebase_k128)
-                    xsf = torch.randint(124, 131, (P, K // (32 if mode == "exact" else 128)), dtype=torch.uint8,
+                for promotion in promotions:
+                    # k128: the activation operand is already rebased per K128 (rebase_k128)
+                    xsf = torch.randint(124, 131, (P, K // (32 if promotion == "k32" else 128)), dtype=torch.uint8,
                                         device=dev)
-                    x128 = None if mode == "exact" else xsf
-                    bn = args.fast_bn if mode == "fast" and args.fast_bn and m > args.fast_bn else None
+                    x128 = xsf if promotion == "k128" else None
                     if layer == 1:
                         wr = torch.randn(P, device=dev)
                         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=dev)
                         osf = torch.empty(P, inter // 32, dtype=torch.uint8, device=dev)
-                        fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, mode=mode, out=out, out_sf=osf,  # noqa: E731
-                                               max_tokens=m, x_sf128=x128, block_n=bn)
+                        fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, promotion=promotion,  # noqa: E731
+                                               out=out, out_sf=osf, max_tokens=max(counts), x_sf128=x128)
                     else:
                         comb = torch.empty(1, P, H, dtype=torch.bfloat16, device=dev)
                         dst = torch.arange(P, dtype=torch.int32, device=dev)
-                        fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, mode=mode, max_tokens=m,  # noqa: E731
-                                               x_sf128=x128, block_n=bn)
-                    res[mode] = time_us(fn)
-                    tile = bn or G.pick_block_n(m, layer, mode)
-                    if mode == "fast" and tile >= 64:
-                        if layer == 1:
-                            fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, mode=mode, out=out, out_sf=osf,  # noqa: E731
-                                                   max_tokens=m, x_sf128=x128, block_n=bn, decode="smem")
-                        else:
-                            fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, mode=mode, max_tokens=m,  # noqa: E731
-                                                   x_sf128=x128, block_n=bn, decode="smem")
-                        res["fast_smem"] = time_us(fn)
-                M = E * m
+                        fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, promotion=promotion,  # noqa: E731
+                                               max_tokens=max(counts), x_sf128=x128)
+                    res[promotion] = graph_us(fn, launches=2 if m >= 512 else 8)
+                    if promotion == promotions[-1]:
+                        res["eager"], res["host"] = eager_us(fn)
+                M = sum(counts)
                 flops = 2.0 * M * R * K
                 fp8_t = bf16_t = float("nan")
                 if not args.no_baselines:
-                    offs = torch.arange(1, E + 1, dtype=torch.int32, device=dev) * m
+                    boffs = torch.cumsum(torch.tensor(counts, device=dev), 0).to(torch.int32)
                     a8 = rand_e4m3((M, K), dev).view(torch.float8_e4m3fn)
                     sa = torch.rand(M, device=dev) + 0.5
                     ab = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-                    fp8_t = time_us(lambda: torch._scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sb, offs=offs,
-                                                                     out_dtype=torch.bfloat16))
-                    bf16_t = time_us(lambda: torch._grouped_mm(ab, wb.transpose(-2, -1), offs=offs))
-                best = min(v for k, v in res.items() if k != "fast_smem")
-                floor = max(wbytes / HBM, flops / PEAK) * 1e6
-                base = min(fp8_t, bf16_t)
-                rows.append(dict(shape=shape, layer=f"L{layer}", m=m, exact=res.get("exact"), fast=res.get("fast"),
-                                 fast_smem=res.get("fast_smem"),
-                                 fp8=fp8_t, bf16=bf16_t, floor=floor, hbm=wbytes / (best * 1e-6) / HBM,
-                                 tflops=flops / (best * 1e-6) / 1e12, speedup=base / best))
-                print("done", rows[-1], flush=True)
+                    launches = 2 if m >= 512 else 8
+                    fp8_t = graph_us(lambda: torch._scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sb, offs=boffs,
+                                                                       out_dtype=torch.bfloat16), launches=launches)
+                    bf16_t = graph_us(lambda: torch._grouped_mm(ab, wb.transpose(-2, -1), offs=boffs), launches=launches)
+                fast = res.get("k128", res.get("k32"))
+                rows.append(dict(shape=shape, layer=f"L{layer}", routing=routing, m=m, max_expert=max(counts),
+                                 k32=res.get("k32"), k128=res.get("k128"), eager=res.get("eager"), host=res.get("host"),
+                                 fp8=fp8_t, bf16=bf16_t, floor=max(wbytes / HBM, flops / PEAK) * 1e6,
+                                 hbm=wbytes / (fast * 1e-6) / HBM, tflops=flops / (fast * 1e-6) / 1e12,
+                                 x_fp8=fp8_t / fast))
+                print("done", json.dumps(rows[-1]), flush=True)
             if not args.no_baselines:
                 del w8, wb
-    hdr = (f"{'shape':8} {'GEMM':4} {'tok/exp':>7} {'ours_exact':>10} {'ours_fast':>9} {'fast_smem':>9} {'fp8_rw':>8} {'bf16':>8} "
-           f"{'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'speedup':>7}")
+        del kw
+        torch.cuda.empty_cache()
     print()
-    print("time in us; hbm% = weight+scale bytes / our best time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
-    print("ours_fast takes its activations already rebased per K128 (rebase_k128, not timed)")
-    print(hdr)
+    print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
+    print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
+    print("k128 takes its activations already rebased per K128 (rebase_k128, not timed)")
+    print(f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
+          f"{'host':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}")
     f = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
     for r in rows:
-        print(f"{r['shape']:8} {r['layer']:4} {r['m']:7d} {f(r['exact']):>10} {f(r['fast']):>9} {f(r['fast_smem']):>9} {f(r['fp8']):>8} "
-              f"{f(r['bf16']):>8} {r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} "
-              f"{100 * r['tflops'] * 1e12 / PEAK:5.1f} {r['speedup']:7.2f}")
+        print(f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} {f(r['k32']):>9} "
+              f"{f(r['k128']):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
+              f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
+              f"{r['x_fp8']:6.2f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

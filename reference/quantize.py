@@ -161,7 +161,7 @@ def dequantize_fp4_fast(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torc
     by the rule above (equal to dequantize_fp4 wherever fast_rounded_rows finds nothing)."""
     codes = F.unpack_fp4(packed).to(torch.int64)
     fs = fast_weight_scales(scale_bytes)
-    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64)            # [entries, 8]
+    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64).to(codes.device)   # [entries, 8]
     off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., :codes.shape[-1]]
     mag = lut[off, codes & 7]
     sign = torch.where((codes & 8) != 0, -1.0, 1.0).to(torch.float64)

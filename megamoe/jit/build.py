@@ -9,6 +9,7 @@ travels with the code.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
 import re
@@ -19,7 +20,10 @@ from pathlib import Path
 
 from megamoe.kernel import KERNEL_DIR
 
+from . import contract
 from .flags import NVCC_FLAGS
+
+PROMOTIONS = ("k32", "k128")
 
 EXTRA_FLAGS = ["-lineinfo", "-Xptxas", "-v", "-diag-suppress", "1160"]
 
@@ -46,56 +50,55 @@ def _sources_digest(kdir: Path) -> bytes:
     return h.digest()
 
 
+def max_tile_of(promotion: str) -> int:
+    """The largest token tile of a promotion: the exact mode's per-k32 promotion needs more
+    registers, and at 128 tokens its L1 epilogue spills (precise SiLU, debug builds)."""
+    return 64 if promotion == "k32" else contract.TOKEN_TILES[-1]
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmSpec:
-    """One compiled specialisation of the grouped GEMM.
-
-    decode="regs": kernel/gemm/gemm_sm90.cuh, every consumer thread decodes its own FP4 A
-    fragments into registers (RS wgmma); both modes, 2 or 4 consumer warpgroups.
-    decode="smem": kernel/gemm/gemm_sm90_ss.cuh, a transform warpgroup decodes each stage's weight
-    tile into shared memory once for all BN tokens (SS wgmma); fast mode only, 2 consumer
-    warpgroups, BN <= 128.
-    """
+    """One compiled specialisation of the grouped GEMM (kernel/gemm/gemm_sm90.cuh): the knobs have
+    the same names from the Python API to the kernel's template (promotion -> kPerK32, fast_math ->
+    kFastMath, max_tile -> kMaxN, wgs -> kWGs)."""
 
     layer: int            # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
-    block_n: int          # token tile (wgmma N): multiple of 8, 8..256 (8..128 picked and tested)
-    stages: int           # pipeline depth
-    exact: bool = True    # True: promote per k32 with both scales (exact mode)
-    fast_silu: bool = True
+    max_tile: int         # the largest token tile (contract.TOKEN_TILES); items of <= 8 rows run at 8
+    promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode): how often products are promoted
+    fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False   # dump the fp32 accumulators (D5 / D7)
-    wgs: int = 2          # consumer warpgroups (64 weight rows each): 2, or 4 for small token tiles
-    decode: str = "regs"  # where the FP4 weights are decoded: "regs" or "smem" (see above)
+    wgs: int = 2          # consumer warpgroups (64 weight rows each): 2, or 4 for max_tile 8
 
     def __post_init__(self):
-        if self.block_n % 8 or not 8 <= self.block_n <= 256:
-            raise ValueError(f"block_n: expected a multiple of 8 in 8..256, got {self.block_n}")
-        if self.decode not in ("regs", "smem"):
-            raise ValueError(f"decode: expected 'regs' or 'smem', got {self.decode!r}")
-        if self.decode == "smem" and (self.exact or self.wgs != 2 or self.block_n > 128):
-            raise ValueError("decode='smem' is the fast mode with 2 consumer warpgroups and block_n <= 128")
+        if self.max_tile not in contract.TOKEN_TILES:
+            raise ValueError(f"max_tile: expected one of {contract.TOKEN_TILES}, got {self.max_tile}")
+        if self.promotion not in PROMOTIONS:
+            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+        if self.max_tile > max_tile_of(self.promotion):
+            raise ValueError(f"max_tile: promotion {self.promotion!r} goes up to {max_tile_of(self.promotion)}, "
+                             f"got {self.max_tile}")
+        if self.wgs not in (2, 4) or (self.wgs == 4 and self.max_tile != contract.SMALL_TILE):
+            raise ValueError(f"wgs: 2, or 4 with max_tile {contract.SMALL_TILE}; got wgs={self.wgs}, "
+                             f"max_tile={self.max_tile}")
+        if self.layer not in (1, 2):
+            raise ValueError(f"layer: expected 1 or 2, got {self.layer}")
 
     @property
     def name(self) -> str:
-        return (f"gemm_l{self.layer}_n{self.block_n}_s{self.stages}_{'exact' if self.exact else 'fast'}"
-                f"_{'fsilu' if self.fast_silu else 'psilu'}_w{self.wgs}{'_ss' if self.decode == 'smem' else ''}"
+        silu = ("_fsilu" if self.fast_math else "_psilu") if self.layer == 1 else ""
+        return (f"gemm_l{self.layer}_n{self.max_tile}_{self.promotion}{silu}_w{self.wgs}"
                 f"{'_dbg' if self.debug else ''}")
 
     @property
     def threads(self) -> int:
-        """Threads per CTA: a producer warpgroup, a transform warpgroup (decode="smem") and the consumers."""
-        return 128 * (1 + self.wgs + (self.decode == "smem"))
+        """Threads per CTA: a producer warpgroup and the consumers."""
+        return 128 * (1 + self.wgs)
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        if self.decode == "smem":
-            header, body = "gemm/gemm_sm90_ss.cuh", "gemm_sm90_ss_body"
-            args = [self.layer, self.block_n, self.stages, b(self.fast_silu), b(self.debug)]
-        else:
-            header, body = "gemm/gemm_sm90.cuh", "gemm_sm90_body"
-            args = [self.layer, self.block_n, self.stages, b(self.exact), b(self.fast_silu), b(self.debug), self.wgs]
-        fields = {"HEADER": header, "THREADS": str(self.threads), "BODY": body,
-                  "TEMPLATE_ARGS": ", ".join(str(a) for a in args)}
+        fields = {"LAYER": str(self.layer), "MAX_N": str(self.max_tile), "PER_K32": b(self.promotion == "k32"),
+                  "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug), "WGS": str(self.wgs)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl
@@ -138,6 +141,17 @@ def build(spec: GemmSpec, *, force: bool = False) -> Built:
     log = out.with_suffix(".log")
     if out.exists() and log.exists() and not force:
         return Built(out, log.read_text(), True)
+    # One build per specialisation even when several processes (pytest-xdist workers) ask at once:
+    # the others wait on the lock, then find the cubin.
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists() and log.exists() and not force:
+            return Built(out, log.read_text(), True)
+        return _compile(spec, out, log)
+
+
+def _compile(spec: GemmSpec, out: Path, log: Path) -> Built:
+    kdir = KERNEL_DIR
     nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
                                     if os.environ.get("CUDA_HOME") else None)
     if nvcc is None or not os.path.exists(nvcc):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 _lock = threading.Lock()
 _lib = None
-_modules: dict[tuple[str, int], tuple[ctypes.c_void_p, ctypes.c_void_p]] = {}
+_modules: dict[tuple[str, int], ctypes.c_void_p] = {}
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -48,6 +48,9 @@ def lib():
                     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
                 l.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
                 l.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+                l.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                                                   ctypes.c_void_p, ctypes.c_char_p]
+                l.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
                 _lib = l
                 check(l.cuInit(0), "cuInit")
     return _lib
@@ -75,23 +78,39 @@ def _ensure_context(device: int) -> None:
         raise DriverError("no current CUDA context after torch initialised the device")
 
 
-def get_function(cubin: Path, name: str, device: int, dyn_smem: int) -> ctypes.c_void_p:
-    """The kernel `name` of `cubin`, loaded once per device, with its dynamic smem limit raised."""
+def load_module(cubin: Path, device: int) -> ctypes.c_void_p:
+    """The module of `cubin`, loaded once per device."""
     key = (str(cubin), device)
     with _lock:
         if key in _modules:
-            return _modules[key][1]
+            return _modules[key]
     _ensure_context(device)
     data = Path(cubin).read_bytes()
     buf = ctypes.create_string_buffer(data, len(data))
     mod = ctypes.c_void_p()
     check(lib().cuModuleLoadData(ctypes.byref(mod), ctypes.cast(buf, ctypes.c_void_p)), f"cuModuleLoadData({cubin})")
+    with _lock:
+        _modules[key] = mod
+    return mod
+
+
+def module_constant(mod: ctypes.c_void_p, name: str) -> int:
+    """An int32 `__constant__` of a loaded module (what the kernel says about itself: its shared
+    memory size, threads, stages)."""
+    dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+    check(lib().cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), mod, name.encode()),
+          f"cuModuleGetGlobal({name})")
+    v = ctypes.c_int32()
+    check(lib().cuMemcpyDtoH_v2(ctypes.byref(v), dptr.value, 4), f"cuMemcpyDtoH({name})")
+    return v.value
+
+
+def get_function(mod: ctypes.c_void_p, name: str, dyn_smem: int) -> ctypes.c_void_p:
+    """The kernel `name` of a loaded module, with its dynamic shared memory limit raised."""
     fn = ctypes.c_void_p()
     check(lib().cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"cuModuleGetFunction({name})")
     check(lib().cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem),
           f"cuFuncSetAttribute(max dynamic smem {dyn_smem})")
-    with _lock:
-        _modules[key] = (mod, fn)
     return fn
 
 
@@ -102,12 +121,20 @@ def num_sms(device: int) -> int:
     return v.value
 
 
-def launch(fn, grid: int, block: int, dyn_smem: int, stream: int, params: bytes) -> None:
-    """Launch `fn` with one by-value struct parameter whose bytes are `params`."""
-    pbuf = ctypes.create_string_buffer(params, len(params))
-    args = (ctypes.c_void_p * 1)(ctypes.cast(pbuf, ctypes.c_void_p))
-    check(lib().cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, dyn_smem, ctypes.c_void_p(stream), args, None),
-          "cuLaunchKernel")
+class Launch:
+    """A kernel with its grid, block, shared memory and the bytes of its one by-value struct
+    parameter, ready to be launched on any stream (again and again: the argument buffer is kept)."""
+
+    def __init__(self, fn, grid: int, block: int, dyn_smem: int, params: bytes):
+        self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
+        self._pbuf = ctypes.create_string_buffer(params, len(params))
+        self._args = (ctypes.c_void_p * 1)(ctypes.cast(self._pbuf, ctypes.c_void_p))
+        self._launch = lib().cuLaunchKernel
+
+    def __call__(self, stream: int) -> None:
+        res = self._launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, stream, self._args, None)
+        if res:
+            check(res, "cuLaunchKernel")
 
 
 def tma_2d_u8(ptr: int, inner: int, outer: int, row_stride: int, box_inner: int, box_outer: int) -> bytes:

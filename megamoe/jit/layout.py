@@ -22,6 +22,10 @@ wgmma A fragments with two 16-byte shared-memory loads per K128 block, ready for
     sf_k [E, K/128, R, 4] uint8: the four K32 scale bytes of (row, K128 block), contiguous.
 The scale bytes are unchanged (exact mode applies them in fp32). Both steps are permutations of
 bits, so `untransform_weights` restores the canonical tensors bit for bit.
+
+Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_scales_kernel_layout):
+    lut [E, K/128, R, 4] uint8: 8 * min(B_r - s_g, 19), the byte offset of group g's scaled table
+    row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import dataclasses
 import torch
 
 # Step 1 and the nibble packing have one definition, in the reference.
+from megamoe.reference import quantize as Q
 from megamoe.reference.formats import pack_fp4, unpack_fp4
 from megamoe.reference.weights import deinterleave_gate_up, interleave_gate_up  # noqa: F401
 
@@ -82,9 +87,21 @@ def sf_from_kernel_layout(sfk: torch.Tensor) -> torch.Tensor:
     return sfk.permute(0, 2, 1, 3).reshape(E, R, KB * 4).contiguous()
 
 
+def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fast mode's (promotion k128) view of kernel-layout scale bytes [E, K/128, R, 4], by the
+    reference's rule (megamoe.reference.quantize.fast_weight_scales): LUT byte offsets 8 d in the
+    same layout, the row bases B_r [E, R] and each expert's largest row base B_e [E]."""
+    sf = sfk.to(torch.int32)
+    row_base = sf.amax(dim=(1, 3))                                     # [E, R]
+    d = (row_base[:, None, :, None] - sf).clamp(max=Q.FAST_LUT_ENTRIES - 1)
+    return (8 * d).to(torch.uint8), row_base.to(torch.uint8), row_base.amax(dim=1).to(torch.uint8)
+
+
 @dataclasses.dataclass
 class KernelWeights:
-    """Both layers' weights in the SM90 kernel layout (see the module docstring)."""
+    """Both layers' weights in the SM90 kernel layout (see the module docstring). The fast mode's
+    tensors (w*_lut, w*_row_base, w*_expert_base) are derived from the scale bytes when the object
+    is made: a function of them, so the canonical weights stay recoverable (untransform_weights)."""
 
     w1: torch.Tensor     # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
     w1_sf: torch.Tensor  # [E, H/128, 2I, 4] uint8
@@ -92,6 +109,16 @@ class KernelWeights:
     w2_sf: torch.Tensor  # [E, I/128, H, 4] uint8
     hidden: int
     intermediate: int
+    w1_lut: torch.Tensor = dataclasses.field(init=False)          # [E, H/128, 2I, 4] uint8, 8 d
+    w1_row_base: torch.Tensor = dataclasses.field(init=False)     # [E, 2I] uint8
+    w1_expert_base: torch.Tensor = dataclasses.field(init=False)  # [E] uint8
+    w2_lut: torch.Tensor = dataclasses.field(init=False)
+    w2_row_base: torch.Tensor = dataclasses.field(init=False)
+    w2_expert_base: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.w1_lut, self.w1_row_base, self.w1_expert_base = fast_scales_kernel_layout(self.w1_sf)
+        self.w2_lut, self.w2_row_base, self.w2_expert_base = fast_scales_kernel_layout(self.w2_sf)
 
     @property
     def num_experts(self) -> int:

@@ -42,14 +42,14 @@ DELAY_MS = 20.0   # before the filler writes anything
 STEP_MS = 1.0     # between two writes of the filler
 SEED = 31
 
-# name -> (layer, mode, block_n, poisoned input, order in which the pool blocks are filled)
+# name -> (layer, promotion, max_tile, poisoned input, order in which the pool blocks are filled)
 VARIANTS = {
-    "l1-exact-bn32-x": (1, "exact", 32, "x", "forward"),
-    "l1-exact-bn32-x_sf": (1, "exact", 32, "x_sf", "forward"),
-    "l1-exact-bn32-w_route": (1, "exact", 32, "w_route", "forward"),
-    "l1-fast-bn128-x-forward": (1, "fast", 128, "x", "forward"),
-    "l1-fast-bn128-x-reverse": (1, "fast", 128, "x", "reverse"),
-    "l2-exact-bn64-x": (2, "exact", 64, "x", "forward"),
+    "l1-exact-bn32-x": (1, "k32", 32, "x", "forward"),
+    "l1-exact-bn32-x_sf": (1, "k32", 32, "x_sf", "forward"),
+    "l1-exact-bn32-w_route": (1, "k32", 32, "w_route", "forward"),
+    "l1-fast-bn128-x-forward": (1, "k128", 128, "x", "forward"),
+    "l1-fast-bn128-x-reverse": (1, "k128", 128, "x", "reverse"),
+    "l2-exact-bn64-x": (2, "k32", 64, "x", "forward"),
 }
 
 
@@ -84,21 +84,21 @@ def cycles_per_ms() -> float:
 class Launcher:
     """One layer's launch on given (x, scales, w_route) into preallocated outputs."""
 
-    def __init__(self, layer: int, mode: str, block_n: int):
+    def __init__(self, layer: int, promotion: str, max_tile: int):
         from megamoe import gemm as G
 
-        self.G, self.layer, self.mode, self.block_n = G, layer, mode, block_n
+        self.G, self.layer, self.promotion, self.max_tile = G, layer, promotion, max_tile
         self.pool, self.kw = make_problem(layer)
         pool = self.pool
-        if mode == "fast":
+        if promotion == "k128":
             self.x, self.sf = G.rebase_k128(pool.x, pool.sf)
         else:
             self.x, self.sf = pool.x, pool.sf
         if layer == 2:
             _, self.dst = combine_rows(pool, H, K=2, gen=torch.Generator().manual_seed(SEED + 2))
         n_rows = 2 * INTER if layer == 1 else H
-        wgs = G.spec_for(layer, block_n, mode=mode, n_rows=n_rows).wgs
-        self.items = sum(-(-n // block_n) for n in COUNTS) * (n_rows // (64 * wgs))
+        wgs = G.spec_for(layer, promotion=promotion, n_rows=n_rows, max_tile=max_tile).wgs
+        self.items = sum(-(-n // max_tile) for n in COUNTS) * (n_rows // (64 * wgs))
 
     def outputs(self):
         P = self.pool.P
@@ -110,23 +110,23 @@ class Launcher:
 
     def launch(self, outs, x, sf, w_route, **gate):
         pool, G = self.pool, self.G
-        sf128 = sf if self.mode == "fast" else None
+        sf128 = sf if self.promotion == "k128" else None
         if self.layer == 1:
-            G.l1_gemm(x, sf, pool.offsets, pool.num_tokens, w_route, self.kw, mode=self.mode,
-                      block_n=self.block_n, out=outs[0].view(torch.float8_e4m3fn), out_sf=outs[1],
+            G.l1_gemm(x, sf, pool.offsets, pool.num_tokens, w_route, self.kw, promotion=self.promotion,
+                      max_tile=self.max_tile, out=outs[0].view(torch.float8_e4m3fn), out_sf=outs[1],
                       x_sf128=sf128, **gate)
         else:
             G.l2_gemm(x, sf, pool.offsets, pool.num_tokens, self.dst, self.kw, outs[0].view(torch.bfloat16),
-                      mode=self.mode, block_n=self.block_n, x_sf128=sf128, **gate)
+                      promotion=self.promotion, max_tile=self.max_tile, x_sf128=sf128, **gate)
 
 
 def run_gated(name: str, cpm: float) -> bool:
     """One variant; returns False when the CUDA context is lost (a trap)."""
-    layer, mode, block_n, poison, order = VARIANTS[name]
-    la = Launcher(layer, mode, block_n)
+    layer, promotion, max_tile, poison, order = VARIANTS[name]
+    la = Launcher(layer, promotion, max_tile)
     pool = la.pool
     sms = torch.cuda.get_device_properties(pool.x.device).multi_processor_count
-    base = dict(variant=name, layer=layer, mode=mode, block_n=block_n, poison=poison, order=order,
+    base = dict(variant=name, layer=layer, promotion=promotion, max_tile=max_tile, poison=poison, order=order,
                 items=la.items, sms=sms, delay_ms=DELAY_MS)
     if la.items > sms - 8:
         emit(**base, skipped=f"{la.items} work items leave too few of the {sms} SMs to the filler stream")
@@ -188,7 +188,7 @@ def run_gated(name: str, cpm: float) -> bool:
 def run_timeout(block: int, observed: int, need: int) -> None:
     from megamoe import gemm as G
 
-    la = Launcher(1, "exact", 64)
+    la = Launcher(1, "k32", 64)
     pool = la.pool
     counters = pool_arrivals(pool, BLOCK)
     assert int(counters[block]) == need
@@ -240,7 +240,7 @@ def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.scenario == "gated" and args.list:
         for name, v in VARIANTS.items():
-            print(name, "layer={} mode={} block_n={} poison={} order={}".format(*v))
+            print(name, "layer={} promotion={} max_tile={} poison={} order={}".format(*v))
         return
     if not torch.cuda.is_available():
         print("gemm_hooks_worker: needs a CUDA device", file=sys.stderr)

@@ -7,7 +7,7 @@
 * outputs through a pointer offset (a peer's buffer in the fused kernel): L1 out / out_sf and the L2
   combine buffer as views into larger buffers, same bits, nothing outside written;
 * expert sizes 0, 1, BLOCK_M - 1, BLOCK_M, BLOCK_M + 1 and many (BLOCK_M = pool alignment 64 and
-  128) in both modes, and the exact-mode L1 at block_n = 128.
+  128) in both promotions, and the exact-promotion L1 at its largest tile.
 
 Run: pytest -s tests/gpu/test_gemm_fused_hooks.py"""
 from __future__ import annotations
@@ -29,19 +29,19 @@ from . import gemm_hooks_worker as W  # noqa: E402
 from .gemm_helpers import (COUNTS, Pool, check_l1_epilogue, check_l2_epilogue, combine_rows,  # noqa: E402
                            first_diff, log_result, pool_arrivals, setup_l1, worst_bound_ratio)
 
-TAU = {"exact": G.EXACT_TAU, "fast": G.FAST_TAU}
+TAU = G.TAU
 REPO = Path(__file__).resolve().parents[2]
 WORKER_TIMEOUT_S = 900  # includes JIT builds when the cache is cold
 SENTINEL_U8 = 0xA5
 SENTINEL_BF16 = 0x7FA5  # a NaN payload the kernel never produces (bf16 NaN from the cvt is 0x7FFF)
 
 
-def _l1(pool, kw, mode="exact", **kw2):
-    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, mode=mode, **kw2)
+def _l1(pool, kw, promotion="k32", **kw2):
+    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, **kw2)
 
 
-def _l2(pool, kw, dst, comb, mode="exact", **kw2):
-    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, mode=mode, **kw2)
+def _l2(pool, kw, dst, comb, promotion="k32", **kw2):
+    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion=promotion, **kw2)
 
 
 def _l1_outputs(pool, inter, fill=SENTINEL_U8):
@@ -57,9 +57,9 @@ def _bf16_sentinel(*shape):
 # 1a. arrival gate, counters already full: the standalone launch's bits
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("block,over", [(64, False), (32, True)])
-def test_full_counters_same_bits_l1(mode, block, over):
+def test_full_counters_same_bits_l1(promotion, block, over):
     """Counters exactly at each pool block's valid rows (block = the pool alignment) or, with
     block 32, over-full (every counter at `block`): out, out_sf bit-equal to the ungated launch."""
     H, inter = 1024, 1024
@@ -69,8 +69,8 @@ def test_full_counters_same_bits_l1(mode, block, over):
         arrival.fill_(block)
     ref_out, ref_sf = _l1_outputs(pool, inter)
     out, out_sf = _l1_outputs(pool, inter)
-    _l1(pool, kw, mode, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
-    res = _l1(pool, kw, mode, out=out.view(torch.float8_e4m3fn), out_sf=out_sf, arrival=arrival, arrival_block=block)
+    _l1(pool, kw, promotion, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
+    res = _l1(pool, kw, promotion, out=out.view(torch.float8_e4m3fn), out_sf=out_sf, arrival=arrival, arrival_block=block)
     torch.cuda.synchronize()
     assert res.l2_acts.data_ptr() == out.data_ptr()
     assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
@@ -79,9 +79,9 @@ def test_full_counters_same_bits_l1(mode, block, over):
         "the GEMM wrote its arrival counters"
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
-@pytest.mark.parametrize("block_n", [None, 8])
-def test_full_counters_same_bits_l2(mode, block_n):
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("max_tile", [None, 8])
+def test_full_counters_same_bits_l2(promotion, max_tile):
     H, inter = 1024, 512
     gen = torch.Generator().manual_seed(42)
     _, _, kw = setup_l1(H, inter, [1] * len(COUNTS), seed=43)
@@ -89,8 +89,8 @@ def test_full_counters_same_bits_l2(mode, block_n):
     ref, dst = combine_rows(pool, H, K=2, gen=gen)
     ref = _bf16_sentinel(*ref.shape)
     comb = _bf16_sentinel(*ref.shape)
-    _l2(pool, kw, dst, ref, mode, block_n=block_n)
-    _l2(pool, kw, dst, comb, mode, block_n=block_n, arrival=pool_arrivals(pool, 64), arrival_block=64)
+    _l2(pool, kw, dst, ref, promotion, max_tile=max_tile)
+    _l2(pool, kw, dst, comb, promotion, max_tile=max_tile, arrival=pool_arrivals(pool, 64), arrival_block=64)
     torch.cuda.synchronize()
     assert torch.equal(comb.view(torch.int16), ref.view(torch.int16)), first_diff(comb.view(torch.int16),
                                                                                ref.view(torch.int16))
@@ -113,11 +113,11 @@ def test_arrival_arguments_checked():
     ]
     for kwargs, exc, msg in cases:
         with pytest.raises(exc, match=msg):
-            _l1(pool, kw, block_n=64, **kwargs)
+            _l1(pool, kw, max_tile=64, **kwargs)
     comb, dst = combine_rows(Pool(COUNTS, inter, gen=torch.Generator().manual_seed(1)), H)
     with pytest.raises(ValueError, match="arrival_block: expected a positive int"):
         G.l2_gemm(pool.x[:, :inter].contiguous(), pool.sf[:, :inter // 32].contiguous(), pool.offsets,
-                  pool.num_tokens, dst, kw, comb, block_n=64, arrival=good, arrival_block=0)
+                  pool.num_tokens, dst, kw, comb, max_tile=64, arrival=good, arrival_block=0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -206,21 +206,21 @@ def test_arrival_timeout_record():
 # 3. outputs through a pointer offset
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_l1_outputs_into_offset_views(mode):
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_l1_outputs_into_offset_views(promotion):
     """out at a 16-byte aligned offset (two rows and 16 bytes) into a larger buffer, out_sf at an
     odd byte offset: the view holds the normal launch's bits, the rest of both buffers is untouched."""
     H, inter = 1024, 1024
     pool, _, kw = setup_l1(H, inter, COUNTS, seed=51)
     P, n_sf = pool.P, inter // 32
     ref_out, ref_sf = _l1_outputs(pool, inter)
-    _l1(pool, kw, mode, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
+    _l1(pool, kw, promotion, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
     off, off_sf = 2 * inter + 16, 7
     big = torch.full((off + P * inter + 3 * inter,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
     big_sf = torch.full((off_sf + P * n_sf + 33,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
     out = big[off:off + P * inter].view(P, inter)
     out_sf = big_sf[off_sf:off_sf + P * n_sf].view(P, n_sf)
-    res = _l1(pool, kw, mode, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    res = _l1(pool, kw, promotion, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
     torch.cuda.synchronize()
     assert res.l2_acts.data_ptr() == big.data_ptr() + off and res.l2_sf.data_ptr() == big_sf.data_ptr() + off_sf
     assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
@@ -230,8 +230,8 @@ def test_l1_outputs_into_offset_views(mode):
         assert (outside == SENTINEL_U8).all(), f"written {name}"
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_l2_combine_into_offset_view(mode):
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_l2_combine_into_offset_view(promotion):
     """combine [2, T, H] at 3 rows + 8 elements (16 bytes) into a larger bf16 buffer, half its rows
     mapped: same bits as into its own buffer, unmapped rows and everything outside untouched."""
     H, inter = 1024, 512
@@ -240,12 +240,12 @@ def test_l2_combine_into_offset_view(mode):
     pool = Pool(COUNTS, inter, gen=gen)
     ref, dst = combine_rows(pool, H, K=2, gen=gen)
     ref = _bf16_sentinel(*ref.shape)
-    _l2(pool, kw, dst, ref, mode)
+    _l2(pool, kw, dst, ref, promotion)
     n = ref.numel()
     off = 3 * H + 8
     big = _bf16_sentinel(off + n + 5 * H)
     comb = big[off:off + n].view(ref.shape)
-    res = _l2(pool, kw, dst, comb, mode)
+    res = _l2(pool, kw, dst, comb, promotion)
     torch.cuda.synchronize()
     assert res.combine.data_ptr() == big.data_ptr() + 2 * off
     got, want = comb.view(torch.int16), ref.view(torch.int16)
@@ -263,18 +263,18 @@ def test_misaligned_destinations_rejected():
     P = pool.P
     big = torch.zeros(P * inter + 16, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="out: must be 16-byte aligned"):
-        _l1(pool, kw, block_n=64, out=big[8:8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
+        _l1(pool, kw, max_tile=64, out=big[8:8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
     with pytest.raises(TypeError, match="out: expected float8_e4m3fn or uint8"):
-        _l1(pool, kw, block_n=64, out=torch.zeros(P, inter, dtype=torch.int8, device="cuda"))
+        _l1(pool, kw, max_tile=64, out=torch.zeros(P, inter, dtype=torch.int8, device="cuda"))
     pool2 = Pool(COUNTS, inter, gen=torch.Generator().manual_seed(2))
     comb, dst = combine_rows(pool2, H)
     flat = torch.zeros(comb.numel() + 8, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="combine: must be 16-byte aligned"):
-        _l2(pool2, kw, dst, flat[4:4 + comb.numel()].view(comb.shape), block_n=64)
+        _l2(pool2, kw, dst, flat[4:4 + comb.numel()].view(comb.shape), max_tile=64)
 
 
 # ------------------------------------------------------------------------------------------------
-# 4. expert sizes around BLOCK_M, many tokens, both modes; exact-mode L1 at block_n = 128
+# 4. expert sizes around BLOCK_M, many tokens, both modes; exact-promotion L1 at max_tile = 128
 # ------------------------------------------------------------------------------------------------
 
 MANY = 1100
@@ -284,29 +284,29 @@ def _sizes(block_m):
     return [0, 1, block_m - 1, block_m, block_m + 1, 0, MANY]
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("block_n", [None, 8])
-def test_l1_expert_sizes(mode, block_m, block_n):
+@pytest.mark.parametrize("max_tile", [None, 8])
+def test_l1_expert_sizes(promotion, block_m, max_tile):
     H, inter = 1024, 1024
     counts = _sizes(block_m)
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=60 + block_m, align=block_m)
     out, out_sf = _l1_outputs(pool, inter, 0x55)
-    res = _l1(pool, kw, mode, block_n=block_n, debug=True, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    res = _l1(pool, kw, promotion, max_tile=max_tile, debug=True, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc1, pool, w1, s1)
     pad = ~pool.valid
     assert torch.isnan(res.acc1[pad]).all(), "acc1 written on padding rows"
     assert (out[pad] == 0x55).all() and (out_sf[pad] == 0x55).all(), "outputs written on padding rows"
-    check_l1_epilogue(pool, res, inter, True, None, f"{mode} BLOCK_M {block_m} bn {block_n}")
-    log_result(test="l1_expert_sizes", mode=mode, block_m=block_m, block_n=block_n, max_ratio=worst, tau=TAU[mode])
-    assert worst <= TAU[mode], f"GEMM_BOUND: max ratio {worst} > tau {TAU[mode]}"
+    check_l1_epilogue(pool, res, inter, True, None, f"{promotion} BLOCK_M {block_m} bn {max_tile}")
+    log_result(test="l1_expert_sizes", promotion=promotion, block_m=block_m, max_tile=max_tile, max_ratio=worst, tau=TAU[promotion])
+    assert worst <= TAU[promotion], f"GEMM_BOUND: max ratio {worst} > tau {TAU[promotion]}"
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("block_m", [64, 128])
-@pytest.mark.parametrize("block_n", [None, 8])
-def test_l2_expert_sizes(mode, block_m, block_n):
+@pytest.mark.parametrize("max_tile", [None, 8])
+def test_l2_expert_sizes(promotion, block_m, max_tile):
     H, inter = 1024, 1024
     counts = _sizes(block_m)
     gen = torch.Generator().manual_seed(70 + block_m)
@@ -314,30 +314,30 @@ def test_l2_expert_sizes(mode, block_m, block_n):
     pool = Pool(counts, inter, gen=gen, align=block_m)
     comb, dst = combine_rows(pool, H, K=2, gen=gen)
     comb = _bf16_sentinel(*comb.shape)
-    res = _l2(pool, kw, dst, comb, mode, block_n=block_n, debug=True)
+    res = _l2(pool, kw, dst, comb, promotion, max_tile=max_tile, debug=True)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
     assert torch.isnan(res.acc2[~pool.valid]).all(), "acc2 written on padding rows"
-    check_l2_epilogue(pool, res.acc2, comb, dst, f"{mode} BLOCK_M {block_m} bn {block_n}")
+    check_l2_epilogue(pool, res.acc2, comb, dst, f"{promotion} BLOCK_M {block_m} bn {max_tile}")
     unmapped = torch.ones(comb.numel() // H, dtype=torch.bool, device="cuda")
     unmapped[dst[pool.valid].long()] = False
     assert (comb.view(torch.int16).view(-1, H)[unmapped] == SENTINEL_BF16).all(), "unmapped combine rows written"
-    log_result(test="l2_expert_sizes", mode=mode, block_m=block_m, block_n=block_n, max_ratio=worst, tau=TAU[mode])
-    assert worst <= TAU[mode], f"GEMM_BOUND: max ratio {worst} > tau {TAU[mode]}"
+    log_result(test="l2_expert_sizes", promotion=promotion, block_m=block_m, max_tile=max_tile, max_ratio=worst, tau=TAU[promotion])
+    assert worst <= TAU[promotion], f"GEMM_BOUND: max ratio {worst} > tau {TAU[promotion]}"
 
 
 @pytest.mark.parametrize("fast_math,clamp", [(True, None), (False, 1.0)])
-def test_exact_l1_block_n_128(fast_math, clamp):
-    """The exact-mode L1 at block_n = 128 (pick_block_n never picks it): GEMM_BOUND, D6 bit-exact,
+def test_exact_l1_largest_tile_production_build_equals_debug(fast_math, clamp):
+    """The exact-promotion L1 at its largest tile (64): GEMM_BOUND, D6 bit-exact,
     padding untouched, and the production build's bits equal the debug build's."""
     H, inter = 1024, 1024
     counts = [0, 1, 63, 65, 127, 128, 129, 300]
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=80)
     out, out_sf = _l1_outputs(pool, inter, 0x55)
-    res = _l1(pool, kw, "exact", block_n=128, debug=True, fast_math=fast_math, activation_clamp=clamp,
+    res = _l1(pool, kw, "k32", max_tile=64, debug=True, fast_math=fast_math, activation_clamp=clamp,
               out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
     prod_out, prod_sf = _l1_outputs(pool, inter, 0x55)
-    _l1(pool, kw, "exact", block_n=128, fast_math=fast_math, activation_clamp=clamp,
+    _l1(pool, kw, "k32", max_tile=64, fast_math=fast_math, activation_clamp=clamp,
         out=prod_out.view(torch.float8_e4m3fn), out_sf=prod_sf)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc1, pool, w1, s1)
@@ -347,5 +347,5 @@ def test_exact_l1_block_n_128(fast_math, clamp):
     check_l1_epilogue(pool, res, inter, fast_math, clamp, f"exact bn128 fast_math {fast_math} clamp {clamp}")
     assert torch.equal(prod_out, out), f"production vs debug l2_acts: {first_diff(prod_out, out)}"
     assert torch.equal(prod_sf, out_sf), f"production vs debug l2_sf: {first_diff(prod_sf, out_sf)}"
-    log_result(test="exact_l1_bn128", fast_math=fast_math, clamp=clamp, max_ratio=worst, tau=G.EXACT_TAU)
-    assert worst <= G.EXACT_TAU, f"GEMM_BOUND: max ratio {worst} > tau {G.EXACT_TAU}"
+    log_result(test="exact_l1_bn128", fast_math=fast_math, clamp=clamp, max_ratio=worst, tau=G.TAU['k32'])
+    assert worst <= G.TAU['k32'], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
