@@ -14,8 +14,8 @@
 // the 128-byte swizzle.
 //
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
-// are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 for tiles of at
-// most 16 tokens). Stages (BK = 128) are handed over through full / empty mbarriers.
+// are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 when every item
+// is an 8-token tile). Stages (BK = 128) are handed over through full / empty mbarriers.
 //
 // Promotion (kPerK32 = true, promotion "k32", the exact mode): every k32 product is added into the
 // fp32 result with both per-32 scales. kPerK32 = false ("k128", the fast mode): each weight row r
@@ -65,7 +65,7 @@ struct GemmConfig {
   static constexpr int kConsumerRegs = kWGs == 2 ? 224 : 104;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
-  static_assert(kWGs == 2 || kMaxN <= 16, "four consumer warpgroups hold tiles of at most 16 tokens");
+  static_assert(kWGs == 2 || kMaxN == kSmallTile, "four consumer warpgroups hold 8-token tiles only");
 };
 
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
@@ -159,10 +159,12 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   for (int item = blockIdx.x; item < s_prefix[p.num_experts]; item += gridDim.x) {
     const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
     // One instantiation of the mainloop and epilogue per token tile; the branch is uniform.
-    if (kMaxN == kSmallTile || wi.tile == kMaxN)
-      run_item<kMaxN, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
-    else
-      run_item<kSmallTile, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
+    static_for<0, kNumTokenTiles>([&](auto i_c) {
+      constexpr int N = token_tile(decltype(i_c)::value);
+      if constexpr (N <= kMaxN) {
+        if (wi.tile == N) run_item<N, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
+      }
+    });
   }
 }
 

@@ -3,11 +3,9 @@
 // L2. Every role of a CTA (producer, scale warp, consumers) walks the same items.
 //
 // The token tile is chosen per work item, not per launch: an expert's tokens are cut into blocks
-// of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
-// with 3 tokens costs an 8-token item even when another expert of the same launch has 100 (a
-// skewed routing costs about what a uniform one of the same total does). Only two tiles per
-// kernel: each tile is its own instantiation of the mainloop and epilogue, and with more of them
-// in one kernel ptxas runs out of registers (measured: spills from a third tile on).
+// of kMaxN, and each block runs at the smallest token tile that holds its valid rows. So an expert
+// with 3 tokens costs an 8-token item even when another expert of the same launch has 1000 (a
+// skewed routing costs about what a uniform one of the same total does).
 #pragma once
 
 #include <cstdint>
@@ -22,13 +20,17 @@ struct WorkItem {
   int n_block;     // block of weight rows (the CTA's tile height)
   int row0;        // first pool row of the token block
   int valid;       // valid pool rows in the token block (1..kMaxN)
-  int tile;        // token tile of the item: kSmallTile or kMaxN (pick_tile)
+  int tile;        // token tile of the item (pick_tile)
 };
 
-// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN.
+// The token tile of an item with `valid` rows: the smallest tile (<= kMaxN) that holds them.
 template <int kMaxN>
 __device__ __forceinline__ int pick_tile(int valid) {
-  return valid <= kSmallTile ? kSmallTile : kMaxN;
+  int tile = kMaxN;
+#pragma unroll
+  for (int i = kNumTokenTiles - 1; i >= 0; --i)
+    if (token_tile(i) <= kMaxN && token_tile(i) >= valid) tile = token_tile(i);
+  return tile;
 }
 
 // Shared-memory tables of the schedule: s_prefix[E + 1] (first item of each expert) and

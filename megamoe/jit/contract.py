@@ -16,8 +16,8 @@ from megamoe.reference import quantize as Q
 
 BLOCK_K = 128              # K per pipeline stage (four k32 wgmma steps)
 CHUNK_N = 64               # tokens per wgmma chunk of the wide token tiles
-TOKEN_TILES = (8, 16, 32, 64, 128)   # a kernel's largest token tile kMaxN (wgmma N, or chunks of 64)
-SMALL_TILE = 8             # every kernel also runs items of at most this many tokens at this tile
+TOKEN_TILES = (8, 16, 32, 64, 128, 192)   # per-item token tiles (wgmma N, or chunks of 64)
+SMALL_TILE = 8             # the smallest (the 4-warpgroup kernel's only) tile
 MAX_EXPERTS = 256          # local experts of one launch (the schedule's shared-memory tables)
 SMEM_LIMIT = 232448        # sm_90 opt-in dynamic shared memory per block
 MAX_STAGES = 12
@@ -124,8 +124,8 @@ def header() -> str:
         f"constexpr int kSmemLimit = {SMEM_LIMIT};  // dynamic shared memory per block (sm_90 opt-in)",
         f"constexpr int kMaxStages = {MAX_STAGES};",
         f"constexpr int kRowsPerWg = {ROWS_PER_WG};      // weight rows per consumer warpgroup (wgmma M)",
-        "// A kernel's largest token tile is one of token_tile(0 .. kNumTokenTiles - 1); its items run at",
-        "// kSmallTile when they have at most that many rows (kernel/gemm/scheduler.cuh pick_tile).",
+        "// The token tiles an item can have: the smallest of token_tile(0 .. kNumTokenTiles - 1) that holds",
+        "// its rows, up to the kernel's largest, kMaxN (kernel/gemm/scheduler.cuh pick_tile).",
         _table("int", "token_tile", [str(v) for v in TOKEN_TILES]),
         f"constexpr int kNumTokenTiles = {len(TOKEN_TILES)};",
         f"constexpr int kSmallTile = {SMALL_TILE};",

@@ -188,5 +188,6 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
     g.replay()
     torch.cuda.synchronize()
     log_result(test="graph_replay", host_us_per_launch=host_us)
-    assert torch.equal(out, want[0]) and torch.equal(out_sf, want[1])
+    v = pool.valid   # padding rows are never written: they keep the poison
+    assert torch.equal(out[v], want[0][v]) and torch.equal(out_sf[v], want[1][v])
     assert torch.equal(comb.view(torch.int16), want[2].view(torch.int16))
