@@ -9,7 +9,7 @@ import torch
 
 from megamoe import reference as ref
 
-from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, PASS, CheckResult
+from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, NA, PASS, CheckResult
 
 FIRST = 4  # how many differing elements a failure lists
 
@@ -101,6 +101,8 @@ def exact(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Ten
     else:
         compared = got.numel()
     n = int(diff.sum())
+    if compared == 0:
+        return CheckResult(point, tensor, check, rank, NA, message="nothing to compare (0 elements)")
     if n == 0:
         return CheckResult(point, tensor, check, rank, PASS, elements=compared)
     msg = f"{n} of {compared} elements differ; first: " + _describe(got, want, diff, kind, locate)
@@ -112,6 +114,8 @@ def multiset(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.
     def rows(t):
         return sorted(tuple(r) for r in t.tolist())
     g, w = rows(got), rows(want)
+    if not g and not w:
+        return CheckResult(point, tensor, MULTISET, rank, NA, message=f"nothing to compare (no {what})")
     if g == w:
         return CheckResult(point, tensor, MULTISET, rank, PASS, elements=len(w))
     from collections import Counter

@@ -136,6 +136,24 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
     }
 
 
+# What the table's rows and columns mean; printed under the table (README: "The tolerance report").
+LEGEND = """\
+- **local** rows: the stage's own rounding only. The stage's input is taken from the reference's
+  dumps and the float64 result of that same input is the expectation (D6 local: the dumped D5
+  accumulators through a float64 SwiGLU; D7 local: the dumped D6 codes times w2 in float64; D9
+  local: the dumped D8 rows summed in float64).
+- **end-to-end** rows: everything up to this stage, against the float64 oracle of the whole layer
+  (dequantized inputs and weights, no rounding in between). D6 is dequantized (code x scale) for
+  it; the L1 row is both, since its input (the pool) is exact.
+- **format**: the format whose ulp (unit in the last place, at the expected value) the ulp
+  columns count in: the stage's output format for local rows (fp32 accumulators, E4M3 codes
+  times their scale), bf16 (the layer's output format) for end-to-end rows.
+- **calc_diff** = 1 - 2 sum(x y) / sum(x^2 + y^2), 0 for identical tensors; **rel err
+  (inf-norm)** = max |err| / max |expected|.
+- **ulp 0 ... ulp >64**: how many elements have an error of 0 ulp, at most 0.5, 1, 2, ... 64 ulp
+  (each bucket excludes the ones before it), or more than 64; **max ulp** is the largest."""
+
+
 def to_markdown(report: dict) -> str:
     lines = [
         "| stage | format | elements | calc_diff | max abs err | rel err (inf-norm) | max ulp | "
@@ -146,7 +164,7 @@ def to_markdown(report: dict) -> str:
         hist = " | ".join(str(s["ulp_histogram"][label]) for label in ULP_LABELS)
         lines.append(f"| {s['stage']} | {s['format']} | {s['elements']} | {s['calc_diff']:.3e} | "
                      f"{s['max_abs_err']:.3e} | {s['rel_err_inf_norm']:.3e} | {s['max_ulp']:.3g} | {hist} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", LEGEND])
 
 
 def to_json(report: dict) -> str:

@@ -10,6 +10,8 @@ Runs on CPU or CUDA tensors alike. Stages, in the project's vocabulary:
     cleanup (D10)     updated_recv_stats
 and `run_reference` runs them all for R ranks in one process.
 """
+from megamoe.threads import limit_torch_threads as _limit_torch_threads
+
 from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import DEFAULT_CONFIG, MoEConfig, check_config
@@ -32,6 +34,10 @@ from .silu_tables import silu_table
 from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
 from .validate import check_call, check_rank_inputs, check_weights
 from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_weights
+
+# The reference is the CPU work of this project: keep torch's thread pool within the cores this
+# process really has (megamoe.threads says why), as the CLI and the tests do.
+_limit_torch_threads()
 
 # Written out, not computed: a reader (and a linter) sees the public API without running the file.
 __all__ = [

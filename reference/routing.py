@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from .errors import fail
+
 
 class Routing(NamedTuple):
     topk_idx: torch.Tensor  # int64 [T, K], -1 = no expert
@@ -81,6 +83,8 @@ def make_routing(num_tokens: int, num_experts: int, k: int, *, distribution: str
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"make_routing: distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+    if not 0.0 <= masked_ratio <= 1.0:  # a ratio of 2 or -1 would silently mean "all" or "none"
+        fail("masked_ratio", "a fraction in [0, 1]", masked_ratio)
     g = torch.Generator().manual_seed(seed)
     p = torch.ones(num_experts)
     if distribution == "skewed":
@@ -90,7 +94,7 @@ def make_routing(num_tokens: int, num_experts: int, k: int, *, distribution: str
     elif distribution == "empty_experts":
         p[num_experts // 2:] = 0
         if k > num_experts // 2:
-            raise ValueError(f"make_routing: empty_experts needs k <= {num_experts // 2}, got {k}")
+            fail("top_k", f"at most E/2 = {num_experts // 2} for the distribution 'empty_experts'", k)
     if num_tokens == 0:
         idx = torch.zeros(0, k, dtype=torch.int64)
     else:
