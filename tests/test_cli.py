@@ -2,9 +2,11 @@
 exit code 2 (never a traceback), every option's help shows its default and its choices, what the
 README tells a user to run leaves nothing for git to pick up, and dumps can leave their weights out."""
 import argparse
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,11 @@ def test_a_dump_without_weights_is_smaller_and_checked_against_the_weights_given
         torch.save(obj, path)
     err = _one_line_error(capsys, ["check", *lean_paths])
     assert "the weights given are not the ones this dump was made with" in err
+
+
+def test_the_silu_probe_says_it_needs_nvcc_and_a_gpu_instead_of_a_traceback(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path))  # no nvcc on this PATH, whatever the machine has
+    run = subprocess.run([sys.executable, "-m", "megamoe.silu_probe", str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip() == "megamoe.silu_probe: needs nvcc and a CUDA GPU; no nvcc on the PATH"
