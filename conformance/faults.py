@@ -94,7 +94,7 @@ def _interleave(rows: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def _deinterleave(rows: torch.Tensor, g: int) -> torch.Tensor:
-    n, i = rows.shape[0], rows.shape[0] // 2
+    i = rows.shape[0] // 2
     b = rows.reshape(i // g, 2, g, -1)
     return torch.cat([b[:, 0].reshape(i, -1), b[:, 1].reshape(i, -1)])
 

@@ -18,7 +18,7 @@ def check_d7(dumps: list[Dump], rank: int) -> list[CheckResult]:
 def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     """The combine buffer of source rank `rank`: every valid slot holds bf16(acc2) of the pool row
     (on whichever owner) whose metadata names it; rows are given by every owner's dump."""
-    d, cfg = dumps[rank], dumps[rank].config
+    d = dumps[rank]
     buf = d["D8.combine"]
     want = buf.clone()
     written = torch.zeros(buf.shape[:2], dtype=torch.bool)

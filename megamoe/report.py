@@ -88,7 +88,8 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
 
     def add(key: str, got: torch.Tensor, want: torch.Tensor, scale_exp: torch.Tensor | None = None) -> None:
         got_l, want_l, sc_l = rows.setdefault(key, ([], [], []))
-        got_l.append(got.flatten()); want_l.append(want.flatten())
+        got_l.append(got.flatten())
+        want_l.append(want.flatten())
         if scale_exp is not None:
             sc_l.append(scale_exp.flatten())
 
@@ -113,7 +114,10 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
 
     def stage(name: str, key: str, fmt: OutputFormat) -> dict:
         got_l, want_l, sc_l = rows.get(key, ([], [], []))
-        cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+
+        def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+
         return compare(name, cat(got_l), cat(want_l), fmt, cat(sc_l) if sc_l else None)
 
     # "local": the stage's own rounding, against float64 computed from the stage's own input;

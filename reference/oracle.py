@@ -27,7 +27,7 @@ class OracleRank:
 
 
 def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> list[OracleRank]:
-    e_l, i = cfg.local_experts, cfg.intermediate
+    e_l = cfg.local_experts
     device = inputs[0].x.device
     ys = [torch.zeros(inp.num_tokens, cfg.hidden, dtype=torch.float64, device=device) for inp in inputs]
     ranks = []

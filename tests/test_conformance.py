@@ -94,7 +94,7 @@ def test_cli_check_passes_a_reference_dump_and_names_the_stage_of_a_mutated_one(
     out = capsys.readouterr().out
     assert "first failing dump point: D6; earlier stages clean: D1, D2, D3, D4, D5" in out
     s, t, k = d["D4.pool_meta"][p].tolist()
-    assert f"FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
+    assert "FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
     assert f"pool row {p} (source rank {s}, token {t}, slot {k}" in out and "column 5]" in out
     assert "got 0x" in out and "expected 0x" in out
 

@@ -7,7 +7,7 @@ from megamoe import reference as ref
 
 
 def test_interleave_layout():
-    e, i, x = 1, 16, 1
+    i = 16
     rows = torch.arange(2 * i).reshape(1, 2 * i, 1)
     got = ref.interleave_gate_up(rows)[0, :, 0].tolist()
     assert got == list(range(0, 8)) + list(range(16, 24)) + list(range(8, 16)) + list(range(24, 32))
