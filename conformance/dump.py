@@ -19,6 +19,7 @@ given separately, or regenerated from the seed, and each rank's SHA-256 must mat
 A file is `torch.save` of {"format": "megamoe-dump", "version": 1, "meta": ..., "tensors": ...},
 read back with `weights_only=True` (no code is unpickled).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +34,7 @@ from megamoe import reference as ref
 
 FORMAT = "megamoe-dump"
 VERSION = 1
-REFERENCE_TAU = 2.0 ** -24  # the reference rounds an exact sum once to fp32
+REFERENCE_TAU = 2.0**-24  # the reference rounds an exact sum once to fp32
 
 
 class DumpFormatError(ValueError):
@@ -62,8 +63,9 @@ class Dump:
 
     def inputs(self) -> ref.RankInputs:
         t = self.tensors
-        return ref.RankInputs(ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"],
-                              t["inputs.topk_weights"])
+        return ref.RankInputs(
+            ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"], t["inputs.topk_weights"]
+        )
 
     def weights(self) -> ref.ExpertWeights:
         t = self.tensors
@@ -84,8 +86,15 @@ class Dump:
         return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta))
 
     def save(self, path: str | Path) -> None:
-        torch.save({"format": FORMAT, "version": VERSION, "meta": self.meta,
-                    "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}}, path)
+        torch.save(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "meta": self.meta,
+                "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()},
+            },
+            path,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "Dump":
@@ -102,16 +111,21 @@ class Dump:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
             # torch's own message suggests weights_only=False, which would run code from the file
-            raise DumpFormatError(f"{path}: not a megamoe dump: it holds Python objects other than tensors, "
-                                  "and megamoe never unpickles those") from None
+            raise DumpFormatError(
+                f"{path}: not a megamoe dump: it holds Python objects other than tensors, "
+                "and megamoe never unpickles those"
+            ) from None
         except Exception as exc:  # a zip archive torch cannot read
-            raise DumpFormatError(f"{path}: not a megamoe dump: a zip archive that torch.load cannot read "
-                                  f"({type(exc).__name__})") from None
+            raise DumpFormatError(
+                f"{path}: not a megamoe dump: a zip archive that torch.load cannot read ({type(exc).__name__})"
+            ) from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise DumpFormatError(f"{path}: not a megamoe dump: a torch file without the '{FORMAT}' header")
         if obj.get("version") != VERSION:
-            raise DumpFormatError(f"{path}: dump format version {obj.get('version')}; this megamoe reads "
-                                  f"version {VERSION}. Record the dump again with this version.")
+            raise DumpFormatError(
+                f"{path}: dump format version {obj.get('version')}; this megamoe reads "
+                f"version {VERSION}. Record the dump again with this version."
+            )
         required = REQUIRED if "weights" not in obj["meta"] else [k for k in REQUIRED if not k.startswith("weights.")]
         missing = [k for k in required if k not in obj["tensors"]]
         if missing:
@@ -156,8 +170,9 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
     if weights is None:
         seeds = {(d.meta.get("weights") or {}).get("random_weights_seed") for d in dumps if not d.has_weights}
         if len(seeds) != 1 or None in seeds:
-            raise DumpFormatError("the dumps hold no weights and name no random_weights seed: pass the weights "
-                                  "they were made with")
+            raise DumpFormatError(
+                "the dumps hold no weights and name no random_weights seed: pass the weights they were made with"
+            )
         weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seeds.pop())
     e_l = cfg.local_experts
     out = []
@@ -168,47 +183,94 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
         local = weights.slice(d.rank * e_l, (d.rank + 1) * e_l)
         digest = weights_digest(local)
         if digest != d.meta["weights"]["sha256"]:
-            raise DumpFormatError(f"rank {d.rank}: the weights given are not the ones this dump was made with "
-                                  f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)")
+            raise DumpFormatError(
+                f"rank {d.rank}: the weights given are not the ones this dump was made with "
+                f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)"
+            )
         out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta))
     return out
 
 
-REQUIRED = ("inputs.x", "inputs.x_sf", "inputs.topk_idx", "inputs.topk_weights", "inputs.recv_stats_before",
-            "weights.w1", "weights.w1_sf", "weights.w2", "weights.w2_sf")
+REQUIRED = (
+    "inputs.x",
+    "inputs.x_sf",
+    "inputs.topk_idx",
+    "inputs.topk_weights",
+    "inputs.recv_stats_before",
+    "weights.w1",
+    "weights.w1_sf",
+    "weights.w2",
+    "weights.w2_sf",
+)
 
 
-def make_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights,
-               points: list[dict[str, torch.Tensor]], *, kernel_mode: str, build_id: str,
-               tau: dict[str, float], grid_snapped: bool = False,
-               recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+def make_dumps(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    points: list[dict[str, torch.Tensor]],
+    *,
+    kernel_mode: str,
+    build_id: str,
+    tau: dict[str, float],
+    grid_snapped: bool = False,
+    recv_stats_before: list[torch.Tensor] | None = None,
+) -> list[Dump]:
     """Wrap per-rank dump points (from the reference or a kernel) into Dump objects."""
     e_l = cfg.local_experts
     dumps = []
     for rank, (inp, pts) in enumerate(zip(inputs, points)):
         local = weights.slice(rank * e_l, (rank + 1) * e_l)
-        before = (torch.zeros(e_l, dtype=torch.int64) if recv_stats_before is None
-                  else recv_stats_before[rank].to(torch.int64))
+        before = (
+            torch.zeros(e_l, dtype=torch.int64)
+            if recv_stats_before is None
+            else recv_stats_before[rank].to(torch.int64)
+        )
         tensors = {
             **{k: v.detach().cpu() for k, v in pts.items()},
-            "inputs.x": ref.as_codes(inp.x).cpu(), "inputs.x_sf": inp.x_sf.cpu(),
-            "inputs.topk_idx": inp.topk_idx.cpu(), "inputs.topk_weights": inp.topk_weights.cpu(),
+            "inputs.x": ref.as_codes(inp.x).cpu(),
+            "inputs.x_sf": inp.x_sf.cpu(),
+            "inputs.topk_idx": inp.topk_idx.cpu(),
+            "inputs.topk_weights": inp.topk_weights.cpu(),
             "inputs.recv_stats_before": before.cpu(),
-            "weights.w1": local.w1.cpu(), "weights.w1_sf": local.w1_sf.cpu(),
-            "weights.w2": local.w2.cpu(), "weights.w2_sf": local.w2_sf.cpu(),
+            "weights.w1": local.w1.cpu(),
+            "weights.w1_sf": local.w1_sf.cpu(),
+            "weights.w2": local.w2.cpu(),
+            "weights.w2_sf": local.w2_sf.cpu(),
         }
-        meta = {"config": cfg.to_dict(), "rank": rank, "world_size": cfg.num_ranks, "kernel_mode": kernel_mode,
-                "build_id": build_id, "tau": dict(tau), "grid_snapped": grid_snapped}
+        meta = {
+            "config": cfg.to_dict(),
+            "rank": rank,
+            "world_size": cfg.num_ranks,
+            "kernel_mode": kernel_mode,
+            "build_id": build_id,
+            "tau": dict(tau),
+            "grid_snapped": grid_snapped,
+        }
         dumps.append(Dump(tensors, meta))
     return dumps
 
 
-def reference_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights, *,
-                    tamper=None, grid_snapped: bool = False,
-                    recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+def reference_dumps(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    *,
+    tamper=None,
+    grid_snapped: bool = False,
+    recv_stats_before: list[torch.Tensor] | None = None,
+) -> list[Dump]:
     """The "expected" dumps: the reference run in exactly the kernel's dump format (a `tamper`
     hook plants faults for the catalog)."""
     result = ref.run_reference(cfg, inputs, weights, recv_stats=recv_stats_before, tamper=tamper)
-    return make_dumps(cfg, inputs, weights, result.dumps, kernel_mode="reference", build_id="reference",
-                      tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU}, grid_snapped=grid_snapped,
-                      recv_stats_before=recv_stats_before)
+    return make_dumps(
+        cfg,
+        inputs,
+        weights,
+        result.dumps,
+        kernel_mode="reference",
+        build_id="reference",
+        tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU},
+        grid_snapped=grid_snapped,
+        recv_stats_before=recv_stats_before,
+    )

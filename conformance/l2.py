@@ -1,4 +1,5 @@
 """Stage "L2" checkers: D7 accumulators (GEMM), D8 bf16 rows in the source ranks' combine buffers."""
+
 from __future__ import annotations
 
 import torch
@@ -33,11 +34,26 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
             written[k, t] = True
     idx = d["inputs.topk_idx"]
     slots = torch.zeros_like(written)
-    slots[:, :idx.shape[0]] = (idx >= 0).T
-    cover = exact("D8", "D8.combine (slots written)", rank, written, slots, kind="int",
-                  locate=lambda c: f"slot {c[0]}, token {c[1]}")
+    slots[:, : idx.shape[0]] = (idx >= 0).T
+    cover = exact(
+        "D8",
+        "D8.combine (slots written)",
+        rank,
+        written,
+        slots,
+        kind="int",
+        locate=lambda c: f"slot {c[0]}, token {c[1]}",
+    )
     mask = (slots & written).reshape(-1)
     k_t = buf.reshape(-1, buf.shape[2])
-    check = exact("D8", "D8.combine", rank, k_t, want.reshape(-1, buf.shape[2]), kind="bf16", rows=mask,
-                  locate=lambda c: f"slot {c[0] // buf.shape[1]}, token {c[0] % buf.shape[1]}, channel {c[1]}")
+    check = exact(
+        "D8",
+        "D8.combine",
+        rank,
+        k_t,
+        want.reshape(-1, buf.shape[2]),
+        kind="bf16",
+        rows=mask,
+        locate=lambda c: f"slot {c[0] // buf.shape[1]}, token {c[0] % buf.shape[1]}, channel {c[1]}",
+    )
     return [cover, check] if cover.failed else [check]

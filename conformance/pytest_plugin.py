@@ -12,6 +12,7 @@ naming the problem in one line. None of them is a skipped run, nor a failure of 
 Installed as the `megamoe` pytest11 entry point, so the option exists wherever megamoe is
 installed; it does nothing unless the conformance tests are collected or the option is given.
 """
+
 from __future__ import annotations
 
 import glob
@@ -22,8 +23,12 @@ _DUMPS = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
-    parser.addoption("--megamoe-dumps", action="append", default=[],
-                     help="glob of the dump files of one call (all ranks); may be repeated")
+    parser.addoption(
+        "--megamoe-dumps",
+        action="append",
+        default=[],
+        help="glob of the dump files of one call (all ranks); may be repeated",
+    )
 
 
 def dump_paths(config) -> list[str]:
@@ -50,8 +55,10 @@ def load_dumps(config) -> list:
 
         paths = dump_paths(config)
         if not paths:
-            raise pytest.UsageError("the megamoe conformance tests need dump files: pass --megamoe-dumps GLOB "
-                                    "(the dumps of all ranks of one call)")
+            raise pytest.UsageError(
+                "the megamoe conformance tests need dump files: pass --megamoe-dumps GLOB "
+                "(the dumps of all ranks of one call)"
+            )
         try:
             config.stash[_DUMPS] = with_weights(all_ranks([Dump.load(p) for p in paths]))
         except (DumpFormatError, ValueError) as exc:

@@ -7,6 +7,7 @@ A failure is reported at the first dump point where it shows, with the earlier p
 clean, because every checker recomputes its expectation from the *dumped* output of the stage
 before it.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,24 +77,30 @@ class SuiteReport:
         if first is None:
             lines.append("all stages conform")
         else:
-            clean = [p for p, _, _ in STAGES[:[p for p, _, _ in STAGES].index(first)]]
+            clean = [p for p, _, _ in STAGES[: [p for p, _, _ in STAGES].index(first)]]
             lines.append(f"first failing dump point: {first}; earlier stages clean: {', '.join(clean) or 'none'}")
             lines += [r.line() for r in self.results if r.failed]
         return "\n".join(lines)
 
     def table(self) -> str:
-        rows = ["| point | stage | check | rank | status | elements | mismatches | max error |",
-                "|---|---|---|---:|---|---:|---:|---:|"]
+        rows = [
+            "| point | stage | check | rank | status | elements | mismatches | max error |",
+            "|---|---|---|---:|---|---:|---:|---:|",
+        ]
         names = {p: s for p, s, _ in STAGES}
         for r in self.results:
             err = "" if r.max_error is None else f"{r.max_error:.3g}"
-            rows.append(f"| {r.tensor} | {names.get(r.point, r.point)} | {r.check} | {r.rank} | {r.status} | "
-                        f"{r.elements} | {r.mismatches} | {err} |")
+            rows.append(
+                f"| {r.tensor} | {names.get(r.point, r.point)} | {r.check} | {r.rank} | {r.status} | "
+                f"{r.elements} | {r.mismatches} | {err} |"
+            )
         return "\n".join(rows)
 
     def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "first_failure": self.first_failure,
-                           "results": [r.to_dict() for r in self.results]}, indent=2)
+        return json.dumps(
+            {"ok": self.ok, "first_failure": self.first_failure, "results": [r.to_dict() for r in self.results]},
+            indent=2,
+        )
 
 
 def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
@@ -107,10 +114,20 @@ def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
         diff = ref.calc_diff(y, orc.y)
         err = (y.double() - orc.y).abs()
         peak = float(orc.y.abs().max()) if orc.y.numel() else 0.0
-        out.append(CheckResult("D9", "y vs float64 oracle", END_TO_END, d.rank, INFO, elements=y.numel(),
-                               max_error=diff, message=f"calc_diff {diff:.3e}, max abs err "
-                               f"{float(err.max()) if err.numel() else 0:.3e}, rel (inf-norm) "
-                               f"{float(err.max()) / peak if peak else 0:.3e}"))
+        out.append(
+            CheckResult(
+                "D9",
+                "y vs float64 oracle",
+                END_TO_END,
+                d.rank,
+                INFO,
+                elements=y.numel(),
+                max_error=diff,
+                message=f"calc_diff {diff:.3e}, max abs err "
+                f"{float(err.max()) if err.numel() else 0:.3e}, rel (inf-norm) "
+                f"{float(err.max()) / peak if peak else 0:.3e}",
+            )
+        )
     return out
 
 
@@ -120,8 +137,16 @@ def check_point(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     try:
         return fn(dumps, rank)
     except Exception as exc:  # a malformed dump is a failure of its point, not a crash
-        return [CheckResult(point, f"{point}.*", GUARD, rank, FAIL,
-                            message=f"the checker could not run on this dump: {type(exc).__name__}: {exc}")]
+        return [
+            CheckResult(
+                point,
+                f"{point}.*",
+                GUARD,
+                rank,
+                FAIL,
+                message=f"the checker could not run on this dump: {type(exc).__name__}: {exc}",
+            )
+        ]
 
 
 def all_ranks(dumps: list[Dump]) -> list[Dump]:
@@ -139,8 +164,13 @@ def all_ranks(dumps: list[Dump]) -> list[Dump]:
     return dumps
 
 
-def check(dumps: Iterable[Dump] | Iterable[str | Path], *, end_to_end: bool = False,
-          progress: Callable[[str], None] | None = None, weights: ref.ExpertWeights | None = None) -> SuiteReport:
+def check(
+    dumps: Iterable[Dump] | Iterable[str | Path],
+    *,
+    end_to_end: bool = False,
+    progress: Callable[[str], None] | None = None,
+    weights: ref.ExpertWeights | None = None,
+) -> SuiteReport:
     """Run every checker on the dumps of one call (all ranks; files or Dump objects). Dumps saved
     without their weights get them from `weights` (global, all experts) or from their seed."""
     dumps = with_weights(all_ranks([d if isinstance(d, Dump) else Dump.load(d) for d in dumps]), weights)

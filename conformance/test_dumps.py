@@ -1,4 +1,5 @@
 """Collected by `pytest --pyargs megamoe.conformance --megamoe-dumps GLOB`: one test per (dump point, rank)."""
+
 import pytest
 
 from megamoe.conformance.result import NA

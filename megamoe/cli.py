@@ -10,6 +10,7 @@
 Exit codes: 0 success, 1 a check or a fault not caught where expected, 2 a bad option or input
 (one line on stderr saying which and why).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,17 @@ import torch
 from megamoe.threads import limit_torch_threads
 
 # MoEConfig's field names, as the options that set them are spelled on the command line.
-CONFIG_OPTIONS = {"hidden": "--hidden", "intermediate": "--intermediate", "num_experts": "--experts",
-                  "top_k": "--top-k", "num_ranks": "--ranks", "max_tokens_per_rank": "--tokens",
-                  "activation_clamp": "--clamp", "masked_ratio": "--masked-ratio"}
-SEED_LIMIT = 2 ** 32  # seeds become seed·1000 + rank in a torch.Generator: stay far from its 64-bit range
+CONFIG_OPTIONS = {
+    "hidden": "--hidden",
+    "intermediate": "--intermediate",
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "num_ranks": "--ranks",
+    "max_tokens_per_rank": "--tokens",
+    "activation_clamp": "--clamp",
+    "masked_ratio": "--masked-ratio",
+}
+SEED_LIMIT = 2**32  # seeds become seed·1000 + rank in a torch.Generator: stay far from its 64-bit range
 
 
 def _log(msg: str) -> None:
@@ -40,6 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
 # ---- option types: each turns a bad value into "argument --x: invalid value: why" --------------
 
+
 def _int_at_least(low: int, multiple: int = 1, below: int | None = None):
     def parse(text: str) -> int:
         try:
@@ -50,6 +59,7 @@ def _int_at_least(low: int, multiple: int = 1, below: int | None = None):
             what = f"a multiple of {multiple} that is at least {low}" if multiple > 1 else f"an integer >= {low}"
             raise argparse.ArgumentTypeError(f"expected {what}{f' and below {below}' if below else ''}, got {v}")
         return v
+
     return parse
 
 
@@ -108,43 +118,109 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     from megamoe.reference import DEFAULT_CONFIG as d
     from megamoe.reference import DISTRIBUTIONS
 
-    p.add_argument("--hidden", type=_int_at_least(128, 128), default=d.hidden, metavar="H",
-                   help="hidden size H, a multiple of 128 (default: %(default)s)")
-    p.add_argument("--intermediate", type=_int_at_least(128, 128), default=d.intermediate, metavar="I",
-                   help="intermediate size I per expert, a multiple of 128 (default: %(default)s)")
-    p.add_argument("--experts", type=_int_at_least(1), default=d.num_experts, metavar="E",
-                   help="experts E in all, a multiple of --ranks (default: %(default)s)")
-    p.add_argument("--top-k", type=_int_at_least(1), default=d.top_k, metavar="K",
-                   help="experts per token K, at most E (default: %(default)s)")
-    p.add_argument("--ranks", type=_int_at_least(1), default=d.num_ranks, metavar="R",
-                   help="ranks R, run in this one process (default: %(default)s)")
-    p.add_argument("--tokens", type=_int_at_least(0), default=d.max_tokens_per_rank, metavar="T",
-                   help="tokens per rank T (default: %(default)s)")
-    p.add_argument("--clamp", type=_positive_float, default=None, metavar="C",
-                   help="activation clamp c > 0 of the SwiGLU (default: none, no clamp)")
-    p.add_argument("--precise", action="store_true",
-                   help="the precise SiLU table instead of the fast-math one (default: off, fast math)")
-    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="uniform",
-                   help="routing distribution of the test inputs (choices: %(choices)s; default: %(default)s)")
-    p.add_argument("--masked-ratio", type=_fraction, default=0.0, metavar="F",
-                   help="fraction in [0, 1] of the top-k slots set to -1, no expert (default: %(default)s)")
-    p.add_argument("--seed", type=_int_at_least(0, below=SEED_LIMIT), default=0,
-                   help="seed of the inputs and weights (default: %(default)s)")
+    p.add_argument(
+        "--hidden",
+        type=_int_at_least(128, 128),
+        default=d.hidden,
+        metavar="H",
+        help="hidden size H, a multiple of 128 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--intermediate",
+        type=_int_at_least(128, 128),
+        default=d.intermediate,
+        metavar="I",
+        help="intermediate size I per expert, a multiple of 128 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--experts",
+        type=_int_at_least(1),
+        default=d.num_experts,
+        metavar="E",
+        help="experts E in all, a multiple of --ranks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=_int_at_least(1),
+        default=d.top_k,
+        metavar="K",
+        help="experts per token K, at most E (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=_int_at_least(1),
+        default=d.num_ranks,
+        metavar="R",
+        help="ranks R, run in this one process (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_int_at_least(0),
+        default=d.max_tokens_per_rank,
+        metavar="T",
+        help="tokens per rank T (default: %(default)s)",
+    )
+    p.add_argument(
+        "--clamp",
+        type=_positive_float,
+        default=None,
+        metavar="C",
+        help="activation clamp c > 0 of the SwiGLU (default: none, no clamp)",
+    )
+    p.add_argument(
+        "--precise",
+        action="store_true",
+        help="the precise SiLU table instead of the fast-math one (default: off, fast math)",
+    )
+    p.add_argument(
+        "--distribution",
+        choices=DISTRIBUTIONS,
+        default="uniform",
+        help="routing distribution of the test inputs (choices: %(choices)s; default: %(default)s)",
+    )
+    p.add_argument(
+        "--masked-ratio",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction in [0, 1] of the top-k slots set to -1, no expert (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_int_at_least(0, below=SEED_LIMIT),
+        default=0,
+        help="seed of the inputs and weights (default: %(default)s)",
+    )
 
 
 def _add_report_outputs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", type=_output_file, metavar="FILE",
-                   help="also write the report as JSON to FILE (default: none, not written)")
-    p.add_argument("--markdown", type=_output_file, metavar="FILE",
-                   help="also write the report as a Markdown table to FILE (default: none, not written)")
+    p.add_argument(
+        "--json",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (default: none, not written)",
+    )
+    p.add_argument(
+        "--markdown",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the report as a Markdown table to FILE (default: none, not written)",
+    )
 
 
 def _config(args: argparse.Namespace):
     from megamoe import reference as ref
 
-    cfg = ref.MoEConfig(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts,
-                        top_k=args.top_k, num_ranks=args.ranks, max_tokens_per_rank=args.tokens,
-                        activation_clamp=args.clamp, fast_math=not args.precise)
+    cfg = ref.MoEConfig(
+        hidden=args.hidden,
+        intermediate=args.intermediate,
+        num_experts=args.experts,
+        top_k=args.top_k,
+        num_ranks=args.ranks,
+        max_tokens_per_rank=args.tokens,
+        activation_clamp=args.clamp,
+        fast_math=not args.precise,
+    )
     # The routing options against the shape, by the generator's own checks (0 tokens: no work).
     ref.make_routing(0, cfg.num_experts, cfg.top_k, distribution=args.distribution, masked_ratio=args.masked_ratio)
     return cfg
@@ -153,8 +229,9 @@ def _config(args: argparse.Namespace):
 def _inputs(args: argparse.Namespace, cfg, device: str = "cpu"):
     from megamoe import reference as ref
 
-    inputs = ref.make_inputs(cfg, args.tokens, seed=args.seed, distribution=args.distribution,
-                             masked_ratio=args.masked_ratio, device=device)
+    inputs = ref.make_inputs(
+        cfg, args.tokens, seed=args.seed, distribution=args.distribution, masked_ratio=args.masked_ratio, device=device
+    )
     weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed, device=device)
     return inputs, weights
 
@@ -163,15 +240,19 @@ def _report(args: argparse.Namespace, device: str) -> int:
     from megamoe.report import to_json, to_markdown, tolerance_report
 
     cfg = _config(args)
-    _log(f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
-         f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
-         f"clamp={cfg.activation_clamp}, routing={args.distribution}")
+    _log(
+        f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
+        f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
+        f"clamp={cfg.activation_clamp}, routing={args.distribution}"
+    )
     t0 = time.perf_counter()
     inputs, weights = _inputs(args, cfg, device)
     _log(f"inputs quantized in {time.perf_counter() - t0:.2f} s")
     report = tolerance_report(cfg, inputs, weights, log=_log)
-    print(f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
-          f"{report['reference_seconds']:.2f} s):\n")
+    print(
+        f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
+        f"{report['reference_seconds']:.2f} s):\n"
+    )
     print(to_markdown(report))
     if args.json:
         _write(args.json, to_json(report))
@@ -183,8 +264,10 @@ def _report(args: argparse.Namespace, device: str) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        _log(f"CUDA GPU found ({name}). The fused kernel is not wired into `megamoe run` yet, "
-             "so this runs the reference on the GPU.")
+        _log(
+            f"CUDA GPU found ({name}). The fused kernel is not wired into `megamoe run` yet, "
+            "so this runs the reference on the GPU."
+        )
         return _report(args, "cuda")
     _log("No CUDA GPU found: running the CPU reference (megamoe.reference), not the kernel.")
     return _report(args, "cpu")
@@ -229,8 +312,10 @@ def cmd_faults(args: argparse.Namespace) -> int:
     outcomes = run_catalog(seed=args.seed, progress=_log)
     print("| fault | expected at | caught at | ok |\n|---|---|---|---|")
     for o in outcomes:
-        print(f"| {o.fault.name} | {o.fault.point} | {o.report.first_failure} | "
-              f"{'yes' if o.caught_where_expected else 'NO'} |")
+        print(
+            f"| {o.fault.name} | {o.fault.point} | {o.report.first_failure} | "
+            f"{'yes' if o.caught_where_expected else 'NO'} |"
+        )
     caught = sum(o.caught_where_expected for o in outcomes)
     print(f"\n{caught} of {len(outcomes)} faults caught at their stage")
     return 0 if caught == len(outcomes) else 1
@@ -247,37 +332,65 @@ def build_parser() -> argparse.ArgumentParser:
     p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")
     _add_shape_args(p_rep)
     _add_report_outputs(p_rep)
-    p_rep.add_argument("--device", type=_device, choices=("cpu", "cuda"), default="cpu",
-                       help="where the reference runs (choices: %(choices)s; default: %(default)s)")
+    p_rep.add_argument(
+        "--device",
+        type=_device,
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the reference runs (choices: %(choices)s; default: %(default)s)",
+    )
     p_rep.set_defaults(fn=lambda a: _report(a, a.device))
 
     p_chk = sub.add_parser("check", help="check the dump files of one call (all ranks)")
     p_chk.add_argument("dumps", nargs="+", metavar="DUMP", help="dump files, one per rank, all ranks of one call")
-    p_chk.add_argument("--end-to-end", action="store_true",
-                       help="also report y against the float64 oracle (default: off)")
-    p_chk.add_argument("--json", type=_output_file, metavar="FILE",
-                       help="also write the results as JSON to FILE (default: none, not written)")
-    p_chk.add_argument("--markdown", type=_output_file, metavar="FILE",
-                       help="also write the per-check table as Markdown to FILE (default: none, not written)")
-    p_chk.add_argument("--plots", type=_plots_folder, metavar="DIR",
-                       help="write PNG error plots (D5, D7, end to end) into DIR, made if missing; needs "
-                            "matplotlib (default: none, no plots)")
+    p_chk.add_argument(
+        "--end-to-end", action="store_true", help="also report y against the float64 oracle (default: off)"
+    )
+    p_chk.add_argument(
+        "--json",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the results as JSON to FILE (default: none, not written)",
+    )
+    p_chk.add_argument(
+        "--markdown",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the per-check table as Markdown to FILE (default: none, not written)",
+    )
+    p_chk.add_argument(
+        "--plots",
+        type=_plots_folder,
+        metavar="DIR",
+        help="write PNG error plots (D5, D7, end to end) into DIR, made if missing; needs "
+        "matplotlib (default: none, no plots)",
+    )
     p_chk.set_defaults(fn=cmd_check)
 
     p_dump = sub.add_parser("dump", help="write the reference's expected dumps (one file per rank)")
     _add_shape_args(p_dump)
-    p_dump.add_argument("--prefix", default="megamoe-dumps/",
-                        help="files are PREFIXrank0.pt, PREFIXrank1.pt, ...; a prefix ending in / is a folder, "
-                             "made if missing (default: %(default)s, which git ignores)")
-    p_dump.add_argument("--no-weights", action="store_true",
-                        help="leave the weights out of the files (most of their bytes); `megamoe check` "
-                             "regenerates them from --seed and verifies their SHA-256 (default: off, every "
-                             "file holds its rank's weights)")
+    p_dump.add_argument(
+        "--prefix",
+        default="megamoe-dumps/",
+        help="files are PREFIXrank0.pt, PREFIXrank1.pt, ...; a prefix ending in / is a folder, "
+        "made if missing (default: %(default)s, which git ignores)",
+    )
+    p_dump.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="leave the weights out of the files (most of their bytes); `megamoe check` "
+        "regenerates them from --seed and verifies their SHA-256 (default: off, every "
+        "file holds its rank's weights)",
+    )
     p_dump.set_defaults(fn=cmd_dump)
 
     p_f = sub.add_parser("faults", help="run the fault catalog")
-    p_f.add_argument("--seed", type=_int_at_least(0, below=SEED_LIMIT), default=0,
-                     help="seed of the fault scenarios (default: %(default)s)")
+    p_f.add_argument(
+        "--seed",
+        type=_int_at_least(0, below=SEED_LIMIT),
+        default=0,
+        help="seed of the fault scenarios (default: %(default)s)",
+    )
     p_f.set_defaults(fn=cmd_faults)
     return parser
 

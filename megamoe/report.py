@@ -5,6 +5,7 @@ the ∞-norm relative error (max |err| / max |oracle|) and a histogram of the er
 last place of a format: the stage's own output format for the stage-local rows (fp32
 accumulators, scaled E4M3, bf16 output), bf16 (the layer's output format) for the end-to-end rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,9 @@ def ulp_histogram(err_ulps: torch.Tensor) -> dict[str, int]:
     return counts
 
 
-def compare(stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputFormat,
-            scale_exp: torch.Tensor | None = None) -> dict:
+def compare(
+    stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputFormat, scale_exp: torch.Tensor | None = None
+) -> dict:
     got, oracle = got.to(torch.float64).flatten(), oracle.to(torch.float64).flatten()
     finite = torch.isfinite(got) & torch.isfinite(oracle)
     err = (got - oracle).abs()[finite]
@@ -72,8 +74,13 @@ def compare(stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputForm
     }
 
 
-def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights,
-                     result: ref.ReferenceResult | None = None, log=None) -> dict:
+def tolerance_report(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    result: ref.ReferenceResult | None = None,
+    log=None,
+) -> dict:
     """Run (or take) the reference and the oracle, and compare them stage by stage."""
     say = log or (lambda msg: None)
     t0 = time.perf_counter()
@@ -103,9 +110,15 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
         local_act = ref.swiglu_f64(dump["D5.acc1"], dump["D4.pool_weights"], v, cfg.activation_clamp)
         add("D6 local", deq[v], local_act[v], scale_exp[v])
         add("D6", deq[v], orc.activation[v])
-        local_acc2 = ref.grouped_gemm(dump["D6.l2_acts"], dump["D6.l2_sf"], dump["D4.expert_offsets"],
-                                      local.w2, local.w2_sf, valid=meta[:, 0] >= 0,
-                                      fn=ref.block_scaled_gemm_f64)
+        local_acc2 = ref.grouped_gemm(
+            dump["D6.l2_acts"],
+            dump["D6.l2_sf"],
+            dump["D4.expert_offsets"],
+            local.w2,
+            local.w2_sf,
+            valid=meta[:, 0] >= 0,
+            fn=ref.block_scaled_gemm_f64,
+        )
         add("D7 local", dump["D7.acc2"][v], local_acc2[v])
         add("D7", dump["D7.acc2"][v], orc.acc2[v])
         y = result.y[rank].to(torch.float32)
@@ -161,13 +174,16 @@ LEGEND = """\
 def to_markdown(report: dict) -> str:
     lines = [
         "| stage | format | elements | calc_diff | max abs err | rel err (inf-norm) | max ulp | "
-        + " | ".join(f"ulp {label}" for label in ULP_LABELS) + " |",
+        + " | ".join(f"ulp {label}" for label in ULP_LABELS)
+        + " |",
         "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(ULP_LABELS),
     ]
     for s in report["stages"]:
         hist = " | ".join(str(s["ulp_histogram"][label]) for label in ULP_LABELS)
-        lines.append(f"| {s['stage']} | {s['format']} | {s['elements']} | {s['calc_diff']:.3e} | "
-                     f"{s['max_abs_err']:.3e} | {s['rel_err_inf_norm']:.3e} | {s['max_ulp']:.3g} | {hist} |")
+        lines.append(
+            f"| {s['stage']} | {s['format']} | {s['elements']} | {s['calc_diff']:.3e} | "
+            f"{s['max_abs_err']:.3e} | {s['rel_err_inf_norm']:.3e} | {s['max_ulp']:.3g} | {hist} |"
+        )
     return "\n".join(lines + ["", LEGEND])
 
 

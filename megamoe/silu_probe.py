@@ -3,6 +3,7 @@ nvcc flags and run it.
 
     python -m megamoe.silu_probe OUT_DIR      writes OUT_DIR/silu_fast.bin and silu_precise.bin
 """
+
 from __future__ import annotations
 
 import shutil
@@ -22,8 +23,11 @@ def generate(out_dir: str | Path, nvcc: str = "nvcc") -> dict[bool, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "silu_tables"
-        build = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "silu_tables.cu")],
-                               capture_output=True, text=True)
+        build = subprocess.run(
+            [nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "silu_tables.cu")],
+            capture_output=True,
+            text=True,
+        )
         if build.returncode:
             raise RuntimeError(f"nvcc failed to build the SiLU probe:\n{build.stderr}")
         paths = {fast: out_dir / name for fast, name in TABLE_FILES.items()}

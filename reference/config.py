@@ -1,4 +1,5 @@
 """The shape and mode of one MoE layer call: the notation of SPEC (H, I, E, K, R, T_max)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -56,5 +57,6 @@ def check_config(cfg: MoEConfig) -> None:
 
 
 # The main job's default: small enough for the CPU reference to run in seconds.
-DEFAULT_CONFIG = MoEConfig(hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=2,
-                           max_tokens_per_rank=128, block_m=64)
+DEFAULT_CONFIG = MoEConfig(
+    hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=2, max_tokens_per_rank=128, block_m=64
+)

@@ -1,5 +1,6 @@
 """The one error type of bad input (SPEC §7), in a module of its own so that every module that
 checks an argument can import it without importing the modules whose types it checks."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """Bad input (SPEC §7): every check raises MegaMoEInputError naming the argument, the expected and
 the actual value, before anything runs."""
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,11 @@ def _check_tensor(name: str, t, dtype, shape: tuple, device=None) -> None:
 
 def _check_alignment(name: str, t: torch.Tensor) -> None:
     if t.device.type != "meta" and t.numel() and t.data_ptr() % TMA_ALIGNMENT:
-        fail(name, f"a {TMA_ALIGNMENT}-byte aligned base address", f"address {t.data_ptr():#x} "
-              f"(offset {t.data_ptr() % TMA_ALIGNMENT} bytes; a sliced view? pass .clone())")
+        fail(
+            name,
+            f"a {TMA_ALIGNMENT}-byte aligned base address",
+            f"address {t.data_ptr():#x} (offset {t.data_ptr() % TMA_ALIGNMENT} bytes; a sliced view? pass .clone())",
+        )
 
 
 def _check_scales(name: str, sf: torch.Tensor) -> None:
@@ -62,8 +66,11 @@ def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0) -> None:
         dup = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).nonzero()
         if dup.numel():
             row = int(dup[0, 0])
-            fail("topk_idx", "distinct experts within a token",
-                  f"expert {int(s[row, dup[0, 1] + 1])} twice in token {row} (rank {rank})")
+            fail(
+                "topk_idx",
+                "distinct experts within a token",
+                f"expert {int(s[row, dup[0, 1] + 1])} twice in token {row} (rank {rank})",
+            )
 
 
 def check_weights(cfg: MoEConfig, w: ExpertWeights, num_experts: int | None = None) -> None:

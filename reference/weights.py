@@ -10,6 +10,7 @@ the gate and the up value of the same intermediate channel for the SwiGLU. `dein
 is its exact inverse. The kernel's full layout is `megamoe.jit.layout.transform_weights`: this
 step (one definition, imported from here), then the kernel's fragment order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,8 +34,7 @@ class ExpertWeights:
 
     def slice(self, start: int, stop: int) -> "ExpertWeights":
         """Experts [start, stop): the local weights of one rank from a global set."""
-        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop],
-                             self.w2_sf[start:stop])
+        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop], self.w2_sf[start:stop])
 
 
 def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
@@ -56,12 +56,11 @@ def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([blocks[:, :, 0].reshape(e, i, x), blocks[:, :, 1].reshape(e, i, x)], dim=1)
 
 
-def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0,
-                   device="cpu") -> ExpertWeights:
+def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0, device="cpu") -> ExpertWeights:
     """Quantized random weights (global, all experts): every element drawn from N(0, 1/fan_in)
     (std 1/sqrt(fan_in), fan_in = H for w1 and I for w2), then quantized per 32 (SPEC §1)."""
     g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden ** 0.5
-    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate ** 0.5
+    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate**0.5
     q1, q2 = quantize_weights(w1), quantize_weights(w2)
     return ExpertWeights(q1.codes, q1.scales, q2.codes, q2.scales).to(device)

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, settings
 from megamoe.threads import limit_torch_threads
 
 # CI runs derandomized: the same examples on every run, so a red CI is reproducible.
-settings.register_profile("ci", derandomize=True, max_examples=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=25, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", derandomize=True, max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -1,6 +1,7 @@
 """The `megamoe` command as a user meets it: every bad option or input file is one line on stderr and
 exit code 2 (never a traceback), every option's help shows its default and its choices, what the
 README tells a user to run leaves nothing for git to pick up, and dumps can leave their weights out."""
+
 import argparse
 import os
 import re
@@ -28,25 +29,30 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["report", "--device", "bogus"], "argument --device: invalid choice: 'bogus'"),
-    (["report", "--masked-ratio", "2"], "argument --masked-ratio: expected a fraction in [0, 1], got 2"),
-    (["report", "--masked-ratio", "-1"], "argument --masked-ratio: expected a fraction in [0, 1], got -1"),
-    (["report", "--hidden", "0"], "argument --hidden: expected a multiple of 128"),
-    (["run", "--intermediate", "abc"], "argument --intermediate: expected an integer, got 'abc'"),
-    (["report", "--tokens", "-1"], "argument --tokens: expected an integer >= 0, got -1"),
-    (["report", "--experts", "0"], "argument --experts: expected an integer >= 1, got 0"),
-    (["report", *SMALL, "--experts", "7"], "argument --experts: expected a positive multiple of num_ranks = 2"),
-    (["report", *SMALL, "--top-k", "9"], "argument --top-k: expected a value in [1, 8], got 9"),
-    (["report", "--ranks", "0"], "argument --ranks: expected an integer >= 1, got 0"),
-    (["report", "--clamp", "0"], "argument --clamp: expected a finite number > 0, got 0"),
-    (["report", "--clamp", "nan"], "argument --clamp: expected a finite number > 0, got nan"),
-    (["dump", "--distribution", "zipf"], "argument --distribution: invalid choice: 'zipf'"),
-    (["dump", "--seed", "-3"], "argument --seed: expected an integer >= 0 and below 4294967296, got -3"),
-    (["faults", "--seed", "x"], "argument --seed: expected an integer, got 'x'"),
-    (["report", *SMALL, "--distribution", "empty_experts", "--top-k", "5"],
-     "argument --top-k: expected at most E/2 = 4 for the distribution 'empty_experts', got 5"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["report", "--device", "bogus"], "argument --device: invalid choice: 'bogus'"),
+        (["report", "--masked-ratio", "2"], "argument --masked-ratio: expected a fraction in [0, 1], got 2"),
+        (["report", "--masked-ratio", "-1"], "argument --masked-ratio: expected a fraction in [0, 1], got -1"),
+        (["report", "--hidden", "0"], "argument --hidden: expected a multiple of 128"),
+        (["run", "--intermediate", "abc"], "argument --intermediate: expected an integer, got 'abc'"),
+        (["report", "--tokens", "-1"], "argument --tokens: expected an integer >= 0, got -1"),
+        (["report", "--experts", "0"], "argument --experts: expected an integer >= 1, got 0"),
+        (["report", *SMALL, "--experts", "7"], "argument --experts: expected a positive multiple of num_ranks = 2"),
+        (["report", *SMALL, "--top-k", "9"], "argument --top-k: expected a value in [1, 8], got 9"),
+        (["report", "--ranks", "0"], "argument --ranks: expected an integer >= 1, got 0"),
+        (["report", "--clamp", "0"], "argument --clamp: expected a finite number > 0, got 0"),
+        (["report", "--clamp", "nan"], "argument --clamp: expected a finite number > 0, got nan"),
+        (["dump", "--distribution", "zipf"], "argument --distribution: invalid choice: 'zipf'"),
+        (["dump", "--seed", "-3"], "argument --seed: expected an integer >= 0 and below 4294967296, got -3"),
+        (["faults", "--seed", "x"], "argument --seed: expected an integer, got 'x'"),
+        (
+            ["report", *SMALL, "--distribution", "empty_experts", "--top-k", "5"],
+            "argument --top-k: expected at most E/2 = 4 for the distribution 'empty_experts', got 5",
+        ),
+    ],
+)
 def test_a_bad_option_is_one_line_naming_it_and_exit_code_2(capsys, argv, words):
     err = _one_line_error(capsys, argv)
     assert err.startswith(f"megamoe {argv[0]}: error: "), err
@@ -102,15 +108,18 @@ def test_help_exits_0_and_shows_the_defaults(capsys):
     assert "(default: 1024)" in out and "(choices: cpu, cuda; default: cpu)" in out
 
 
-@pytest.mark.parametrize("content,words", [
-    (None, "no such file"),
-    (b"hello, I am text\n", "not a megamoe dump: a text file, not a torch.save zip archive"),
-    (bytes(range(256)) * 20, "not a megamoe dump: binary data, not a torch.save zip archive"),
-    (b"", "not a megamoe dump: an empty file"),
-    ("pickle", "not a megamoe dump: it holds Python objects other than tensors"),
-    ("foreign", "not a megamoe dump: a torch file without the 'megamoe-dump' header"),
-    ("folder", "is a folder, not a dump file"),
-])
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        (None, "no such file"),
+        (b"hello, I am text\n", "not a megamoe dump: a text file, not a torch.save zip archive"),
+        (bytes(range(256)) * 20, "not a megamoe dump: binary data, not a torch.save zip archive"),
+        (b"", "not a megamoe dump: an empty file"),
+        ("pickle", "not a megamoe dump: it holds Python objects other than tensors"),
+        ("foreign", "not a megamoe dump: a torch file without the 'megamoe-dump' header"),
+        ("folder", "is a folder, not a dump file"),
+    ],
+)
 def test_check_on_something_that_is_no_dump_says_so_in_one_line(capsys, tmp_path, content, words):
     path = tmp_path / "rank0.pt"
     if content == "pickle":
@@ -180,7 +189,8 @@ def test_a_dump_without_weights_is_smaller_and_checked_against_the_weights_given
 
 def test_the_silu_probe_says_it_needs_nvcc_and_a_gpu_instead_of_a_traceback(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path))  # no nvcc on this PATH, whatever the machine has
-    run = subprocess.run([sys.executable, "-m", "megamoe.silu_probe", str(tmp_path / "out")], env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "megamoe.silu_probe", str(tmp_path / "out")], env=env, capture_output=True, text=True
+    )
     assert run.returncode == 2
     assert run.stderr.strip() == "megamoe.silu_probe: needs nvcc and a CUDA GPU; no nvcc on the PATH"

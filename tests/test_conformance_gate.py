@@ -1,6 +1,7 @@
 """The conformance suite as a CI gate cannot pass by accident: no dumps, a glob that matches nothing
 or an incomplete set of ranks stops the run; each (dump point, rank) is its own test, so a CI log
 names the failing rank; a check over 0 elements is "not applicable", never a pass."""
+
 import subprocess
 import sys
 
@@ -23,8 +24,12 @@ def _write_dumps(folder):
 
 def _gate(cwd, *args):
     """The README's CI command, in a folder of its own."""
-    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "megamoe.conformance", "-q",
-                           "-p", "no:cacheprovider", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "megamoe.conformance", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
 
 
 def test_the_gate_without_dumps_is_an_error_not_a_skip(tmp_path):
@@ -63,7 +68,9 @@ def test_a_check_over_zero_elements_is_not_applicable_not_a_pass():
     empty = torch.zeros(0, dtype=torch.int32)
     assert exact("D10", "D10.counters", 0, empty, empty, kind="int").status == NA
     no_rows = torch.zeros(4, 3, dtype=torch.int32)
-    assert exact("D6", "D6.l2_acts", 0, no_rows, no_rows, kind="int", rows=torch.zeros(4, dtype=torch.bool)).status == NA
+    assert (
+        exact("D6", "D6.l2_acts", 0, no_rows, no_rows, kind="int", rows=torch.zeros(4, dtype=torch.bool)).status == NA
+    )
     assert multiset("D3", "D3.source_lists", 0, torch.zeros(0, 3), torch.zeros(0, 3), what="entries").status == NA
     cfg, inputs, weights = scenario_inputs("clamped", 0)
     report = check(reference_dumps(cfg, inputs, weights))  # the reference has no counters: D10.counters is empty

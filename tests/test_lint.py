@@ -1,6 +1,7 @@
 """The formatter and linter of both languages run by CI: ci/lint.sh fails on a lint finding or an
 unformatted file in Python (ruff) or CUDA (clang-format), passes a clean tree, and .ci/run calls it
 after set-up. Checked on a small tree of its own, with the repository's configs."""
+
 import os
 import shutil
 import subprocess
@@ -15,7 +16,8 @@ BIN = Path(sys.prefix) / "bin"
 
 pytestmark = pytest.mark.skipif(
     not all((BIN / t).exists() or shutil.which(t) for t in ("ruff", "clang-format")) or not shutil.which("git"),
-    reason="needs ruff, clang-format (bash ci/setup.sh) and git")
+    reason="needs ruff, clang-format (bash ci/setup.sh) and git",
+)
 
 CLEAN_PY = textwrap.dedent('''\
     """A module."""
@@ -26,7 +28,7 @@ CLEAN_PY = textwrap.dedent('''\
     def area(radius: float) -> float:
         return math.pi * radius * radius  # a line well within the 120 columns the configs allow, kept as written
 ''')
-CLEAN_CUH = textwrap.dedent('''\
+CLEAN_CUH = textwrap.dedent("""\
     // A header.
     #pragma once
 
@@ -37,7 +39,7 @@ CLEAN_CUH = textwrap.dedent('''\
     }
 
     }  // namespace demo
-''')
+""")
 
 
 @pytest.fixture
@@ -64,11 +66,14 @@ def test_lint_passes_a_clean_tree(tree):
     assert "clang-format --dry-run -Werror (1 files)" in run.stdout
 
 
-@pytest.mark.parametrize("path,text,tool", [
-    ("pkg/unused.py", "import os\n", "ruff check"),
-    ("pkg/ugly.py", "x = [1,2 ,  3]\n", "ruff format"),
-    ("pkg/ugly.cu", "__global__ void k(float*p){p[0]=1;}\n", "clang-format"),
-])
+@pytest.mark.parametrize(
+    "path,text,tool",
+    [
+        ("pkg/unused.py", "import os\n", "ruff check"),
+        ("pkg/ugly.py", "x = [1,2 ,  3]\n", "ruff format"),
+        ("pkg/ugly.cu", "__global__ void k(float*p){p[0]=1;}\n", "clang-format"),
+    ],
+)
 def test_lint_fails_on_a_finding_in_either_language(tree, path, text, tool):
     (tree / path).write_text(text)
     run = _lint(tree)

@@ -1,6 +1,7 @@
 """Set-up as the README uses it: after `. .venv/bin/activate` the bare `pytest` and `megamoe` are the
 venv's own (whatever the system has installed), and the library and the CLI keep torch's CPU
 thread pool within the cores the process really has, by the definition the tests use."""
+
 import os
 import subprocess
 import sys
@@ -30,16 +31,23 @@ def test_the_venv_has_its_own_script_for_each_command_the_readme_and_ci_use(comm
 
 @in_venv
 def test_a_bare_pytest_after_activate_runs_with_the_venvs_torch(tmp_path):
-    (tmp_path / "test_probe.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_probe.py").write_text(
+        textwrap.dedent("""
         import sys
 
         def test_probe():
             import megamoe.reference
             import torch
             print("PREFIX", sys.prefix, torch.__version__)
-    """))
-    run = subprocess.run(["pytest", "-q", "-s", "-p", "no:cacheprovider", "test_probe.py"], cwd=tmp_path,
-                         env=_activated_env(), capture_output=True, text=True)
+    """)
+    )
+    run = subprocess.run(
+        ["pytest", "-q", "-s", "-p", "no:cacheprovider", "test_probe.py"],
+        cwd=tmp_path,
+        env=_activated_env(),
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"PREFIX {VENV}" in run.stdout
 

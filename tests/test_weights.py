@@ -1,5 +1,6 @@
 """The gate/up interleave of granularity 8 (SPEC §2; step 1 of megamoe.jit.layout.transform_weights) and its
 exact inverse."""
+
 import torch
 from hypothesis import given, strategies as st
 
