@@ -2,7 +2,9 @@
 docs that name files which exist and describe the tree as it is."""
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,12 @@ from megamoe.reference import MegaMoEInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 # The import package's folders (pyproject's package-dir): megamoe.reference is reference/, ...
-PACKAGES = {"megamoe": ROOT / "megamoe", "megamoe.reference": ROOT / "reference",
-            "megamoe.conformance": ROOT / "conformance", "megamoe.kernel": ROOT / "kernel"}
+PACKAGES = {
+    "megamoe": ROOT / "megamoe",
+    "megamoe.reference": ROOT / "reference",
+    "megamoe.conformance": ROOT / "conformance",
+    "megamoe.kernel": ROOT / "kernel",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -40,7 +46,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = base.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 mod = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -63,7 +69,7 @@ def test_the_reference_package_has_no_import_circle():
         state[n] = 1
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                cycle = stack[stack.index(m):] + [m]
+                cycle = stack[stack.index(m) :] + [m]
                 pytest.fail("import circle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m, stack + [m])
@@ -103,8 +109,12 @@ def test_the_reference_api_is_an_explicit_list_of_what_it_imports():
     path = ROOT / "reference" / "__init__.py"
     names = _literal_all(path)
     assert len(names) == len(set(names)), "a name listed twice"
-    imported = {a.asname or a.name for node in ast.parse(path.read_text()).body
-                if isinstance(node, ast.ImportFrom) for a in node.names}
+    imported = {
+        a.asname or a.name
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ImportFrom)
+        for a in node.names
+    }
     public = {n for n in imported if not n.startswith("_")}
     assert set(names) == public, (sorted(public - set(names)), sorted(set(names) - public))
     assert all(hasattr(ref, n) for n in names)
@@ -124,7 +134,7 @@ def test_random_weights_have_the_documented_spread_in_every_row():
     w = ref.random_weights(2, 256, 128, seed=0)
     w1 = ref.dequantize_fp4(w.w1, w.w1_sf)  # [E, 2I, H]: fan_in H
     std = w1.double().std(dim=-1)
-    assert torch.allclose(std, torch.full_like(std, 256 ** -0.5), rtol=0.25)
+    assert torch.allclose(std, torch.full_like(std, 256**-0.5), rtol=0.25)
 
 
 # Paths in comments: "kernel/epilogue/silu.cuh", "megamoe/jit/flags.py", "../epilogue/silu.cuh".
@@ -136,8 +146,11 @@ def _repo_files() -> list[Path]:
     skip = {".venv", ".git", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
     out = []
     for pattern in SOURCES:
-        out += [p for p in ROOT.rglob(pattern) if not skip & set(p.relative_to(ROOT).parts)
-                and not any(part.endswith(".egg-info") for part in p.parts)]
+        out += [
+            p
+            for p in ROOT.rglob(pattern)
+            if not skip & set(p.relative_to(ROOT).parts) and not any(part.endswith(".egg-info") for part in p.parts)
+        ]
     return sorted(set(out))
 
 
@@ -151,12 +164,44 @@ def _exists(mention: str, where: Path) -> bool:
     return any(c.exists() for c in candidates)
 
 
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of what a reader takes as documentation: Markdown, Python comments and
+    docstrings, C++ and shell comments, C++ include paths. Code strings are left out: tests write
+    files of made-up names."""
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    if path.suffix == ".md":
+        return list(enumerate(lines, 1))
+    if path.suffix == ".py":
+        out = [
+            (tok.start[0], tok.string)
+            for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type == tokenize.COMMENT
+        ]
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and ast.get_docstring(node, clean=False) is not None
+            ):
+                doc = node.body[0]
+                out += [(n, lines[n - 1]) for n in range(doc.lineno, doc.end_lineno + 1)]
+        return out
+    marker = "#" if path.suffix == ".sh" else "//"
+    out = []
+    for n, line in enumerate(lines, 1):
+        if marker in line:
+            out.append((n, line[line.index(marker) :]))
+        elif line.lstrip().startswith("#include"):
+            out.append((n, line))
+    return out
+
+
 def test_every_repository_path_named_in_a_comment_or_doc_exists():
     missing = []
     for path in _repo_files():
         if path == Path(__file__).resolve():
             continue  # this file names made-up paths as examples
-        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        for lineno, line in _prose(path):
             for mention in PATH_RE.findall(line):
                 first = mention.split("/")[0]
                 if first in ("research", "seed") or first.isupper() or "*" in mention:
