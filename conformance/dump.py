@@ -144,7 +144,7 @@ def _what_it_is(path: Path) -> str:
 def global_weights(dumps: list[Dump]) -> ref.ExpertWeights:
     """All E experts' weights, from the local weights in the dumps of every rank (rank order)."""
     ordered = sorted(dumps, key=lambda d: d.rank)
-    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
+    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in WEIGHT_NAMES))
 
 
 WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")

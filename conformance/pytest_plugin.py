@@ -49,8 +49,7 @@ def pytest_configure(config):
 def load_dumps(config) -> list:
     """Every rank of one call, loaded once per process, or a usage error saying what is wrong."""
     if _DUMPS not in config.stash:
-        from megamoe.conformance.dump import Dump, DumpFormatError
-        from megamoe.conformance.dump import with_weights
+        from megamoe.conformance.dump import Dump, DumpFormatError, with_weights
         from megamoe.conformance.suite import all_ranks
 
         paths = dump_paths(config)

@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-# ---- option types: each turns a bad value into "argument --x: invalid value: why" --------------
+# ---- option types: argparse prints a bad value as "megamoe CMD: error: argument --x: <why>" ----
 
 
 def _int_at_least(low: int, multiple: int = 1, below: int | None = None):
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _in_option_words(message: str) -> str:
     """'argument 'num_experts': ...' (the library's words) -> 'argument --experts: ...'."""
     for field, option in CONFIG_OPTIONS.items():
-        message = message.replace(f"argument '{field}'", f"argument {option}")
+        message = message.replace(f"argument '{field}'", f"argument {option}").replace(f"{field} =", f"{option} =")
     return message
 
 

@@ -39,7 +39,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["run", "--intermediate", "abc"], "argument --intermediate: expected an integer, got 'abc'"),
         (["report", "--tokens", "-1"], "argument --tokens: expected an integer >= 0, got -1"),
         (["report", "--experts", "0"], "argument --experts: expected an integer >= 1, got 0"),
-        (["report", *SMALL, "--experts", "7"], "argument --experts: expected a positive multiple of num_ranks = 2"),
+        (["report", *SMALL, "--experts", "7"], "argument --experts: expected a positive multiple of --ranks = 2"),
         (["report", *SMALL, "--top-k", "9"], "argument --top-k: expected a value in [1, 8], got 9"),
         (["report", "--ranks", "0"], "argument --ranks: expected an integer >= 1, got 0"),
         (["report", "--clamp", "0"], "argument --clamp: expected a finite number > 0, got 0"),
