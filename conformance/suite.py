@@ -75,7 +75,10 @@ class SuiteReport:
         lines = [self.table(), "", LEGEND, ""]
         first = self.first_failure
         if first is None:
-            lines.append("all stages conform")
+            # A point with nothing to compare on any rank (a call without tokens) is named, so
+            # that "conform" never stands for checks that did not happen.
+            empty = [p for p, _, _ in STAGES if self.status(p) in (NA, "skip")]
+            lines.append("all stages conform" + (f"; nothing to compare at {', '.join(empty)}" if empty else ""))
         else:
             clean = [p for p, _, _ in STAGES[: [p for p, _, _ in STAGES].index(first)]]
             lines.append(f"first failing dump point: {first}; earlier stages clean: {', '.join(clean) or 'none'}")

@@ -81,6 +81,15 @@ def test_a_check_over_zero_elements_is_not_applicable_not_a_pass():
     assert report.ok  # not applicable is no failure either
 
 
+def test_a_call_without_tokens_does_not_claim_its_empty_points_conform():
+    cfg, inputs, weights = scenario_inputs("clamped", 0)
+    empty = [type(inp)(inp.x[:0], inp.x_sf[:0], inp.topk_idx[:0], inp.topk_weights[:0]) for inp in inputs]
+    report = check(reference_dumps(cfg, empty, weights))
+    assert report.ok
+    last = report.text().splitlines()[-1]
+    assert last.startswith("all stages conform; nothing to compare at ") and "D5" in last and "D9" in last
+
+
 def test_the_check_report_explains_its_columns():
     cfg, inputs, weights = scenario_inputs("clamped", 0)
     text = check(reference_dumps(cfg, inputs, weights)).text()
