@@ -55,3 +55,19 @@ def test_cli_run_on_cpu_says_so(tmp_path, capsys, monkeypatch):
 def test_cli_bad_shape_is_a_clear_error(capsys):
     assert main(["report", "--hidden", "200"]) == 2
     assert "argument --hidden: expected a multiple of 128" in capsys.readouterr().err
+
+
+def test_the_tolerance_table_explains_its_rows_and_columns():
+    inputs = ref.make_inputs(CFG, 8, seed=1)
+    text = to_markdown(tolerance_report(CFG, inputs, ref.random_weights(8, 256, 128, seed=1)))
+    legend = text.split("\n\n", 1)[1]  # under the table
+    for words in (
+        "**local** rows",
+        "**end-to-end** rows",
+        "**format**",
+        "**calc_diff** = 1 - 2 sum(x y)",
+        "**rel err",
+        "**ulp 0 ... ulp >64**",
+        "**max ulp**",
+    ):
+        assert words in legend, words
