@@ -1,4 +1,5 @@
 """Stage "cleanup" checker (D10): counters back to their clean state, statistics accumulated."""
+
 from __future__ import annotations
 
 import torch
@@ -13,9 +14,27 @@ from .result import CheckResult
 def check_d10(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     stats = ref.updated_recv_stats(d["inputs.recv_stats_before"], d["D2.recv_totals"])
-    out = [exact("D10", "D10.recv_stats", rank, d["D10.recv_stats"], stats, kind="int",
-                 locate=lambda c: f"local expert {c[0]}")]
+    out = [
+        exact(
+            "D10",
+            "D10.recv_stats",
+            rank,
+            d["D10.recv_stats"],
+            stats,
+            kind="int",
+            locate=lambda c: f"local expert {c[0]}",
+        )
+    ]
     counters = d["D10.counters"]
-    out.append(exact("D10", "D10.counters", rank, counters, torch.zeros_like(counters), kind="int",
-                     locate=lambda c: f"counter word {c[0]}"))
+    out.append(
+        exact(
+            "D10",
+            "D10.counters",
+            rank,
+            counters,
+            torch.zeros_like(counters),
+            kind="int",
+            locate=lambda c: f"counter word {c[0]}",
+        )
+    )
     return out

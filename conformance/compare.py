@@ -1,6 +1,7 @@
 """The comparisons behind the check classes (SPEC §4), with failures written out in words:
 which elements, both values as raw bits and decoded, and where they belong (rank, pool row,
 token, slot, expert)."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -9,7 +10,7 @@ import torch
 
 from megamoe import reference as ref
 
-from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, PASS, CheckResult
+from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, NA, PASS, CheckResult
 
 FIRST = 4  # how many differing elements a failure lists
 
@@ -38,6 +39,7 @@ def _raw(v: int, t: torch.Tensor) -> str:
 
 def decoder(kind: str) -> Callable[[int], str]:
     """Human-readable value of one raw element: 'e4m3', 'ue8m0', 'bf16', 'fp32' or 'int'."""
+
     def e4m3(v):
         return f"{ref.decode_e4m3(torch.tensor([v & 0xFF], dtype=torch.uint8)).item():g}"
 
@@ -66,6 +68,7 @@ def pool_locator(dump, point_rank: int) -> Locator:
         expert = "?" if e is None else f"{e} (global {point_rank * e_l + e})"
         rest = f", column {coord[1]}" if len(coord) > 1 else ""
         return f"pool row {p} (source rank {s}, token {t}, slot {k}, local expert {expert}){rest}"
+
     return locate
 
 
@@ -73,6 +76,7 @@ def token_locator(prefix: str = "") -> Locator:
     def locate(coord):
         names = ("slot", "token", "channel") if len(coord) == 3 else ("token", "channel")
         return prefix + ", ".join(f"{n} {c}" for n, c in zip(names, coord))
+
     return locate
 
 
@@ -89,11 +93,23 @@ def _describe(got: torch.Tensor, want: torch.Tensor, diff: torch.Tensor, kind: s
     return "; ".join(parts)
 
 
-def exact(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Tensor, *, kind: str,
-          rows: torch.Tensor | None = None, locate: Locator | None = None, check: str = EXACT) -> CheckResult:
+def exact(
+    point: str,
+    tensor: str,
+    rank: int,
+    got: torch.Tensor,
+    want: torch.Tensor,
+    *,
+    kind: str,
+    rows: torch.Tensor | None = None,
+    locate: Locator | None = None,
+    check: str = EXACT,
+) -> CheckResult:
     """Byte equality of got and want, on the rows selected by `rows` (bool over dim 0)."""
     if got.shape != want.shape:
-        return CheckResult(point, tensor, check, rank, FAIL, message=f"shape {list(got.shape)}, expected {list(want.shape)}")
+        return CheckResult(
+            point, tensor, check, rank, FAIL, message=f"shape {list(got.shape)}, expected {list(want.shape)}"
+        )
     diff = bits(got) != bits(want)
     if rows is not None:
         diff &= rows.reshape(-1, *([1] * (diff.dim() - 1)))
@@ -101,6 +117,8 @@ def exact(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Ten
     else:
         compared = got.numel()
     n = int(diff.sum())
+    if compared == 0:
+        return CheckResult(point, tensor, check, rank, NA, message="nothing to compare (0 elements)")
     if n == 0:
         return CheckResult(point, tensor, check, rank, PASS, elements=compared)
     msg = f"{n} of {compared} elements differ; first: " + _describe(got, want, diff, kind, locate)
@@ -109,22 +127,39 @@ def exact(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Ten
 
 def multiset(point: str, tensor: str, rank: int, got: torch.Tensor, want: torch.Tensor, *, what: str) -> CheckResult:
     """Equality of two collections of rows (int tensors [n, c]) after sorting."""
+
     def rows(t):
         return sorted(tuple(r) for r in t.tolist())
+
     g, w = rows(got), rows(want)
+    if not g and not w:
+        return CheckResult(point, tensor, MULTISET, rank, NA, message=f"nothing to compare (no {what})")
     if g == w:
         return CheckResult(point, tensor, MULTISET, rank, PASS, elements=len(w))
     from collections import Counter
+
     extra = list((Counter(g) - Counter(w)).elements())
     missing = list((Counter(w) - Counter(g)).elements())
-    msg = (f"{len(g)} {what}, expected {len(w)}; {len(missing)} missing (first {missing[:FIRST]}), "
-           f"{len(extra)} unexpected (first {extra[:FIRST]})")
-    return CheckResult(point, tensor, MULTISET, rank, FAIL, elements=len(w), mismatches=len(missing) + len(extra),
-                       message=msg)
+    msg = (
+        f"{len(g)} {what}, expected {len(w)}; {len(missing)} missing (first {missing[:FIRST]}), "
+        f"{len(extra)} unexpected (first {extra[:FIRST]})"
+    )
+    return CheckResult(
+        point, tensor, MULTISET, rank, FAIL, elements=len(w), mismatches=len(missing) + len(extra), message=msg
+    )
 
 
-def gemm_bound(point: str, tensor: str, rank: int, got: torch.Tensor, exact_sum: torch.Tensor,
-               abs_sum: torch.Tensor, tau: float, rows: torch.Tensor, locate: Locator | None) -> CheckResult:
+def gemm_bound(
+    point: str,
+    tensor: str,
+    rank: int,
+    got: torch.Tensor,
+    exact_sum: torch.Tensor,
+    abs_sum: torch.Tensor,
+    tau: float,
+    rows: torch.Tensor,
+    locate: Locator | None,
+) -> CheckResult:
     """|got - exact| <= τ Σ|a_k b_k| on the valid rows; both NaN counts as equal."""
     g = got.to(torch.float64)[rows]
     e = exact_sum[rows]
@@ -146,18 +181,29 @@ def gemm_bound(point: str, tensor: str, rank: int, got: torch.Tensor, exact_sum:
     parts = []
     for r, c in coords:
         where = locate((int(idx[r]), c)) if locate else f"row {int(idx[r])}, column {c}"
-        parts.append(f"[{where}] got {float(g[r, c]):.8g}, exact {float(e[r, c]):.8g}, "
-                     f"|err| {float(err[r, c]):.3g} > tau*sum|ab| {float(bound[r, c]):.3g}")
+        parts.append(
+            f"[{where}] got {float(g[r, c]):.8g}, exact {float(e[r, c]):.8g}, "
+            f"|err| {float(err[r, c]):.3g} > tau*sum|ab| {float(bound[r, c]):.3g}"
+        )
     msg = f"{n} of {g.numel()} elements outside tau = {tau:.3g}; max ratio {ratio:.3g}; first: " + "; ".join(parts)
-    return CheckResult(point, tensor, GEMM_BOUND, rank, FAIL, elements=g.numel(), mismatches=n, max_error=ratio,
-                       message=msg)
+    return CheckResult(
+        point, tensor, GEMM_BOUND, rank, FAIL, elements=g.numel(), mismatches=n, max_error=ratio, message=msg
+    )
 
 
-def gemm_exact(point: str, tensor: str, rank: int, got: torch.Tensor, exact_sum: torch.Tensor,
-               rows: torch.Tensor, locate: Locator | None) -> CheckResult:
+def gemm_exact(
+    point: str,
+    tensor: str,
+    rank: int,
+    got: torch.Tensor,
+    exact_sum: torch.Tensor,
+    rows: torch.Tensor,
+    locate: Locator | None,
+) -> CheckResult:
     """Grid-snapped inputs: every partial sum is exact, so got must equal fp32(exact) bit for bit."""
-    return exact(point, tensor, rank, got, exact_sum.to(torch.float32), kind="fp32", rows=rows, locate=locate,
-                 check=GEMM_EXACT)
+    return exact(
+        point, tensor, rank, got, exact_sum.to(torch.float32), kind="fp32", rows=rows, locate=locate, check=GEMM_EXACT
+    )
 
 
 def guard(point: str, tensor: str, rank: int, ok: bool, why: str) -> CheckResult | None:

@@ -1,4 +1,5 @@
 """Stage "dispatch" checkers: D1 send counts, D2 receive counts, D3 source lists."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,9 @@ from .result import CheckResult
 def check_d1(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     want = ref.send_counts(d["inputs.topk_idx"], d.config.num_experts)
-    return [exact("D1", "D1.send_counts", rank, d["D1.send_counts"], want, kind="int",
-                  locate=lambda c: f"expert {c[0]}")]
+    return [
+        exact("D1", "D1.send_counts", rank, d["D1.send_counts"], want, kind="int", locate=lambda c: f"expert {c[0]}")
+    ]
 
 
 def check_d2(dumps: list[Dump], rank: int) -> list[CheckResult]:
@@ -23,10 +25,24 @@ def check_d2(dumps: list[Dump], rank: int) -> list[CheckResult]:
     all_d1 = torch.stack([x["D1.send_counts"] for x in dumps])
     counts, totals = ref.receive_counts(all_d1, rank, cfg)
     return [
-        exact("D2", "D2.recv_counts", rank, d["D2.recv_counts"], counts, kind="int",
-              locate=lambda c: f"source rank {c[0]}, local expert {c[1]}"),
-        exact("D2", "D2.recv_totals", rank, d["D2.recv_totals"], totals, kind="int",
-              locate=lambda c: f"local expert {c[0]}"),
+        exact(
+            "D2",
+            "D2.recv_counts",
+            rank,
+            d["D2.recv_counts"],
+            counts,
+            kind="int",
+            locate=lambda c: f"source rank {c[0]}, local expert {c[1]}",
+        ),
+        exact(
+            "D2",
+            "D2.recv_totals",
+            rank,
+            d["D2.recv_totals"],
+            totals,
+            kind="int",
+            locate=lambda c: f"local expert {c[0]}",
+        ),
     ]
 
 
@@ -39,5 +55,13 @@ def _entries(lists: torch.Tensor) -> torch.Tensor:
 def check_d3(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d, cfg = dumps[rank], dumps[rank].config
     want = ref.source_lists([x["inputs.topk_idx"] for x in dumps], rank, cfg)
-    return [multiset("D3", "D3.source_lists", rank, _entries(d["D3.source_lists"]), _entries(want),
-                     what="(local expert, source rank, t*K+k) entries")]
+    return [
+        multiset(
+            "D3",
+            "D3.source_lists",
+            rank,
+            _entries(d["D3.source_lists"]),
+            _entries(want),
+            what="(local expert, source rank, t*K+k) entries",
+        )
+    ]

@@ -9,11 +9,22 @@ Tensor names:
 Metadata: config (MoEConfig fields), rank, world_size, kernel_mode, build_id, tau (the declared
 GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen for GEMM_EXACT).
 
+The weights are most of a file's bytes (every checker needs them, so every rank carries its own).
+A file may leave them out (`Dump.without_weights`, `megamoe dump --no-weights`); its meta then
+holds "weights": the SHA-256 of the rank's local weights and, where they came from
+`random_weights`, its seed. Before such dumps are checked the weights are put back from a set
+given separately, or regenerated from the seed, and each rank's SHA-256 must match
+(`with_weights`), so a dump is never checked against weights it was not made with.
+
 A file is `torch.save` of {"format": "megamoe-dump", "version": 1, "meta": ..., "tensors": ...},
 read back with `weights_only=True` (no code is unpickled).
 """
+
 from __future__ import annotations
 
+import hashlib
+import pickle
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +34,7 @@ from megamoe import reference as ref
 
 FORMAT = "megamoe-dump"
 VERSION = 1
-REFERENCE_TAU = 2.0 ** -24  # the reference rounds an exact sum once to fp32
+REFERENCE_TAU = 2.0**-24  # the reference rounds an exact sum once to fp32
 
 
 class DumpFormatError(ValueError):
@@ -52,78 +63,214 @@ class Dump:
 
     def inputs(self) -> ref.RankInputs:
         t = self.tensors
-        return ref.RankInputs(ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"],
-                              t["inputs.topk_weights"])
+        return ref.RankInputs(
+            ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"], t["inputs.topk_weights"]
+        )
 
     def weights(self) -> ref.ExpertWeights:
         t = self.tensors
         return ref.ExpertWeights(t["weights.w1"], t["weights.w1_sf"], t["weights.w2"], t["weights.w2_sf"])
 
+    @property
+    def has_weights(self) -> bool:
+        return all(f"weights.{n}" in self.tensors for n in WEIGHT_NAMES)
+
+    def without_weights(self, seed: int | None = None) -> "Dump":
+        """This dump without its weights, which it names by their SHA-256 (and the seed of
+        `random_weights` that made them, when there is one)."""
+        tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
+        meta = dict(self.meta, weights={"sha256": weights_digest(self.weights()), "random_weights_seed": seed})
+        return Dump(tensors, meta)
+
     def copy(self) -> "Dump":
         return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta))
 
     def save(self, path: str | Path) -> None:
-        torch.save({"format": FORMAT, "version": VERSION, "meta": self.meta,
-                    "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()}}, path)
+        torch.save(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "meta": self.meta,
+                "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()},
+            },
+            path,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "Dump":
+        """Read a dump file; anything else raises DumpFormatError with one line saying what it is."""
+        path = Path(path)
+        if not path.exists():
+            raise DumpFormatError(f"{path}: no such file")
+        if path.is_dir():
+            raise DumpFormatError(f"{path}: is a folder, not a dump file")
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; torch.load's errors on
+            # other files are misleading (a text file gives "KeyError: 101")
+            raise DumpFormatError(f"{path}: not a megamoe dump: {_what_it_is(path)}, not a torch.save zip archive")
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # not a torch file at all, or one holding code
-            raise DumpFormatError(f"{path}: not a megamoe dump file ({type(exc).__name__}: {exc})") from None
+        except pickle.UnpicklingError:
+            # torch's own message suggests weights_only=False, which would run code from the file
+            raise DumpFormatError(
+                f"{path}: not a megamoe dump: it holds Python objects other than tensors, "
+                "and megamoe never unpickles those"
+            ) from None
+        except Exception as exc:  # a zip archive torch cannot read
+            raise DumpFormatError(
+                f"{path}: not a megamoe dump: a zip archive that torch.load cannot read ({type(exc).__name__})"
+            ) from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-            raise DumpFormatError(f"{path}: not a megamoe dump file (no '{FORMAT}' header)")
+            raise DumpFormatError(f"{path}: not a megamoe dump: a torch file without the '{FORMAT}' header")
         if obj.get("version") != VERSION:
-            raise DumpFormatError(f"{path}: dump format version {obj.get('version')}; this megamoe reads "
-                                  f"version {VERSION}. Record the dump again with this version.")
-        missing = [k for k in REQUIRED if k not in obj["tensors"]]
+            raise DumpFormatError(
+                f"{path}: dump format version {obj.get('version')}; this megamoe reads "
+                f"version {VERSION}. Record the dump again with this version."
+            )
+        required = REQUIRED if "weights" not in obj["meta"] else [k for k in REQUIRED if not k.startswith("weights.")]
+        missing = [k for k in required if k not in obj["tensors"]]
         if missing:
             raise DumpFormatError(f"{path}: dump lacks {', '.join(missing)}")
         return cls(obj["tensors"], obj["meta"])
 
 
+def _what_it_is(path: Path) -> str:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not head:
+        return "an empty file"
+    return "binary data" if b"\x00" in head else "a text file"  # text has no NUL bytes
+
+
 def global_weights(dumps: list[Dump]) -> ref.ExpertWeights:
     """All E experts' weights, from the local weights in the dumps of every rank (rank order)."""
     ordered = sorted(dumps, key=lambda d: d.rank)
-    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in ("w1", "w1_sf", "w2", "w2_sf")))
+    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in WEIGHT_NAMES))
 
 
-REQUIRED = ("inputs.x", "inputs.x_sf", "inputs.topk_idx", "inputs.topk_weights", "inputs.recv_stats_before",
-            "weights.w1", "weights.w1_sf", "weights.w2", "weights.w2_sf")
+WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
 
 
-def make_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights,
-               points: list[dict[str, torch.Tensor]], *, kernel_mode: str, build_id: str,
-               tau: dict[str, float], grid_snapped: bool = False,
-               recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+def weights_digest(w: ref.ExpertWeights) -> str:
+    """SHA-256 of canonical weights: every tensor's dtype, shape and bytes, in SPEC order."""
+    h = hashlib.sha256()
+    for name in WEIGHT_NAMES:
+        t = getattr(w, name).detach().cpu().contiguous()
+        h.update(f"{name} {t.dtype} {list(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) -> list[Dump]:
+    """The dumps of one call (rank order), each with its local weights: the dumps' own, else the
+    global `weights` given, else `random_weights` regenerated from the seed in the dumps. Weights
+    put back must match each rank's recorded SHA-256 (DumpFormatError otherwise)."""
+    if all(d.has_weights for d in dumps):
+        return dumps
+    cfg = dumps[0].config
+    if weights is None:
+        seeds = {(d.meta.get("weights") or {}).get("random_weights_seed") for d in dumps if not d.has_weights}
+        if len(seeds) != 1 or None in seeds:
+            raise DumpFormatError(
+                "the dumps hold no weights and name no random_weights seed: pass the weights they were made with"
+            )
+        weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seeds.pop())
+    e_l = cfg.local_experts
+    out = []
+    for d in dumps:
+        if d.has_weights:
+            out.append(d)
+            continue
+        local = weights.slice(d.rank * e_l, (d.rank + 1) * e_l)
+        digest = weights_digest(local)
+        if digest != d.meta["weights"]["sha256"]:
+            raise DumpFormatError(
+                f"rank {d.rank}: the weights given are not the ones this dump was made with "
+                f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)"
+            )
+        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta))
+    return out
+
+
+REQUIRED = (
+    "inputs.x",
+    "inputs.x_sf",
+    "inputs.topk_idx",
+    "inputs.topk_weights",
+    "inputs.recv_stats_before",
+    "weights.w1",
+    "weights.w1_sf",
+    "weights.w2",
+    "weights.w2_sf",
+)
+
+
+def make_dumps(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    points: list[dict[str, torch.Tensor]],
+    *,
+    kernel_mode: str,
+    build_id: str,
+    tau: dict[str, float],
+    grid_snapped: bool = False,
+    recv_stats_before: list[torch.Tensor] | None = None,
+) -> list[Dump]:
     """Wrap per-rank dump points (from the reference or a kernel) into Dump objects."""
     e_l = cfg.local_experts
     dumps = []
     for rank, (inp, pts) in enumerate(zip(inputs, points)):
         local = weights.slice(rank * e_l, (rank + 1) * e_l)
-        before = (torch.zeros(e_l, dtype=torch.int64) if recv_stats_before is None
-                  else recv_stats_before[rank].to(torch.int64))
+        before = (
+            torch.zeros(e_l, dtype=torch.int64)
+            if recv_stats_before is None
+            else recv_stats_before[rank].to(torch.int64)
+        )
         tensors = {
             **{k: v.detach().cpu() for k, v in pts.items()},
-            "inputs.x": ref.as_codes(inp.x).cpu(), "inputs.x_sf": inp.x_sf.cpu(),
-            "inputs.topk_idx": inp.topk_idx.cpu(), "inputs.topk_weights": inp.topk_weights.cpu(),
+            "inputs.x": ref.as_codes(inp.x).cpu(),
+            "inputs.x_sf": inp.x_sf.cpu(),
+            "inputs.topk_idx": inp.topk_idx.cpu(),
+            "inputs.topk_weights": inp.topk_weights.cpu(),
             "inputs.recv_stats_before": before.cpu(),
-            "weights.w1": local.w1.cpu(), "weights.w1_sf": local.w1_sf.cpu(),
-            "weights.w2": local.w2.cpu(), "weights.w2_sf": local.w2_sf.cpu(),
+            "weights.w1": local.w1.cpu(),
+            "weights.w1_sf": local.w1_sf.cpu(),
+            "weights.w2": local.w2.cpu(),
+            "weights.w2_sf": local.w2_sf.cpu(),
         }
-        meta = {"config": cfg.to_dict(), "rank": rank, "world_size": cfg.num_ranks, "kernel_mode": kernel_mode,
-                "build_id": build_id, "tau": dict(tau), "grid_snapped": grid_snapped}
+        meta = {
+            "config": cfg.to_dict(),
+            "rank": rank,
+            "world_size": cfg.num_ranks,
+            "kernel_mode": kernel_mode,
+            "build_id": build_id,
+            "tau": dict(tau),
+            "grid_snapped": grid_snapped,
+        }
         dumps.append(Dump(tensors, meta))
     return dumps
 
 
-def reference_dumps(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights, *,
-                    tamper=None, grid_snapped: bool = False,
-                    recv_stats_before: list[torch.Tensor] | None = None) -> list[Dump]:
+def reference_dumps(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    *,
+    tamper=None,
+    grid_snapped: bool = False,
+    recv_stats_before: list[torch.Tensor] | None = None,
+) -> list[Dump]:
     """The "expected" dumps: the reference run in exactly the kernel's dump format (a `tamper`
     hook plants faults for the catalog)."""
     result = ref.run_reference(cfg, inputs, weights, recv_stats=recv_stats_before, tamper=tamper)
-    return make_dumps(cfg, inputs, weights, result.dumps, kernel_mode="reference", build_id="reference",
-                      tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU}, grid_snapped=grid_snapped,
-                      recv_stats_before=recv_stats_before)
+    return make_dumps(
+        cfg,
+        inputs,
+        weights,
+        result.dumps,
+        kernel_mode="reference",
+        build_id="reference",
+        tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU},
+        grid_snapped=grid_snapped,
+        recv_stats_before=recv_stats_before,
+    )

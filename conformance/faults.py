@@ -5,6 +5,7 @@ Each fault is a small function that changes one stage's output while the simulat
 values, like a kernel with one broken stage. The suite must report the fault at `point` with
 every earlier point clean. A checker that cannot fail is a defect: this catalog is its proof.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,17 @@ from .dump import Dump, reference_dumps
 from .suite import SuiteReport, check
 
 # The catalog's call: 2 ranks, skewed routing with masked slots, a clamp that bites on both sides.
-SCENARIO = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=4, num_ranks=2,
-                         max_tokens_per_rank=48, block_m=16, activation_clamp=1.5, fast_math=True)
+SCENARIO = ref.MoEConfig(
+    hidden=256,
+    intermediate=128,
+    num_experts=8,
+    top_k=4,
+    num_ranks=2,
+    max_tokens_per_rank=48,
+    block_m=16,
+    activation_clamp=1.5,
+    fast_math=True,
+)
 TOKENS = [48, 33]
 OVERFLOW_TOKEN = 0  # in the "overflow" scenario, rank 0's token 0 has scale bytes 254: acc1 overflows
 ORDER_TOKEN = 1  # in the "clamped" scenario, rank 0's token 1 makes the combine order visible
@@ -45,7 +55,7 @@ def scenario_inputs(name: str = "clamped", seed: int = 0):
         weights.w1[1], weights.w1_sf[1], weights.w2_sf[1] = weights.w1[0], weights.w1_sf[0], weights.w2_sf[0]
         weights.w2[1] = weights.w2[0] ^ 0x88
         inputs[0].topk_idx[ORDER_TOKEN] = torch.tensor([0, 1, 2, 3])
-        inputs[0].topk_weights[ORDER_TOKEN] = torch.tensor([2.0 ** 10, 2.0 ** 10, 2.0 ** -10, 2.0 ** -10])
+        inputs[0].topk_weights[ORDER_TOKEN] = torch.tensor([2.0**10, 2.0**10, 2.0**-10, 2.0**-10])
     return cfg, inputs, weights
 
 
@@ -66,10 +76,12 @@ def fault(point: str, description: str, *, scenario: str = "clamped", rank: int 
     def register(fn):
         CATALOG.append(Fault(fn.__name__, point, description, fn, scenario, rank))
         return fn
+
     return register
 
 
 # ------------------------------------------------------------------------------------ helpers
+
 
 def _valid(d):
     return ref.valid_rows(d)
@@ -84,8 +96,13 @@ def _gemm(d, codes, sf, w, w_sf):
 
 
 def _l1(d, ctx, **kw):
-    return _gemm(d, kw.get("x", d["D4.pool_x"]), kw.get("x_sf", d["D4.pool_x_sf"]),
-                 kw.get("w", ctx.weights.w1), kw.get("w_sf", ctx.weights.w1_sf))
+    return _gemm(
+        d,
+        kw.get("x", d["D4.pool_x"]),
+        kw.get("x_sf", d["D4.pool_x_sf"]),
+        kw.get("w", ctx.weights.w1),
+        kw.get("w_sf", ctx.weights.w1_sf),
+    )
 
 
 def _interleave(rows: torch.Tensor, g: int) -> torch.Tensor:
@@ -94,7 +111,7 @@ def _interleave(rows: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def _deinterleave(rows: torch.Tensor, g: int) -> torch.Tensor:
-    n, i = rows.shape[0], rows.shape[0] // 2
+    i = rows.shape[0] // 2
     b = rows.reshape(i // g, 2, g, -1)
     return torch.cat([b[:, 0].reshape(i, -1), b[:, 1].reshape(i, -1)])
 
@@ -127,7 +144,9 @@ def _requant(a: torch.Tensor, *, group=32, rule="rceil", cast="rne", overflow="s
     if rule == "rceil":
         e = F.ceil_exponent(amax * F.INV_E4M3_MAX)
     else:  # OCP FLOOR: floor(log2 amax) - emax(E4M3) = 8
-        e = torch.where(amax > 0, ((F.f32_bits(amax) >> 23) & 0xFF) - 127 - 8, torch.full_like(amax, -127, dtype=torch.int32))
+        e = torch.where(
+            amax > 0, ((F.f32_bits(amax) >> 23) & 0xFF) - 127 - 8, torch.full_like(amax, -127, dtype=torch.int32)
+        )
     scaled = grp * F.pow2_f32(-e).unsqueeze(-1)
     if cast == "trunc":  # round toward zero onto the E4M3 grid (codes 0..0x7E ascend in magnitude)
         grid = F.decode_e4m3(torch.arange(0x7F, dtype=torch.uint8))
@@ -142,6 +161,7 @@ def _requant(a: torch.Tensor, *, group=32, rule="rceil", cast="rne", overflow="s
 
 
 # ------------------------------------------------------------------------------------ dispatch
+
 
 @fault("D1", "a send count off by one")
 def send_count_off_by_one(d, ctx):
@@ -178,6 +198,7 @@ def source_list_wrong_token(d, ctx):
 
 
 # ------------------------------------------------------------------------------------ pool
+
 
 @fault("D4", "a token dropped from the pool (its row marked empty)")
 def token_dropped(d, ctx):
@@ -238,6 +259,7 @@ def expert_region_misaligned(d, ctx):
 
 # ------------------------------------------------------------------------------------ L1
 
+
 @fault("D5", "gate and up swapped")
 def gate_up_swapped(d, ctx):
     i = ctx.cfg.intermediate
@@ -270,10 +292,11 @@ def activation_scales_shifted(d, ctx):
 @fault("D5", "an accumulator perturbed beyond tau")
 def l1_accumulator_perturbed(d, ctx):
     p = _first_valid_row(d)
-    d["D5.acc1"][p, 3] += 2 ** -8 * (d["D5.acc1"][p, 3].abs() + 1)
+    d["D5.acc1"][p, 3] += 2**-8 * (d["D5.acc1"][p, 3].abs() + 1)
 
 
 # ------------------------------------------------------------------------------------ SwiGLU/requant
+
 
 @fault("D6", "accumulators not rounded to bf16 before SwiGLU")
 def no_bf16_rounding(d, ctx):
@@ -332,10 +355,11 @@ def l1_done_off_by_one(d, ctx):
 
 # ------------------------------------------------------------------------------------ L2
 
+
 @fault("D7", "an L2 accumulator perturbed beyond tau")
 def l2_accumulator_perturbed(d, ctx):
     p = _first_valid_row(d)
-    d["D7.acc2"][p, 7] += 2 ** -8 * (d["D7.acc2"][p, 7].abs() + 1)
+    d["D7.acc2"][p, 7] += 2**-8 * (d["D7.acc2"][p, 7].abs() + 1)
 
 
 @fault("D7", "the next expert's L2 weights")
@@ -359,14 +383,14 @@ def padding_row_leaks(d, ctx):
 def combine_row_truncated(d, ctx):
     k, t = _first_slot(ctx)
     row = d["D8.combine"][k, t]
-    acc = row.float() + row.float().abs() * 2 ** -9  # a value between bf16 neighbours ...
+    acc = row.float() + row.float().abs() * 2**-9  # a value between bf16 neighbours ...
     d["D8.combine"][k, t] = F.bf16_tensor(F.f32_bits(acc) >> 16)  # ... cut, not rounded
 
 
 @fault("D8", "half of an output row left unwritten")
 def half_written_row(d, ctx):
     k, t = _first_slot(ctx)
-    d["D8.combine"][k, t, ctx.cfg.hidden // 2:] = float("nan")
+    d["D8.combine"][k, t, ctx.cfg.hidden // 2 :] = float("nan")
 
 
 @fault("D8", "a row written to the wrong slot")
@@ -379,12 +403,13 @@ def combine_row_wrong_slot(d, ctx):
 
 # ------------------------------------------------------------------------------------ combine
 
+
 def _combine_variant(d, ctx, order=None, dtype=torch.float32, weighted=False, skip_masked=True):
     idx = ctx.inputs[ctx.rank].topk_idx
     buf = d["D8.combine"]
     t, k = idx.shape
     acc = torch.zeros(t, buf.shape[2], dtype=dtype)
-    for slot in (order or range(k)):
+    for slot in order or range(k):
         v = buf[slot, :t].to(dtype)
         if weighted:
             v = v * ctx.inputs[ctx.rank].topk_weights[:, slot, None].to(dtype)
@@ -415,10 +440,11 @@ def masked_slot_summed(d, ctx):
 
 @fault("D9", "half of an output row of y unwritten")
 def y_half_written(d, ctx):
-    d["D9.y"][0, ctx.cfg.hidden // 2:] = 0
+    d["D9.y"][0, ctx.cfg.hidden // 2 :] = 0
 
 
 # ------------------------------------------------------------------------------------ cleanup
+
 
 @fault("D10", "counters not reset after the call")
 def counters_not_reset(d, ctx):
@@ -437,6 +463,7 @@ def stats_added_twice(d, ctx):
 
 # ------------------------------------------------------------------------------------ running it
 
+
 def planted(f: Fault, seed: int = 0) -> list[Dump]:
     """The dumps of the catalog scenario with fault `f` planted."""
     cfg, inputs, weights = scenario_inputs(f.scenario, seed)
@@ -444,6 +471,7 @@ def planted(f: Fault, seed: int = 0) -> list[Dump]:
     def tamper(point, dump, ctx):
         if point == f.point and ctx.rank == f.rank:
             f.apply(dump, ctx)
+
     return reference_dumps(cfg, inputs, weights, tamper=tamper)
 
 

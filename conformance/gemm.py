@@ -1,5 +1,6 @@
 """The GEMM checks shared by stage L1 (D5) and stage L2 (D7): GEMM_BOUND on random data,
 GEMM_EXACT on grid-snapped inputs, against the float64 sum of the *dumped* operands."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,9 @@ def exact_sums(d: Dump, point: str, *, absolute: bool = False) -> torch.Tensor:
     """float64 [P, N]: Σ a·b (or Σ |a·b|) of the dumped operands of a GEMM point, valid rows only."""
     _, a, a_sf, w, w_sf = GEMMS[point]
     fn = (lambda *args: ref.block_scaled_gemm_f64(*args, absolute=True)) if absolute else ref.block_scaled_gemm_f64
-    return ref.grouped_gemm(d[a], d[a_sf], d["D4.expert_offsets"], d[w], d[w_sf], valid=ref.valid_rows(d.tensors),
-                            fn=fn)
+    return ref.grouped_gemm(
+        d[a], d[a_sf], d["D4.expert_offsets"], d[w], d[w_sf], valid=ref.valid_rows(d.tensors), fn=fn
+    )
 
 
 def error_ratios(d: Dump, point: str) -> torch.Tensor:
@@ -45,12 +47,28 @@ def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     if not valid.any():
         return []
     exact_sum = exact_sums(d, point)
-    g = guard(point, tensor, rank, bool((exact_sum[valid] != 0).any()) and bool((acc[valid] != 0).any()),
-              "the expected or the dumped accumulators are all zero")
+    g = guard(
+        point,
+        tensor,
+        rank,
+        bool((exact_sum[valid] != 0).any()) and bool((acc[valid] != 0).any()),
+        "the expected or the dumped accumulators are all zero",
+    )
     if g:
         return [g]
     locate = pool_locator(d, rank)
     if d.meta.get("grid_snapped"):
         return [gemm_exact(point, tensor, rank, acc, exact_sum, valid, locate)]
-    return [gemm_bound(point, tensor, rank, acc, exact_sum, exact_sums(d, point, absolute=True),
-                       float(d.meta["tau"][point]), valid, locate)]
+    return [
+        gemm_bound(
+            point,
+            tensor,
+            rank,
+            acc,
+            exact_sum,
+            exact_sums(d, point, absolute=True),
+            float(d.meta["tau"][point]),
+            valid,
+            locate,
+        )
+    ]

@@ -1,4 +1,5 @@
 """Stage "L1" checker (D5): the accumulators against the exact sum of the dumped pool and weights."""
+
 from __future__ import annotations
 
 from .dump import Dump

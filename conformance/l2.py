@@ -1,4 +1,5 @@
 """Stage "L2" checkers: D7 accumulators (GEMM), D8 bf16 rows in the source ranks' combine buffers."""
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ def check_d7(dumps: list[Dump], rank: int) -> list[CheckResult]:
 def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     """The combine buffer of source rank `rank`: every valid slot holds bf16(acc2) of the pool row
     (on whichever owner) whose metadata names it; rows are given by every owner's dump."""
-    d, cfg = dumps[rank], dumps[rank].config
+    d = dumps[rank]
     buf = d["D8.combine"]
     want = buf.clone()
     written = torch.zeros(buf.shape[:2], dtype=torch.bool)
@@ -33,11 +34,26 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
             written[k, t] = True
     idx = d["inputs.topk_idx"]
     slots = torch.zeros_like(written)
-    slots[:, :idx.shape[0]] = (idx >= 0).T
-    cover = exact("D8", "D8.combine (slots written)", rank, written, slots, kind="int",
-                  locate=lambda c: f"slot {c[0]}, token {c[1]}")
+    slots[:, : idx.shape[0]] = (idx >= 0).T
+    cover = exact(
+        "D8",
+        "D8.combine (slots written)",
+        rank,
+        written,
+        slots,
+        kind="int",
+        locate=lambda c: f"slot {c[0]}, token {c[1]}",
+    )
     mask = (slots & written).reshape(-1)
     k_t = buf.reshape(-1, buf.shape[2])
-    check = exact("D8", "D8.combine", rank, k_t, want.reshape(-1, buf.shape[2]), kind="bf16", rows=mask,
-                  locate=lambda c: f"slot {c[0] // buf.shape[1]}, token {c[0] % buf.shape[1]}, channel {c[1]}")
+    check = exact(
+        "D8",
+        "D8.combine",
+        rank,
+        k_t,
+        want.reshape(-1, buf.shape[2]),
+        kind="bf16",
+        rows=mask,
+        locate=lambda c: f"slot {c[0] // buf.shape[1]}, token {c[0] % buf.shape[1]}, channel {c[1]}",
+    )
     return [cover, check] if cover.failed else [check]

@@ -1,6 +1,7 @@
 """PNG plots of the error distributions: the GEMM stages (|err| / (τ Σ|ab|), the GEMM_BOUND
 statistic, where 1 is the bound) and the end-to-end output (y against the float64 oracle, in bf16
 ulps). Needs matplotlib: `pip install megamoe[plots]`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +21,7 @@ def _pyplot():
         raise RuntimeError("plots need matplotlib: pip install 'megamoe[plots]'") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -51,8 +53,14 @@ def gemm_plot(dumps: list[Dump], point: str, path: Path) -> Path:
         _log_hist(ax, error_ratios(d, point), f"rank {d.rank}")
     ax.axvline(0.0, color="red", linestyle="--", label="bound (ratio 1)")
     meta = dumps[0].meta
-    return _finish(plt, fig, ax, path, f"{GEMMS[point][0]}: |acc - exact| / (tau sum|ab|), "
-                   f"tau = {meta['tau'][point]:.3g}, mode {meta['kernel_mode']}", "log10 ratio to the GEMM_BOUND bound")
+    return _finish(
+        plt,
+        fig,
+        ax,
+        path,
+        f"{GEMMS[point][0]}: |acc - exact| / (tau sum|ab|), tau = {meta['tau'][point]:.3g}, mode {meta['kernel_mode']}",
+        "log10 ratio to the GEMM_BOUND bound",
+    )
 
 
 def end_to_end_plot(dumps: list[Dump], path: Path) -> Path:
@@ -73,5 +81,8 @@ def write_plots(dumps: list[Dump], out_dir: str | Path) -> list[Path]:
     """The three plots of a run: D5, D7 and end-to-end, as PNG files in out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [gemm_plot(dumps, "D5", out / "d5_acc1_error.png"), gemm_plot(dumps, "D7", out / "d7_acc2_error.png"),
-            end_to_end_plot(dumps, out / "y_end_to_end_error.png")]
+    return [
+        gemm_plot(dumps, "D5", out / "d5_acc1_error.png"),
+        gemm_plot(dumps, "D7", out / "d7_acc2_error.png"),
+        end_to_end_plot(dumps, out / "y_end_to_end_error.png"),
+    ]

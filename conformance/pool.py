@@ -1,4 +1,5 @@
 """Stage "pool" checker (D4): layout, pulled rows, routing weights, metadata, arrival counters."""
+
 from __future__ import annotations
 
 import torch
@@ -14,14 +15,28 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d, cfg = dumps[rank], dumps[rank].config
     out = []
     offsets = ref.pool_offsets(d["D2.recv_totals"].tolist(), cfg.block_m)
-    out.append(exact("D4", "D4.expert_offsets", rank, d["D4.expert_offsets"], offsets, kind="int",
-                     locate=lambda c: f"local expert {c[0]}"))
+    out.append(
+        exact(
+            "D4",
+            "D4.expert_offsets",
+            rank,
+            d["D4.expert_offsets"],
+            offsets,
+            kind="int",
+            locate=lambda c: f"local expert {c[0]}",
+        )
+    )
     if out[-1].failed:
         return out  # nothing below can be located without the layout
     valid = ref.valid_rows(d.tensors)
     meta = d["D4.pool_meta"].long()
-    g = guard("D4", "D4.pool_meta", rank, int(valid.sum()) == int(d["D2.recv_totals"].sum()) and
-              (valid.any() or int(d["D2.recv_totals"].sum()) == 0), "no valid pool row to check")
+    g = guard(
+        "D4",
+        "D4.pool_meta",
+        rank,
+        int(valid.sum()) == int(d["D2.recv_totals"].sum()) and (valid.any() or int(d["D2.recv_totals"].sum()) == 0),
+        "no valid pool row to check",
+    )
     if g:
         return out + [g]
     # which (s, t, k) each local expert must hold, from the inputs of every rank
@@ -34,8 +49,9 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
             t, k = (src["inputs.topk_idx"] == rank * e_l + le).nonzero(as_tuple=True)
             want_rows.append(torch.stack([torch.full_like(t, le), torch.full_like(t, s), t, k], dim=1))
     want_rows = torch.cat(want_rows) if want_rows else torch.zeros(0, 4, dtype=torch.long)
-    out.append(multiset("D4", "D4.pool_meta", rank, got_rows, want_rows,
-                        what="(local expert, source rank, token, slot) rows"))
+    out.append(
+        multiset("D4", "D4.pool_meta", rank, got_rows, want_rows, what="(local expert, source rank, token, slot) rows")
+    )
     # every valid row is a byte copy of its source row, scales and routing weight
     want_x, want_sf, want_w = d["D4.pool_x"].clone(), d["D4.pool_x_sf"].clone(), d["D4.pool_weights"].clone()
     in_range = valid & (meta[:, 0] >= 0) & (meta[:, 0] < len(dumps))
@@ -49,14 +65,38 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     bad_meta = valid & ~in_range
     if bad_meta.any():
         p = int(bad_meta.nonzero()[0])
-        out.append(multiset("D4", "D4.pool_meta", rank, meta[bad_meta], torch.zeros(0, 3, dtype=torch.long),
-                            what=f"valid rows with out-of-range metadata (first: pool row {p})"))
+        out.append(
+            multiset(
+                "D4",
+                "D4.pool_meta",
+                rank,
+                meta[bad_meta],
+                torch.zeros(0, 3, dtype=torch.long),
+                what=f"valid rows with out-of-range metadata (first: pool row {p})",
+            )
+        )
     locate = pool_locator(d, rank)
     out.append(exact("D4", "D4.pool_x", rank, d["D4.pool_x"], want_x, kind="e4m3", rows=in_range, locate=locate))
-    out.append(exact("D4", "D4.pool_x_sf", rank, d["D4.pool_x_sf"], want_sf, kind="ue8m0", rows=in_range, locate=locate))
-    out.append(exact("D4", "D4.pool_weights", rank, d["D4.pool_weights"], want_w, kind="fp32", rows=in_range,
-                     locate=locate))
-    arrivals = valid.reshape(-1, cfg.block_m).sum(dim=1).to(torch.int32) if valid.numel() else torch.zeros(0, dtype=torch.int32)
-    out.append(exact("D4", "D4.block_arrivals", rank, d["D4.block_arrivals"], arrivals, kind="int",
-                     locate=lambda c: f"pool block {c[0]} (rows {c[0] * cfg.block_m}..{(c[0] + 1) * cfg.block_m - 1})"))
+    out.append(
+        exact("D4", "D4.pool_x_sf", rank, d["D4.pool_x_sf"], want_sf, kind="ue8m0", rows=in_range, locate=locate)
+    )
+    out.append(
+        exact("D4", "D4.pool_weights", rank, d["D4.pool_weights"], want_w, kind="fp32", rows=in_range, locate=locate)
+    )
+    arrivals = (
+        valid.reshape(-1, cfg.block_m).sum(dim=1).to(torch.int32)
+        if valid.numel()
+        else torch.zeros(0, dtype=torch.int32)
+    )
+    out.append(
+        exact(
+            "D4",
+            "D4.block_arrivals",
+            rank,
+            d["D4.block_arrivals"],
+            arrivals,
+            kind="int",
+            locate=lambda c: f"pool block {c[0]} (rows {c[0] * cfg.block_m}..{(c[0] + 1) * cfg.block_m - 1})",
+        )
+    )
     return out

@@ -1,13 +1,22 @@
 """The outcome of one check, and how a failure is put into words."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 # The check classes of SPEC §4.
 EXACT, MULTISET, GEMM_BOUND, GEMM_EXACT, END_TO_END, GUARD = (
-    "EXACT", "MULTISET", "GEMM_BOUND", "GEMM_EXACT", "END_TO_END", "GUARD")
+    "EXACT",
+    "MULTISET",
+    "GEMM_BOUND",
+    "GEMM_EXACT",
+    "END_TO_END",
+    "GUARD",
+)
 
-PASS, FAIL, SKIP, INFO = "pass", "fail", "skip", "info"
+# NA: the check had nothing to compare (0 elements, e.g. D10.counters of a reference dump, which
+# has no counters): shown as such, never as a pass, so a check that could not fail is not green.
+PASS, FAIL, SKIP, INFO, NA = "pass", "fail", "skip", "info", "n/a"
 
 
 @dataclass
@@ -33,5 +42,9 @@ class CheckResult:
         head = f"{self.tensor} (rank {self.rank}, {self.check})"
         if self.status == FAIL:
             return f"FAIL {head}: {self.message}"
-        extra = f", max ratio to bound {self.max_error:.3g}" if self.check in (GEMM_BOUND,) and self.max_error is not None else ""
+        extra = (
+            f", max ratio to bound {self.max_error:.3g}"
+            if self.check in (GEMM_BOUND,) and self.max_error is not None
+            else ""
+        )
         return f"{self.status} {head}: {self.elements} elements{extra}{': ' + self.message if self.message else ''}"

@@ -7,6 +7,7 @@ A failure is reported at the first dump point where it shows, with the earlier p
 clean, because every checker recomputes its expectation from the *dumped* output of the stage
 before it.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ from megamoe import reference as ref
 from .cleanup import check_d10
 from .combine import check_d9
 from .dispatch import check_d1, check_d2, check_d3
-from .dump import Dump, global_weights
+from .dump import Dump, global_weights, with_weights
 from .l1 import check_d5
 from .l2 import check_d7, check_d8
 from .pool import check_d4
-from .result import END_TO_END, FAIL, GUARD, INFO, PASS, CheckResult
+from .result import END_TO_END, FAIL, GUARD, INFO, NA, PASS, CheckResult
 from .swiglu import check_d6
 
 STAGES: tuple[tuple[str, str, Callable], ...] = (
@@ -40,6 +41,17 @@ STAGES: tuple[tuple[str, str, Callable], ...] = (
 )
 
 
+# What the table's columns mean; printed under it by `megamoe check`, and in the README.
+LEGEND = """\
+elements: how many elements the check compared (valid pool rows only for pool-shaped tensors).
+mismatches: how many of them broke the check's rule.
+max error: GEMM_BOUND rows: the largest |acc - exact| / (tau * sum|a*b|) over the elements, the
+  bound's own scale, so a value <= 1 passes and 0.25 means a quarter of the allowed error;
+  END_TO_END rows: calc_diff = 1 - 2*sum(x*y) / sum(x^2 + y^2) of y against the float64 oracle
+  (report only, never a failure). Empty for the checks that compare bytes.
+status: pass, fail, info (reported, not judged) or n/a (nothing to compare: 0 elements; never a pass)."""
+
+
 @dataclass
 class SuiteReport:
     results: list[CheckResult]
@@ -49,37 +61,49 @@ class SuiteReport:
         return not any(r.failed for r in self.results)
 
     def status(self, point: str) -> str:
+        """fail, pass (at least one check passed, none failed), n/a (nothing to compare) or skip."""
         rs = [r for r in self.results if r.point == point and r.status in (PASS, FAIL)]
-        return FAIL if any(r.failed for r in rs) else (PASS if rs else "skip")
+        if rs:
+            return FAIL if any(r.failed for r in rs) else PASS
+        return NA if any(r.point == point and r.status == NA for r in self.results) else "skip"
 
     @property
     def first_failure(self) -> str | None:
         return next((p for p, _, _ in STAGES if self.status(p) == FAIL), None)
 
     def text(self) -> str:
-        lines = [self.table(), ""]
+        lines = [self.table(), "", LEGEND, ""]
         first = self.first_failure
         if first is None:
-            lines.append("all stages conform")
+            # A point with nothing to compare on any rank (a call without tokens) is named, so
+            # that "conform" never stands for checks that did not happen.
+            empty = [p for p, _, _ in STAGES if self.status(p) in (NA, "skip")]
+            lines.append("all stages conform" + (f"; nothing to compare at {', '.join(empty)}" if empty else ""))
         else:
-            clean = [p for p, _, _ in STAGES[:[p for p, _, _ in STAGES].index(first)]]
+            clean = [p for p, _, _ in STAGES[: [p for p, _, _ in STAGES].index(first)]]
             lines.append(f"first failing dump point: {first}; earlier stages clean: {', '.join(clean) or 'none'}")
             lines += [r.line() for r in self.results if r.failed]
         return "\n".join(lines)
 
     def table(self) -> str:
-        rows = ["| point | stage | check | rank | status | elements | mismatches | max error |",
-                "|---|---|---|---:|---|---:|---:|---:|"]
+        rows = [
+            "| point | stage | check | rank | status | elements | mismatches | max error |",
+            "|---|---|---|---:|---|---:|---:|---:|",
+        ]
         names = {p: s for p, s, _ in STAGES}
         for r in self.results:
             err = "" if r.max_error is None else f"{r.max_error:.3g}"
-            rows.append(f"| {r.tensor} | {names.get(r.point, r.point)} | {r.check} | {r.rank} | {r.status} | "
-                        f"{r.elements} | {r.mismatches} | {err} |")
+            rows.append(
+                f"| {r.tensor} | {names.get(r.point, r.point)} | {r.check} | {r.rank} | {r.status} | "
+                f"{r.elements} | {r.mismatches} | {err} |"
+            )
         return "\n".join(rows)
 
     def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "first_failure": self.first_failure,
-                           "results": [r.to_dict() for r in self.results]}, indent=2)
+        return json.dumps(
+            {"ok": self.ok, "first_failure": self.first_failure, "results": [r.to_dict() for r in self.results]},
+            indent=2,
+        )
 
 
 def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
@@ -93,31 +117,73 @@ def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
         diff = ref.calc_diff(y, orc.y)
         err = (y.double() - orc.y).abs()
         peak = float(orc.y.abs().max()) if orc.y.numel() else 0.0
-        out.append(CheckResult("D9", "y vs float64 oracle", END_TO_END, d.rank, INFO, elements=y.numel(),
-                               max_error=diff, message=f"calc_diff {diff:.3e}, max abs err "
-                               f"{float(err.max()) if err.numel() else 0:.3e}, rel (inf-norm) "
-                               f"{float(err.max()) / peak if peak else 0:.3e}"))
+        out.append(
+            CheckResult(
+                "D9",
+                "y vs float64 oracle",
+                END_TO_END,
+                d.rank,
+                INFO,
+                elements=y.numel(),
+                max_error=diff,
+                message=f"calc_diff {diff:.3e}, max abs err "
+                f"{float(err.max()) if err.numel() else 0:.3e}, rel (inf-norm) "
+                f"{float(err.max()) / peak if peak else 0:.3e}",
+            )
+        )
     return out
 
 
-def check(dumps: Iterable[Dump] | Iterable[str | Path], *, end_to_end: bool = False,
-          progress: Callable[[str], None] | None = None) -> SuiteReport:
-    """Run every checker on the dumps of one call (all ranks; files or Dump objects)."""
-    dumps = [d if isinstance(d, Dump) else Dump.load(d) for d in dumps]
-    dumps.sort(key=lambda d: d.rank)
-    world = dumps[0].world_size if dumps else 0
-    if [d.rank for d in dumps] != list(range(world)):
-        raise ValueError(f"check needs the dumps of all {world} ranks of one call, got ranks {[d.rank for d in dumps]}")
+def check_point(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
+    """One dump point of one rank (the dumps: all ranks, in rank order)."""
+    fn = next(f for p, _, f in STAGES if p == point)
+    try:
+        return fn(dumps, rank)
+    except Exception as exc:  # a malformed dump is a failure of its point, not a crash
+        return [
+            CheckResult(
+                point,
+                f"{point}.*",
+                GUARD,
+                rank,
+                FAIL,
+                message=f"the checker could not run on this dump: {type(exc).__name__}: {exc}",
+            )
+        ]
+
+
+def all_ranks(dumps: list[Dump]) -> list[Dump]:
+    """The dumps in rank order, refused (ValueError) unless they are every rank of one call once:
+    a missing rank would show up as D2/D3/D4/D8 failures that are no fault of the kernel."""
+    if not dumps:
+        raise ValueError("check needs the dumps of one call, got none")
+    dumps = sorted(dumps, key=lambda d: d.rank)
+    world = dumps[0].world_size
+    ranks = [d.rank for d in dumps]
+    if ranks != list(range(world)) or any(d.world_size != world for d in dumps):
+        raise ValueError(f"check needs the dumps of all {world} ranks of one call, got ranks {ranks}")
+    if any(d.meta.get("config") != dumps[0].meta.get("config") for d in dumps):
+        raise ValueError("check needs the dumps of one call; these hold different configs (shapes or modes)")
+    return dumps
+
+
+def check(
+    dumps: Iterable[Dump] | Iterable[str | Path],
+    *,
+    end_to_end: bool = False,
+    progress: Callable[[str], None] | None = None,
+    weights: ref.ExpertWeights | None = None,
+) -> SuiteReport:
+    """Run every checker on the dumps of one call (all ranks; files or Dump objects). Dumps saved
+    without their weights get them from `weights` (global, all experts) or from their seed."""
+    dumps = with_weights(all_ranks([d if isinstance(d, Dump) else Dump.load(d) for d in dumps]), weights)
+    world = len(dumps)
     results: list[CheckResult] = []
-    for point, stage, fn in STAGES:
+    for point, stage, _ in STAGES:
         if progress:
             progress(f"checking {point} ({stage}) on {world} rank(s)")
         for rank in range(world):
-            try:
-                results += fn(dumps, rank)
-            except Exception as exc:  # a malformed dump is a failure of its point, not a crash
-                results.append(CheckResult(point, f"{point}.*", GUARD, rank, FAIL,
-                                           message=f"the checker could not run on this dump: {type(exc).__name__}: {exc}"))
+            results += check_point(point, dumps, rank)
     if end_to_end:
         results += _end_to_end(dumps)
     return SuiteReport(results)

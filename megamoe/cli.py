@@ -6,112 +6,302 @@
     megamoe check    check recorded dump files stage by stage (exit 1 on any failure)
     megamoe dump     write the reference's expected dumps of a shape to files
     megamoe faults   run the fault catalog: every planted fault must be caught at its stage
+
+Exit codes: 0 success, 1 a check or a fault not caught where expected, 2 a bad option or input
+(one line on stderr saying which and why).
 """
+
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from megamoe.threads import limit_torch_threads
+
+# MoEConfig's field names, as the options that set them are spelled on the command line.
+CONFIG_OPTIONS = {
+    "hidden": "--hidden",
+    "intermediate": "--intermediate",
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "num_ranks": "--ranks",
+    "max_tokens_per_rank": "--tokens",
+    "activation_clamp": "--clamp",
+    "masked_ratio": "--masked-ratio",
+}
+SEED_LIMIT = 2**32  # seeds become seed·1000 + rank in a torch.Generator: stay far from its 64-bit range
+
 
 def _log(msg: str) -> None:
     print(f"[megamoe] {msg}", file=sys.stderr, flush=True)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints the whole usage first; one line says enough
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---- option types: argparse prints a bad value as "megamoe CMD: error: argument --x: <why>" ----
+
+
+def _int_at_least(low: int, multiple: int = 1, below: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low or v % multiple or (below is not None and v >= below):
+            what = f"a multiple of {multiple} that is at least {low}" if multiple > 1 else f"an integer >= {low}"
+            raise argparse.ArgumentTypeError(f"expected {what}{f' and below {below}' if below else ''}, got {v}")
+        return v
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text}")
+    return v
+
+
+def _output_file(text: str) -> Path:
+    """A file to write; its folder is made when the file is written, an existing folder is refused."""
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; expected a file name")
+    return p
+
+
+def _device(text: str) -> str:
+    if text == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("cuda needs a CUDA GPU, and torch sees none on this machine")
+    return text
+
+
+def _plots_folder(text: str) -> Path:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise argparse.ArgumentTypeError("plots need matplotlib: pip install 'megamoe[plots]'") from None
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; expected a folder")
+    return p
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    _log(f"wrote {path}")
+
+
 def _add_shape_args(p: argparse.ArgumentParser) -> None:
     from megamoe.reference import DEFAULT_CONFIG as d
-    p.add_argument("--hidden", type=int, default=d.hidden)
-    p.add_argument("--intermediate", type=int, default=d.intermediate)
-    p.add_argument("--experts", type=int, default=d.num_experts)
-    p.add_argument("--top-k", type=int, default=d.top_k)
-    p.add_argument("--ranks", type=int, default=d.num_ranks)
-    p.add_argument("--tokens", type=int, default=d.max_tokens_per_rank, help="tokens per rank")
-    p.add_argument("--clamp", type=float, default=None, help="activation clamp c (default: none)")
-    p.add_argument("--precise", action="store_true", help="precise SiLU instead of fast math")
-    p.add_argument("--distribution", default="uniform")
-    p.add_argument("--masked-ratio", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write the report as JSON to this path")
-    p.add_argument("--markdown", help="write the report as a Markdown table to this path")
+    from megamoe.reference import DISTRIBUTIONS
+
+    p.add_argument(
+        "--hidden",
+        type=_int_at_least(128, 128),
+        default=d.hidden,
+        metavar="H",
+        help="hidden size H, a multiple of 128 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--intermediate",
+        type=_int_at_least(128, 128),
+        default=d.intermediate,
+        metavar="I",
+        help="intermediate size I per expert, a multiple of 128 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--experts",
+        type=_int_at_least(1),
+        default=d.num_experts,
+        metavar="E",
+        help="experts E in all, a multiple of --ranks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=_int_at_least(1),
+        default=d.top_k,
+        metavar="K",
+        help="experts per token K, at most E (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ranks",
+        type=_int_at_least(1),
+        default=d.num_ranks,
+        metavar="R",
+        help="ranks R, run in this one process (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_int_at_least(0),
+        default=d.max_tokens_per_rank,
+        metavar="T",
+        help="tokens per rank T (default: %(default)s)",
+    )
+    p.add_argument(
+        "--clamp",
+        type=_positive_float,
+        default=None,
+        metavar="C",
+        help="activation clamp c > 0 of the SwiGLU (default: none, no clamp)",
+    )
+    p.add_argument(
+        "--precise",
+        action="store_true",
+        help="the precise SiLU table instead of the fast-math one (default: off, fast math)",
+    )
+    p.add_argument(
+        "--distribution",
+        choices=DISTRIBUTIONS,
+        default="uniform",
+        help="routing distribution of the test inputs (choices: %(choices)s; default: %(default)s)",
+    )
+    p.add_argument(
+        "--masked-ratio",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction in [0, 1] of the top-k slots set to -1, no expert (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_int_at_least(0, below=SEED_LIMIT),
+        default=0,
+        help="seed of the inputs and weights (default: %(default)s)",
+    )
+
+
+def _add_report_outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the report as JSON to FILE (default: none, not written)",
+    )
+    p.add_argument(
+        "--markdown",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the report as a Markdown table to FILE (default: none, not written)",
+    )
+
+
+def _config(args: argparse.Namespace):
+    from megamoe import reference as ref
+
+    cfg = ref.MoEConfig(
+        hidden=args.hidden,
+        intermediate=args.intermediate,
+        num_experts=args.experts,
+        top_k=args.top_k,
+        num_ranks=args.ranks,
+        max_tokens_per_rank=args.tokens,
+        activation_clamp=args.clamp,
+        fast_math=not args.precise,
+    )
+    # The routing options against the shape, by the generator's own checks (0 tokens: no work).
+    ref.make_routing(0, cfg.num_experts, cfg.top_k, distribution=args.distribution, masked_ratio=args.masked_ratio)
+    return cfg
+
+
+def _inputs(args: argparse.Namespace, cfg, device: str = "cpu"):
+    from megamoe import reference as ref
+
+    inputs = ref.make_inputs(
+        cfg, args.tokens, seed=args.seed, distribution=args.distribution, masked_ratio=args.masked_ratio, device=device
+    )
+    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed, device=device)
+    return inputs, weights
 
 
 def _report(args: argparse.Namespace, device: str) -> int:
-    from megamoe import reference as ref
     from megamoe.report import to_json, to_markdown, tolerance_report
 
-    cfg = ref.MoEConfig(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts,
-                        top_k=args.top_k, num_ranks=args.ranks, max_tokens_per_rank=args.tokens,
-                        activation_clamp=args.clamp, fast_math=not args.precise)
-    _log(f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
-         f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
-         f"clamp={cfg.activation_clamp}, routing={args.distribution}")
+    cfg = _config(args)
+    _log(
+        f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
+        f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
+        f"clamp={cfg.activation_clamp}, routing={args.distribution}"
+    )
     t0 = time.perf_counter()
-    inputs = ref.make_inputs(cfg, args.tokens, seed=args.seed, distribution=args.distribution,
-                             masked_ratio=args.masked_ratio, device=device)
-    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed, device=device)
+    inputs, weights = _inputs(args, cfg, device)
     _log(f"inputs quantized in {time.perf_counter() - t0:.2f} s")
     report = tolerance_report(cfg, inputs, weights, log=_log)
-    print(f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
-          f"{report['reference_seconds']:.2f} s):\n")
+    print(
+        f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
+        f"{report['reference_seconds']:.2f} s):\n"
+    )
     print(to_markdown(report))
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(to_json(report))
-        _log(f"wrote {args.json}")
+        _write(args.json, to_json(report))
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(to_markdown(report) + "\n")
-        _log(f"wrote {args.markdown}")
+        _write(args.markdown, to_markdown(report) + "\n")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        _log(f"CUDA GPU found ({name}). The fused kernel is not wired into `megamoe run` yet, "
-             "so this runs the reference on the GPU.")
+        _log(
+            f"CUDA GPU found ({name}). The fused kernel is not wired into `megamoe run` yet, "
+            "so this runs the reference on the GPU."
+        )
         return _report(args, "cuda")
     _log("No CUDA GPU found: running the CPU reference (megamoe.reference), not the kernel.")
     return _report(args, "cpu")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from megamoe.conformance.suite import check
+    from megamoe.conformance.dump import Dump, with_weights
+    from megamoe.conformance.suite import all_ranks, check
 
-    report = check(args.dumps, end_to_end=args.end_to_end, progress=_log)
+    # A file that is no dump, a missing rank or weights that do not match stop here, in one line.
+    dumps = with_weights(all_ranks([Dump.load(p) for p in args.dumps]))
+    report = check(dumps, end_to_end=args.end_to_end, progress=_log)
     print(report.text())
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json())
+        _write(args.json, report.to_json())
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report.table() + "\n")
+        _write(args.markdown, report.table() + "\n")
     if args.plots:
-        from megamoe.conformance.dump import Dump
         from megamoe.conformance.plots import write_plots
 
-        for path in write_plots([Dump.load(p) for p in args.dumps], args.plots):
+        for path in write_plots(dumps, args.plots):
             _log(f"wrote {path}")
     return 0 if report.ok else 1
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from megamoe import reference as ref
     from megamoe.conformance.dump import reference_dumps
 
-    cfg = ref.MoEConfig(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts,
-                        top_k=args.top_k, num_ranks=args.ranks, max_tokens_per_rank=args.tokens,
-                        activation_clamp=args.clamp, fast_math=not args.precise)
-    inputs = ref.make_inputs(cfg, args.tokens, seed=args.seed, distribution=args.distribution,
-                             masked_ratio=args.masked_ratio)
-    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed)
+    cfg = _config(args)
+    inputs, weights = _inputs(args, cfg)
     for d in reference_dumps(cfg, inputs, weights):
         path = Path(f"{args.prefix}rank{d.rank}.pt")
         path.parent.mkdir(parents=True, exist_ok=True)
-        d.save(path)
+        (d.without_weights(seed=args.seed) if args.no_weights else d).save(path)
         print(path)
     return 0
 
@@ -122,41 +312,107 @@ def cmd_faults(args: argparse.Namespace) -> int:
     outcomes = run_catalog(seed=args.seed, progress=_log)
     print("| fault | expected at | caught at | ok |\n|---|---|---|---|")
     for o in outcomes:
-        print(f"| {o.fault.name} | {o.fault.point} | {o.report.first_failure} | "
-              f"{'yes' if o.caught_where_expected else 'NO'} |")
+        print(
+            f"| {o.fault.name} | {o.fault.point} | {o.report.first_failure} | "
+            f"{'yes' if o.caught_where_expected else 'NO'} |"
+        )
     caught = sum(o.caught_where_expected for o in outcomes)
     print(f"\n{caught} of {len(outcomes)} faults caught at their stage")
     return 0 if caught == len(outcomes) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="megamoe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="megamoe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_run = sub.add_parser("run", help="the main job: default shape, tolerance report")
     _add_shape_args(p_run)
+    _add_report_outputs(p_run)
     p_run.set_defaults(fn=cmd_run)
+
     p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")
     _add_shape_args(p_rep)
-    p_rep.add_argument("--device", default="cpu")
+    _add_report_outputs(p_rep)
+    p_rep.add_argument(
+        "--device",
+        type=_device,
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the reference runs (choices: %(choices)s; default: %(default)s)",
+    )
     p_rep.set_defaults(fn=lambda a: _report(a, a.device))
+
     p_chk = sub.add_parser("check", help="check the dump files of one call (all ranks)")
-    p_chk.add_argument("dumps", nargs="+", help="dump files, one per rank")
-    p_chk.add_argument("--end-to-end", action="store_true", help="also report y against the float64 oracle")
-    p_chk.add_argument("--json", help="write the results as JSON")
-    p_chk.add_argument("--markdown", help="write the per-check table as Markdown")
-    p_chk.add_argument("--plots", help="write PNG error plots (D5, D7, end to end) into this folder (needs matplotlib)")
+    p_chk.add_argument("dumps", nargs="+", metavar="DUMP", help="dump files, one per rank, all ranks of one call")
+    p_chk.add_argument(
+        "--end-to-end", action="store_true", help="also report y against the float64 oracle (default: off)"
+    )
+    p_chk.add_argument(
+        "--json",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the results as JSON to FILE (default: none, not written)",
+    )
+    p_chk.add_argument(
+        "--markdown",
+        type=_output_file,
+        metavar="FILE",
+        help="also write the per-check table as Markdown to FILE (default: none, not written)",
+    )
+    p_chk.add_argument(
+        "--plots",
+        type=_plots_folder,
+        metavar="DIR",
+        help="write PNG error plots (D5, D7, end to end) into DIR, made if missing; needs "
+        "matplotlib (default: none, no plots)",
+    )
     p_chk.set_defaults(fn=cmd_check)
+
     p_dump = sub.add_parser("dump", help="write the reference's expected dumps (one file per rank)")
     _add_shape_args(p_dump)
-    p_dump.add_argument("--prefix", default="megamoe-dump-", help="file name prefix (default megamoe-dump-)")
+    p_dump.add_argument(
+        "--prefix",
+        default="megamoe-dumps/",
+        help="files are PREFIXrank0.pt, PREFIXrank1.pt, ...; a prefix ending in / is a folder, "
+        "made if missing (default: %(default)s, which git ignores)",
+    )
+    p_dump.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="leave the weights out of the files (most of their bytes); `megamoe check` "
+        "regenerates them from --seed and verifies their SHA-256 (default: off, every "
+        "file holds its rank's weights)",
+    )
     p_dump.set_defaults(fn=cmd_dump)
+
     p_f = sub.add_parser("faults", help="run the fault catalog")
-    p_f.add_argument("--seed", type=int, default=0)
+    p_f.add_argument(
+        "--seed",
+        type=_int_at_least(0, below=SEED_LIMIT),
+        default=0,
+        help="seed of the fault scenarios (default: %(default)s)",
+    )
     p_f.set_defaults(fn=cmd_faults)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _in_option_words(message: str) -> str:
+    """'argument 'num_experts': ...' (the library's words) -> 'argument --experts: ...'."""
+    for field, option in CONFIG_OPTIONS.items():
+        message = message.replace(f"argument '{field}'", f"argument {option}").replace(f"{field} =", f"{option} =")
+    return message
+
+
+def main(argv: list[str] | None = None) -> int:
+    limit_torch_threads()  # megamoe.threads says why
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad option (its line is printed): the code, not a raise
+        return int(exc.code or 0)
     try:
         return args.fn(args)
-    except ValueError as exc:  # bad input: MegaMoEInputError and friends
-        print(f"megamoe: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        # Bad input: MegaMoEInputError, a file that is no dump (DumpFormatError), a file that cannot
+        # be read or written. One line, exit code 2.
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"megamoe {args.command}: error: {_in_option_words(message)}", file=sys.stderr)
         return 2

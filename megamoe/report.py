@@ -5,6 +5,7 @@ the ∞-norm relative error (max |err| / max |oracle|) and a histogram of the er
 last place of a format: the stage's own output format for the stage-local rows (fp32
 accumulators, scaled E4M3, bf16 output), bf16 (the layer's output format) for the end-to-end rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,9 @@ def ulp_histogram(err_ulps: torch.Tensor) -> dict[str, int]:
     return counts
 
 
-def compare(stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputFormat,
-            scale_exp: torch.Tensor | None = None) -> dict:
+def compare(
+    stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputFormat, scale_exp: torch.Tensor | None = None
+) -> dict:
     got, oracle = got.to(torch.float64).flatten(), oracle.to(torch.float64).flatten()
     finite = torch.isfinite(got) & torch.isfinite(oracle)
     err = (got - oracle).abs()[finite]
@@ -72,8 +74,13 @@ def compare(stage: str, got: torch.Tensor, oracle: torch.Tensor, fmt: OutputForm
     }
 
 
-def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: ref.ExpertWeights,
-                     result: ref.ReferenceResult | None = None, log=None) -> dict:
+def tolerance_report(
+    cfg: ref.MoEConfig,
+    inputs: list[ref.RankInputs],
+    weights: ref.ExpertWeights,
+    result: ref.ReferenceResult | None = None,
+    log=None,
+) -> dict:
     """Run (or take) the reference and the oracle, and compare them stage by stage."""
     say = log or (lambda msg: None)
     t0 = time.perf_counter()
@@ -88,7 +95,8 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
 
     def add(key: str, got: torch.Tensor, want: torch.Tensor, scale_exp: torch.Tensor | None = None) -> None:
         got_l, want_l, sc_l = rows.setdefault(key, ([], [], []))
-        got_l.append(got.flatten()); want_l.append(want.flatten())
+        got_l.append(got.flatten())
+        want_l.append(want.flatten())
         if scale_exp is not None:
             sc_l.append(scale_exp.flatten())
 
@@ -102,9 +110,15 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
         local_act = ref.swiglu_f64(dump["D5.acc1"], dump["D4.pool_weights"], v, cfg.activation_clamp)
         add("D6 local", deq[v], local_act[v], scale_exp[v])
         add("D6", deq[v], orc.activation[v])
-        local_acc2 = ref.grouped_gemm(dump["D6.l2_acts"], dump["D6.l2_sf"], dump["D4.expert_offsets"],
-                                      local.w2, local.w2_sf, valid=meta[:, 0] >= 0,
-                                      fn=ref.block_scaled_gemm_f64)
+        local_acc2 = ref.grouped_gemm(
+            dump["D6.l2_acts"],
+            dump["D6.l2_sf"],
+            dump["D4.expert_offsets"],
+            local.w2,
+            local.w2_sf,
+            valid=meta[:, 0] >= 0,
+            fn=ref.block_scaled_gemm_f64,
+        )
         add("D7 local", dump["D7.acc2"][v], local_acc2[v])
         add("D7", dump["D7.acc2"][v], orc.acc2[v])
         y = result.y[rank].to(torch.float32)
@@ -113,7 +127,10 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
 
     def stage(name: str, key: str, fmt: OutputFormat) -> dict:
         got_l, want_l, sc_l = rows.get(key, ([], [], []))
-        cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+
+        def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(xs) if xs else torch.zeros(0, dtype=torch.float64)
+
         return compare(name, cat(got_l), cat(want_l), fmt, cat(sc_l) if sc_l else None)
 
     # "local": the stage's own rounding, against float64 computed from the stage's own input;
@@ -136,17 +153,38 @@ def tolerance_report(cfg: ref.MoEConfig, inputs: list[ref.RankInputs], weights: 
     }
 
 
+# What the table's rows and columns mean; printed under the table (README: "The tolerance report").
+LEGEND = """\
+- **local** rows: the stage's own rounding only. The stage's input is taken from the reference's
+  dumps and the float64 result of that same input is the expectation (D6 local: the dumped D5
+  accumulators through a float64 SwiGLU; D7 local: the dumped D6 codes times w2 in float64; D9
+  local: the dumped D8 rows summed in float64).
+- **end-to-end** rows: everything up to this stage, against the float64 oracle of the whole layer
+  (dequantized inputs and weights, no rounding in between). D6 is dequantized (code x scale) for
+  it; the L1 row is both, since its input (the pool) is exact.
+- **format**: the format whose ulp (unit in the last place, at the expected value) the ulp
+  columns count in: the stage's output format for local rows (fp32 accumulators, E4M3 codes
+  times their scale), bf16 (the layer's output format) for end-to-end rows.
+- **calc_diff** = 1 - 2 sum(x y) / sum(x^2 + y^2), 0 for identical tensors; **rel err
+  (inf-norm)** = max |err| / max |expected|.
+- **ulp 0 ... ulp >64**: how many elements have an error of 0 ulp, at most 0.5, 1, 2, ... 64 ulp
+  (each bucket excludes the ones before it), or more than 64; **max ulp** is the largest."""
+
+
 def to_markdown(report: dict) -> str:
     lines = [
         "| stage | format | elements | calc_diff | max abs err | rel err (inf-norm) | max ulp | "
-        + " | ".join(f"ulp {label}" for label in ULP_LABELS) + " |",
+        + " | ".join(f"ulp {label}" for label in ULP_LABELS)
+        + " |",
         "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(ULP_LABELS),
     ]
     for s in report["stages"]:
         hist = " | ".join(str(s["ulp_histogram"][label]) for label in ULP_LABELS)
-        lines.append(f"| {s['stage']} | {s['format']} | {s['elements']} | {s['calc_diff']:.3e} | "
-                     f"{s['max_abs_err']:.3e} | {s['rel_err_inf_norm']:.3e} | {s['max_ulp']:.3g} | {hist} |")
-    return "\n".join(lines)
+        lines.append(
+            f"| {s['stage']} | {s['format']} | {s['elements']} | {s['calc_diff']:.3e} | "
+            f"{s['max_abs_err']:.3e} | {s['rel_err_inf_norm']:.3e} | {s['max_ulp']:.3g} | {hist} |"
+        )
+    return "\n".join(lines + ["", LEGEND])
 
 
 def to_json(report: dict) -> str:

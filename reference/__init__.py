@@ -10,30 +10,135 @@ Runs on CPU or CUDA tensors alike. Stages, in the project's vocabulary:
     cleanup (D10)     updated_recv_stats
 and `run_reference` runs them all for R ranks in one process.
 """
+
+from megamoe.threads import limit_torch_threads as _limit_torch_threads
+
 from .cleanup import updated_recv_stats
 from .combine import combine
-from .config import DEFAULT_CONFIG, MoEConfig
+from .config import DEFAULT_CONFIG, MoEConfig, check_config
 from .dispatch import Pool, align_up, build_pool, pool_offsets, receive_counts, region_valid, send_counts, source_lists
-from .formats import (as_codes, as_float8, bf16_bits, bf16_tensor, ceil_exponent, decode_bf16,
-                      decode_e2m1, decode_e4m3, decode_ue8m0, encode_bf16, encode_e2m1, encode_e4m3,
-                      pack_fp4, pack_ue8m0, round_bf16, unpack_fp4, unpack_ue8m0)
+from .errors import MegaMoEInputError
+from .formats import (
+    as_codes,
+    as_float8,
+    bf16_bits,
+    bf16_tensor,
+    ceil_exponent,
+    decode_bf16,
+    decode_e2m1,
+    decode_e4m3,
+    decode_ue8m0,
+    encode_bf16,
+    encode_e2m1,
+    encode_e4m3,
+    pack_fp4,
+    pack_ue8m0,
+    round_bf16,
+    unpack_fp4,
+    unpack_ue8m0,
+)
 from .gemm import block_scaled_gemm, block_scaled_gemm_f64, grouped_gemm
 from .inputs import RankInputs, make_inputs, split_global_batch
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
 from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
 from .pipeline import POINTS, ReferenceResult, StageContext, run_reference, valid_rows
-from .quantize import (Quantized, dequantize_e4m3, dequantize_fp4, quantize_activations,
-                       quantize_weights, rebase_k128, requantize_intermediate)
-from .routing import (DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk,
-                      stable_topk, tie_free_logits)
+from .quantize import (
+    Quantized,
+    dequantize_e4m3,
+    dequantize_fp4,
+    quantize_activations,
+    quantize_weights,
+    rebase_k128,
+    requantize_intermediate,
+)
+from .routing import DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk, stable_topk, tie_free_logits
 from .silu_tables import silu_table
 from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
-from .validate import MegaMoEInputError, check_call, check_rank_inputs, check_weights
-from .weights import (ExpertWeights, InterleavedWeights, deinterleave_gate_up, interleave_gate_up,
-                      random_weights, interleave_weights, deinterleave_weights)
+from .validate import check_call, check_rank_inputs, check_weights
+from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_weights
 
-import types as _types
+# The reference is the CPU work of this project: keep torch's thread pool within the cores this
+# process really has (megamoe.threads says why), as the CLI and the tests do.
+_limit_torch_threads()
 
-__all__ = [name for name, value in dict(globals()).items()
-           if not name.startswith("_") and not isinstance(value, _types.ModuleType)]
+# Written out, not computed: a reader (and a linter) sees the public API without running the file.
+__all__ = [
+    "updated_recv_stats",
+    "combine",
+    "DEFAULT_CONFIG",
+    "MoEConfig",
+    "check_config",
+    "Pool",
+    "align_up",
+    "build_pool",
+    "pool_offsets",
+    "receive_counts",
+    "region_valid",
+    "send_counts",
+    "source_lists",
+    "as_codes",
+    "as_float8",
+    "bf16_bits",
+    "bf16_tensor",
+    "ceil_exponent",
+    "decode_bf16",
+    "decode_e2m1",
+    "decode_e4m3",
+    "decode_ue8m0",
+    "encode_bf16",
+    "encode_e2m1",
+    "encode_e4m3",
+    "pack_fp4",
+    "pack_ue8m0",
+    "round_bf16",
+    "unpack_fp4",
+    "unpack_ue8m0",
+    "block_scaled_gemm",
+    "block_scaled_gemm_f64",
+    "grouped_gemm",
+    "RankInputs",
+    "make_inputs",
+    "split_global_batch",
+    "l1_gemm",
+    "empty_combine_buffer",
+    "l2_epilogue",
+    "l2_gemm",
+    "OracleRank",
+    "calc_diff",
+    "combine_f64",
+    "run_oracle",
+    "swiglu_f64",
+    "POINTS",
+    "ReferenceResult",
+    "StageContext",
+    "run_reference",
+    "valid_rows",
+    "Quantized",
+    "dequantize_e4m3",
+    "dequantize_fp4",
+    "quantize_activations",
+    "quantize_weights",
+    "rebase_k128",
+    "requantize_intermediate",
+    "DISTRIBUTIONS",
+    "Routing",
+    "deepseek_v3_topk",
+    "make_routing",
+    "softmax_topk",
+    "stable_topk",
+    "tie_free_logits",
+    "silu_table",
+    "L1Output",
+    "l1_done",
+    "l1_epilogue",
+    "swiglu",
+    "MegaMoEInputError",
+    "check_call",
+    "check_rank_inputs",
+    "check_weights",
+    "ExpertWeights",
+    "deinterleave_gate_up",
+    "interleave_gate_up",
+    "random_weights",
+]

@@ -4,6 +4,7 @@ Every per-call counter and mask returns to its clean state (zero, for every regi
 layout marks as a counter); the cumulative per-expert receive statistics grow by N_e when the
 caller asks for them. Nothing else may carry over into the next call.
 """
+
 from __future__ import annotations
 
 import torch

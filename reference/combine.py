@@ -1,4 +1,5 @@
 """Stage "combine" (D9): the ordered sum of a token's expert outputs, bit-exact given the buffer."""
+
 from __future__ import annotations
 
 import torch

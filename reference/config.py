@@ -1,7 +1,13 @@
 """The shape and mode of one MoE layer call: the notation of SPEC (H, I, E, K, R, T_max)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from .errors import fail
+
+HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
+INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
 
 
 @dataclass(frozen=True)
@@ -17,7 +23,6 @@ class MoEConfig:
     fast_math: bool = True  # selects the SiLU table (SPEC §3 D6 step 3)
 
     def __post_init__(self) -> None:
-        from .validate import check_config
         check_config(self)
 
     @property
@@ -31,6 +36,27 @@ class MoEConfig:
         return asdict(self)
 
 
+def check_config(cfg: MoEConfig) -> None:
+    """The shape and mode fields (SPEC §7); MoEConfig runs it on every construction."""
+    if cfg.hidden <= 0 or cfg.hidden % HIDDEN_MULTIPLE:
+        fail("hidden", f"a positive multiple of {HIDDEN_MULTIPLE}", cfg.hidden)
+    if cfg.intermediate <= 0 or cfg.intermediate % INTERMEDIATE_MULTIPLE:
+        fail("intermediate", f"a positive multiple of {INTERMEDIATE_MULTIPLE}", cfg.intermediate)
+    if cfg.num_ranks <= 0:
+        fail("num_ranks", "a positive rank count", cfg.num_ranks)
+    if cfg.num_experts <= 0 or cfg.num_experts % cfg.num_ranks:
+        fail("num_experts", f"a positive multiple of num_ranks = {cfg.num_ranks}", cfg.num_experts)
+    if not 0 < cfg.top_k <= cfg.num_experts:
+        fail("top_k", f"a value in [1, {cfg.num_experts}]", cfg.top_k)
+    if cfg.max_tokens_per_rank < 0:
+        fail("max_tokens_per_rank", "a non-negative count", cfg.max_tokens_per_rank)
+    if cfg.block_m <= 0 or cfg.block_m % 8:
+        fail("block_m", "a positive multiple of 8", cfg.block_m)
+    if cfg.activation_clamp is not None and not cfg.activation_clamp > 0:
+        fail("activation_clamp", "None or a positive number", cfg.activation_clamp)
+
+
 # The main job's default: small enough for the CPU reference to run in seconds.
-DEFAULT_CONFIG = MoEConfig(hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=2,
-                           max_tokens_per_rank=128, block_m=64)
+DEFAULT_CONFIG = MoEConfig(
+    hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=2, max_tokens_per_rank=128, block_m=64
+)

@@ -8,6 +8,7 @@ D4  the pool                  local experts expert-major, each starting on a BLO
 The reference pool order inside an expert is deterministic: source rank ascending, then t·K + k
 ascending. A kernel may fill rows in any order; the checker maps rows back through `meta`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ def send_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
 def receive_counts(all_send_counts: torch.Tensor, rank: int, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """D2: from the stacked D1 of every rank ([R, E]) -> (recv_counts [R, E_l], recv_totals [E_l])."""
     e_l = cfg.local_experts
-    counts = all_send_counts[:, rank * e_l:(rank + 1) * e_l].to(torch.int32).contiguous()
+    counts = all_send_counts[:, rank * e_l : (rank + 1) * e_l].to(torch.int32).contiguous()
     return counts, counts.sum(dim=0).to(torch.int32)
 
 
@@ -50,13 +51,14 @@ def source_lists(all_topk_idx: list[torch.Tensor], rank: int, cfg: MoEConfig) ->
     for le in range(e_l):
         for s, idx in enumerate(all_topk_idx):
             pairs = _pairs(idx, rank * e_l + le)
-            out[le, s, :pairs.numel()] = pairs.to(torch.int32)
+            out[le, s, : pairs.numel()] = pairs.to(torch.int32)
     return out
 
 
 @dataclass
 class Pool:
     """D4: the receiving rank's token pool. Padding rows are zero with meta = -1."""
+
     x: torch.Tensor  # uint8 E4M3 codes [P, H]
     x_sf: torch.Tensor  # uint8 UE8M0 [P, H/32]
     weights: torch.Tensor  # fp32 [P], bit copy of topk_weights_s[t, k]
@@ -71,13 +73,24 @@ class Pool:
 
     @classmethod
     def from_dump(cls, dump: dict) -> "Pool":
-        return cls(dump["D4.pool_x"], dump["D4.pool_x_sf"], dump["D4.pool_weights"], dump["D4.pool_meta"],
-                   dump["D4.expert_offsets"], dump["D4.block_arrivals"])
+        return cls(
+            dump["D4.pool_x"],
+            dump["D4.pool_x_sf"],
+            dump["D4.pool_weights"],
+            dump["D4.pool_meta"],
+            dump["D4.expert_offsets"],
+            dump["D4.block_arrivals"],
+        )
 
     def to_dump(self) -> dict:
-        return {"D4.pool_x": self.x, "D4.pool_x_sf": self.x_sf, "D4.pool_weights": self.weights,
-                "D4.pool_meta": self.meta, "D4.expert_offsets": self.expert_offsets,
-                "D4.block_arrivals": self.block_arrivals}
+        return {
+            "D4.pool_x": self.x,
+            "D4.pool_x_sf": self.x_sf,
+            "D4.pool_weights": self.weights,
+            "D4.pool_meta": self.meta,
+            "D4.expert_offsets": self.expert_offsets,
+            "D4.block_arrivals": self.block_arrivals,
+        }
 
     @property
     def num_rows(self) -> int:

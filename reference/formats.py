@@ -6,6 +6,7 @@ each rule is written out on the fp32 bit pattern.
 
 Codes are returned as uint8 tensors; `as_float8` views E4M3 codes as torch.float8_e4m3fn.
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,6 +59,7 @@ def ceil_exponent(v: torch.Tensor) -> torch.Tensor:
 # Minifloats (E4M3, E2M1): RNE with saturation, on the fp32 bits.
 # ---------------------------------------------------------------------------------------------
 
+
 def _encode_magnitude(x: torch.Tensor, *, mbits: int, bias: int, max_val: float) -> torch.Tensor:
     """The unsigned code of RNE(|x|) saturated to max_val, for a minifloat with `mbits` mantissa
     bits and exponent bias `bias` (NaN lanes give garbage; callers replace them)."""
@@ -73,8 +75,9 @@ def _encode_magnitude(x: torch.Tensor, *, mbits: int, bias: int, max_val: float)
     return (exp + bias - 1) * (1 << mbits) + torch.nan_to_num(q).to(torch.int32)
 
 
-def _encode_signed(x: torch.Tensor, *, mbits: int, bias: int, max_val: float, sign_bit: int,
-                   nan_code: int, what: str) -> torch.Tensor:
+def _encode_signed(
+    x: torch.Tensor, *, mbits: int, bias: int, max_val: float, sign_bit: int, nan_code: int, what: str
+) -> torch.Tensor:
     x = _as_fp32(x, what)
     sign = (f32_bits(x) >> 31) & 1  # -0 keeps its sign, as cvt does
     code = _encode_magnitude(x, mbits=mbits, bias=bias, max_val=max_val) | (sign << sign_bit)
@@ -84,14 +87,12 @@ def _encode_signed(x: torch.Tensor, *, mbits: int, bias: int, max_val: float, si
 
 def encode_e4m3(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> E4M3 codes: RNE, saturating to ±448, every NaN -> 0x7F (cvt.rn.satfinite)."""
-    return _encode_signed(x, mbits=3, bias=7, max_val=E4M3_MAX, sign_bit=7, nan_code=E4M3_NAN,
-                          what="encode_e4m3")
+    return _encode_signed(x, mbits=3, bias=7, max_val=E4M3_MAX, sign_bit=7, nan_code=E4M3_NAN, what="encode_e4m3")
 
 
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> E2M1 codes (one per uint8, low nibble): RNE, saturating to ±6, NaN -> 0x7."""
-    return _encode_signed(x, mbits=1, bias=1, max_val=E2M1_MAX, sign_bit=3, nan_code=E2M1_NAN,
-                          what="encode_e2m1")
+    return _encode_signed(x, mbits=1, bias=1, max_val=E2M1_MAX, sign_bit=3, nan_code=E2M1_NAN, what="encode_e2m1")
 
 
 def _minifloat_table(ebits: int, mbits: int, bias: int, nan_codes: tuple[int, ...]) -> torch.Tensor:
@@ -141,6 +142,7 @@ def as_float8(codes: torch.Tensor) -> torch.Tensor:
 # FP4 nibble packing
 # ---------------------------------------------------------------------------------------------
 
+
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """[..., K] E2M1 codes -> [..., K/2] bytes: element 2i in the low nibble, 2i+1 in the high."""
     if codes.shape[-1] % 2:
@@ -160,8 +162,7 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 # UE8M0
 # ---------------------------------------------------------------------------------------------
 
-UE8M0_VALUES = torch.tensor([2.0 ** (b - 127) for b in range(255)] + [float("nan")],
-                            dtype=torch.float64)
+UE8M0_VALUES = torch.tensor([2.0 ** (b - 127) for b in range(255)] + [float("nan")], dtype=torch.float64)
 
 
 def decode_ue8m0(scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -189,6 +190,7 @@ def unpack_ue8m0(words: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # BF16
 # ---------------------------------------------------------------------------------------------
+
 
 def encode_bf16(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> bf16 bit patterns (int32 in [0, 65535]): RNE; NaN -> 0x7FFF (cvt.rn.bf16.f32)."""

@@ -7,13 +7,14 @@ multiples of 1/2, and a 32-term sum stays far below 2^53), so it is exact in flo
 order. The per-group terms are then added in float64 in ascending group order — a fixed order,
 so the CPU and CUDA references agree bit for bit — and the sum is rounded once to fp32.
 """
+
 from __future__ import annotations
 
 import torch
 
 from . import formats as F
 
-E4M3_UNIT = 2.0 ** -9  # every E4M3 value is an integer multiple of this
+E4M3_UNIT = 2.0**-9  # every E4M3 value is an integer multiple of this
 E2M1_UNIT = 0.5  # every E2M1 value is an integer multiple of this
 
 
@@ -25,8 +26,9 @@ def _operands(a_codes, a_sf, b_packed, b_sf):
     return a_int, b_int, a_scale, b_scale
 
 
-def block_scaled_gemm_f64(a_codes: torch.Tensor, a_sf: torch.Tensor, b_packed: torch.Tensor,
-                          b_sf: torch.Tensor, *, absolute: bool = False) -> torch.Tensor:
+def block_scaled_gemm_f64(
+    a_codes: torch.Tensor, a_sf: torch.Tensor, b_packed: torch.Tensor, b_sf: torch.Tensor, *, absolute: bool = False
+) -> torch.Tensor:
     """float64 [M, N] sum of FP8 [M, K] (per-32 scales [M, K/32]) times FP4 [N, K/2] (scales [N, K/32]).
 
     With absolute=True, returns Σ |a_k·b_k| instead: the scale of the GEMM_BOUND tolerance.
@@ -48,9 +50,16 @@ def block_scaled_gemm(a_codes, a_sf, b_packed, b_sf) -> torch.Tensor:
     return block_scaled_gemm_f64(a_codes, a_sf, b_packed, b_sf).to(torch.float32)
 
 
-def grouped_gemm(rows_codes: torch.Tensor, rows_sf: torch.Tensor, expert_offsets: torch.Tensor,
-                 w: torch.Tensor, w_sf: torch.Tensor, *, valid: torch.Tensor,
-                 fn=block_scaled_gemm) -> torch.Tensor:
+def grouped_gemm(
+    rows_codes: torch.Tensor,
+    rows_sf: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    w: torch.Tensor,
+    w_sf: torch.Tensor,
+    *,
+    valid: torch.Tensor,
+    fn=block_scaled_gemm,
+) -> torch.Tensor:
     """Apply `fn` expert by expert over an expert-major pool; padding rows give 0."""
     p, n = rows_codes.shape[0], w.shape[1]
     dtype = torch.float64 if fn is not block_scaled_gemm else torch.float32

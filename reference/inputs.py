@@ -1,4 +1,5 @@
 """The per-rank inputs of one call (SPEC §2) and a generator of test inputs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,15 @@ class RankInputs:
         return RankInputs(*(t.to(device) for t in (self.x, self.x_sf, self.topk_idx, self.topk_weights)))
 
 
-def make_inputs(cfg: MoEConfig, tokens_per_rank: int | list[int] | None = None, *, seed: int = 0,
-                distribution: str = "uniform", masked_ratio: float = 0.0,
-                device="cpu") -> list[RankInputs]:
+def make_inputs(
+    cfg: MoEConfig,
+    tokens_per_rank: int | list[int] | None = None,
+    *,
+    seed: int = 0,
+    distribution: str = "uniform",
+    masked_ratio: float = 0.0,
+    device="cpu",
+) -> list[RankInputs]:
     """Random activations N(0, 1), quantized per 32, and a test routing, for every rank."""
     if tokens_per_rank is None:
         tokens_per_rank = cfg.max_tokens_per_rank
@@ -38,8 +45,9 @@ def make_inputs(cfg: MoEConfig, tokens_per_rank: int | list[int] | None = None, 
     for rank, t in enumerate(tokens_per_rank):
         g = torch.Generator().manual_seed(seed * 1000 + rank)
         q = quantize_activations(torch.randn(t, cfg.hidden, generator=g))
-        routing = make_routing(t, cfg.num_experts, cfg.top_k, distribution=distribution,
-                               masked_ratio=masked_ratio, seed=seed * 1000 + rank)
+        routing = make_routing(
+            t, cfg.num_experts, cfg.top_k, distribution=distribution, masked_ratio=masked_ratio, seed=seed * 1000 + rank
+        )
         out.append(RankInputs(F.as_float8(q.codes), q.scales, *routing).to(device))
     return out
 
@@ -48,5 +56,7 @@ def split_global_batch(inputs: RankInputs, num_ranks: int) -> list[RankInputs]:
     """Split one batch of tokens over ranks in contiguous, as-equal-as-possible slices."""
     t = inputs.num_tokens
     bounds = [t * r // num_ranks for r in range(num_ranks + 1)]
-    return [RankInputs(inputs.x[a:b], inputs.x_sf[a:b], inputs.topk_idx[a:b], inputs.topk_weights[a:b])
-            for a, b in zip(bounds[:-1], bounds[1:])]
+    return [
+        RankInputs(inputs.x[a:b], inputs.x_sf[a:b], inputs.topk_idx[a:b], inputs.topk_weights[a:b])
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]

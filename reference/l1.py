@@ -1,4 +1,5 @@
 """Stage "L1" (D5): the gate/up GEMM over the pool, fp32 accumulators in canonical channel order."""
+
 from __future__ import annotations
 
 import torch

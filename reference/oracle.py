@@ -3,6 +3,7 @@
 
 It is laid out on the reference pool so that every stage can be compared row for row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,15 +28,16 @@ class OracleRank:
 
 
 def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> list[OracleRank]:
-    e_l, i = cfg.local_experts, cfg.intermediate
+    e_l = cfg.local_experts
     device = inputs[0].x.device
     ys = [torch.zeros(inp.num_tokens, cfg.hidden, dtype=torch.float64, device=device) for inp in inputs]
     ranks = []
     for rank in range(cfg.num_ranks):
         local = weights.slice(rank * e_l, (rank + 1) * e_l)
         pool = build_pool(inputs, rank, cfg)
-        acc1 = grouped_gemm(pool.x, pool.x_sf, pool.expert_offsets, local.w1, local.w1_sf,
-                            valid=pool.valid, fn=block_scaled_gemm_f64)
+        acc1 = grouped_gemm(
+            pool.x, pool.x_sf, pool.expert_offsets, local.w1, local.w1_sf, valid=pool.valid, fn=block_scaled_gemm_f64
+        )
         act = swiglu_f64(acc1, pool.weights, pool.valid, cfg.activation_clamp)
         acc2 = torch.zeros(pool.num_rows, cfg.hidden, dtype=torch.float64, device=device)
         w2 = dequantize_fp4(local.w2, local.w2_sf)
@@ -53,8 +55,9 @@ def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights)
     return ranks
 
 
-def swiglu_f64(acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor,
-               activation_clamp: float | None) -> torch.Tensor:
+def swiglu_f64(
+    acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor, activation_clamp: float | None
+) -> torch.Tensor:
     """silu(g) · u · w in float64 with exact sigmoid and no rounding of g or u; padding rows 0."""
     acc1 = acc1.to(torch.float64)
     i = acc1.shape[1] // 2

@@ -6,6 +6,7 @@ the dump entries of the stages before it, exactly as a stage checker does with a
 this way), and the later stages then work on the changed values, like a kernel with one broken
 stage.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ POINTS = ("D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10")
 @dataclass
 class StageContext:
     """What a tamper hook can see besides the dump: the call and this rank's local weights."""
+
     cfg: MoEConfig
     inputs: list[RankInputs]
     weights: ExpertWeights  # local experts of `rank`
@@ -52,9 +54,13 @@ def valid_rows(dump: dict[str, torch.Tensor]) -> torch.Tensor:
     return region_valid(dump["D4.expert_offsets"], dump["D2.recv_totals"], dump["D4.pool_x"].shape[0])
 
 
-def run_reference(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights,
-                  recv_stats: list[torch.Tensor] | None = None,
-                  tamper: Tamper | Callable | None = None) -> ReferenceResult:
+def run_reference(
+    cfg: MoEConfig,
+    inputs: list[RankInputs],
+    weights: ExpertWeights,
+    recv_stats: list[torch.Tensor] | None = None,
+    tamper: Tamper | Callable | None = None,
+) -> ReferenceResult:
     """Run every stage for all R ranks. `weights` holds all E experts (canonical layout);
     rank r uses experts [r·E_l, (r+1)·E_l). `recv_stats` are the cumulative statistics before
     the call (per rank, int64 [E_l]); None starts them at zero."""
@@ -83,11 +89,19 @@ def run_reference(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeigh
         d, local = dumps[rank], ctxs[rank].weights
         pool, valid = Pool.from_dump(d), valid_rows(d)
         stage("D5", rank, {"D5.acc1": l1_gemm(pool, local, valid)})
-        l1 = l1_epilogue(d["D5.acc1"], d["D4.pool_weights"], valid, activation_clamp=cfg.activation_clamp,
-                         fast_math=cfg.fast_math)
+        l1 = l1_epilogue(
+            d["D5.acc1"], d["D4.pool_weights"], valid, activation_clamp=cfg.activation_clamp, fast_math=cfg.fast_math
+        )
         activations.append(l1.activation)
-        stage("D6", rank, {"D6.l2_acts": l1.l2_acts, "D6.l2_sf": l1.l2_sf,
-                           "D6.l1_done": l1_done(d["D4.block_arrivals"], cfg.intermediate)})
+        stage(
+            "D6",
+            rank,
+            {
+                "D6.l2_acts": l1.l2_acts,
+                "D6.l2_sf": l1.l2_sf,
+                "D6.l1_done": l1_done(d["D4.block_arrivals"], cfg.intermediate),
+            },
+        )
         stage("D7", rank, {"D7.acc2": l2_gemm(d["D6.l2_acts"], d["D6.l2_sf"], pool, local, valid)})
     # L2 epilogue: every owner writes into the combine buffers of the source ranks
     buffers = [empty_combine_buffer(cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden, device) for _ in range(r)]
@@ -100,6 +114,12 @@ def run_reference(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeigh
         stage("D9", rank, {"D9.y": combine(dumps[rank]["D8.combine"], inp.topk_idx)})
         ys.append(dumps[rank]["D9.y"])
         before = None if recv_stats is None else recv_stats[rank]
-        stage("D10", rank, {"D10.recv_stats": updated_recv_stats(before, dumps[rank]["D2.recv_totals"]),
-                            "D10.counters": torch.zeros(0, dtype=torch.int32, device=device)})
+        stage(
+            "D10",
+            rank,
+            {
+                "D10.recv_stats": updated_recv_stats(before, dumps[rank]["D2.recv_totals"]),
+                "D10.counters": torch.zeros(0, dtype=torch.int32, device=device),
+            },
+        )
     return ReferenceResult(ys, dumps, activations)

@@ -12,6 +12,7 @@ only in the amax floor and the exponent clamp:
 amax ignores NaN (the fmaxf of the kernel's reduction), so a NaN element stays a NaN code and
 does not poison its group's scale.
 """
+
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
@@ -29,8 +30,15 @@ class Quantized(NamedTuple):
     scales: torch.Tensor  # uint8 UE8M0 bytes, [..., K/32]
 
 
-def _per32(values: torch.Tensor, *, inv_max: torch.Tensor, encode: Callable, amax_floor: float | None,
-           clamp_bytes: bool, what: str) -> Quantized:
+def _per32(
+    values: torch.Tensor,
+    *,
+    inv_max: torch.Tensor,
+    encode: Callable,
+    amax_floor: float | None,
+    clamp_bytes: bool,
+    what: str,
+) -> Quantized:
     if values.dtype == torch.float64:
         raise TypeError(f"{what}: float64 input would be rounded twice; round to float32 first")
     v = values.to(torch.float32)
@@ -53,8 +61,14 @@ def _per32(values: torch.Tensor, *, inv_max: torch.Tensor, encode: Callable, ama
 
 def quantize_activations(x: torch.Tensor) -> Quantized:
     """Host utility: activations [..., H] -> E4M3 codes and per-32 UE8M0 bytes [..., H/32]."""
-    return _per32(x, inv_max=F.INV_E4M3_MAX, encode=F.encode_e4m3, amax_floor=HOST_AMAX_FLOOR,
-                  clamp_bytes=True, what="quantize_activations")
+    return _per32(
+        x,
+        inv_max=F.INV_E4M3_MAX,
+        encode=F.encode_e4m3,
+        amax_floor=HOST_AMAX_FLOOR,
+        clamp_bytes=True,
+        what="quantize_activations",
+    )
 
 
 def quantize_weights(w: torch.Tensor) -> Quantized:
@@ -65,30 +79,40 @@ def quantize_weights(w: torch.Tensor) -> Quantized:
     if not torch.isfinite(w).all():
         bad = (~torch.isfinite(w)).nonzero()[0].tolist()
         raise ValueError(f"quantize_weights: argument 'w' must be finite; first non-finite value at {bad}")
-    q = _per32(w, inv_max=F.INV_E2M1_MAX, encode=F.encode_e2m1, amax_floor=HOST_AMAX_FLOOR,
-               clamp_bytes=True, what="quantize_weights")
+    q = _per32(
+        w,
+        inv_max=F.INV_E2M1_MAX,
+        encode=F.encode_e2m1,
+        amax_floor=HOST_AMAX_FLOOR,
+        clamp_bytes=True,
+        what="quantize_weights",
+    )
     return Quantized(F.pack_fp4(q.codes), q.scales)
 
 
 def requantize_intermediate(a: torch.Tensor) -> Quantized:
     """D6 step 5: fp32 [P, I] -> E4M3 codes and UE8M0 bytes; no amax floor, no byte clamp."""
-    return _per32(a, inv_max=F.INV_E4M3_MAX, encode=F.encode_e4m3, amax_floor=None,
-                  clamp_bytes=False, what="requantize_intermediate")
+    return _per32(
+        a,
+        inv_max=F.INV_E4M3_MAX,
+        encode=F.encode_e4m3,
+        amax_floor=None,
+        clamp_bytes=False,
+        what="requantize_intermediate",
+    )
 
 
 def _expand_scales(scale_bytes: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
     return F.decode_ue8m0(scale_bytes, dtype).repeat_interleave(GROUP, dim=-1)[..., :k]
 
 
-def dequantize_e4m3(codes: torch.Tensor, scale_bytes: torch.Tensor,
-                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def dequantize_e4m3(codes: torch.Tensor, scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """E4M3 codes [..., K] with per-32 scales -> values (float64 by default: always exact)."""
     c = F.as_codes(codes)
     return F.decode_e4m3(c).to(dtype) * _expand_scales(scale_bytes, c.shape[-1], dtype)
 
 
-def dequantize_fp4(packed: torch.Tensor, scale_bytes: torch.Tensor,
-                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def dequantize_fp4(packed: torch.Tensor, scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Packed FP4 [..., K/2] with per-32 scales -> values [..., K] (float64 by default: exact)."""
     codes = F.unpack_fp4(packed)
     return F.decode_e2m1(codes).to(dtype) * _expand_scales(scale_bytes, codes.shape[-1], dtype)
@@ -110,8 +134,9 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
     sf = scale_bytes.reshape(p, k // 128, 4).to(torch.int32)
     smax = sf.amax(dim=-1)
     shift = sf - smax[..., None]
-    mult = torch.where(shift < -149, torch.zeros((), dtype=torch.float32, device=c.device),
-                       F.pow2_f32(shift.clamp(min=-149)))
+    mult = torch.where(
+        shift < -149, torch.zeros((), dtype=torch.float32, device=c.device), F.pow2_f32(shift.clamp(min=-149))
+    )
     v = F.decode_e4m3(c).reshape(p, k // 128, 4, GROUP) * mult[..., None]
     return Quantized(F.encode_e4m3(v.reshape(p, k)), smax.to(torch.uint8))
 

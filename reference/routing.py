@@ -4,11 +4,14 @@ The kernel consumes precomputed `topk_idx` / `topk_weights` (SPEC §2); these ge
 inputs. Ties are broken deterministically (value descending, lower expert index first) because
 `torch.topk` gives no stable order on ties and differs between CPU and CUDA.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+
+from .errors import fail
 
 
 class Routing(NamedTuple):
@@ -31,9 +34,16 @@ def softmax_topk(logits: torch.Tensor, k: int, *, renormalize: bool = True) -> R
     return Routing(idx.to(torch.int64), weights.to(torch.float32))
 
 
-def deepseek_v3_topk(logits: torch.Tensor, correction_bias: torch.Tensor, k: int, *, n_group: int,
-                     topk_group: int, routed_scaling_factor: float = 1.0,
-                     normalize: bool = True) -> Routing:
+def deepseek_v3_topk(
+    logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    k: int,
+    *,
+    n_group: int,
+    topk_group: int,
+    routed_scaling_factor: float = 1.0,
+    normalize: bool = True,
+) -> Routing:
     """DeepSeek-V3 "noaux_tc": sigmoid scores, biased choice, top-2-sum group selection.
 
     Experts of groups not kept are masked with -inf (not 0: the bias can make choices negative),
@@ -68,8 +78,16 @@ def tie_free_logits(num_tokens: int, num_experts: int, *, generator: torch.Gener
 DISTRIBUTIONS = ("uniform", "skewed", "one_hot", "empty_experts")
 
 
-def make_routing(num_tokens: int, num_experts: int, k: int, *, distribution: str = "uniform",
-                 masked_ratio: float = 0.0, seed: int = 0, device="cpu") -> Routing:
+def make_routing(
+    num_tokens: int,
+    num_experts: int,
+    k: int,
+    *,
+    distribution: str = "uniform",
+    masked_ratio: float = 0.0,
+    seed: int = 0,
+    device="cpu",
+) -> Routing:
     """Test routings: k distinct experts per token drawn from a named distribution.
 
     uniform        every expert equally likely
@@ -81,6 +99,8 @@ def make_routing(num_tokens: int, num_experts: int, k: int, *, distribution: str
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"make_routing: distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+    if not 0.0 <= masked_ratio <= 1.0:  # a ratio of 2 or -1 would silently mean "all" or "none"
+        fail("masked_ratio", "a fraction in [0, 1]", masked_ratio)
     g = torch.Generator().manual_seed(seed)
     p = torch.ones(num_experts)
     if distribution == "skewed":
@@ -88,9 +108,9 @@ def make_routing(num_tokens: int, num_experts: int, k: int, *, distribution: str
     elif distribution == "one_hot":
         p[0] = 1e6
     elif distribution == "empty_experts":
-        p[num_experts // 2:] = 0
+        p[num_experts // 2 :] = 0
         if k > num_experts // 2:
-            raise ValueError(f"make_routing: empty_experts needs k <= {num_experts // 2}, got {k}")
+            fail("top_k", f"at most E/2 = {num_experts // 2} for the distribution 'empty_experts'", k)
     if num_tokens == 0:
         idx = torch.zeros(0, k, dtype=torch.int64)
     else:

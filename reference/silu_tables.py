@@ -5,6 +5,7 @@ returns for the bf16 bit pattern i. They were generated on an H200 by kernel/pro
 (`python -m megamoe.silu_probe` regenerates them) and ship as package data, which is what makes
 the CPU reference bit-exact although ex2.approx, rcp.approx and expf are not reproducible on a CPU.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

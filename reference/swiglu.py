@@ -9,6 +9,7 @@
 6. l2_acts [P, I] e4m3 (natural channel order), l2_sf [P, I/32], and the L1-completion count
    per pool block (see `l1_done`).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -26,8 +27,9 @@ class L1Output(NamedTuple):
     activation: torch.Tensor  # fp32 [P, I], the value a before requantization (for reports)
 
 
-def swiglu(acc1: torch.Tensor, route_weights: torch.Tensor, *, activation_clamp: float | None,
-           fast_math: bool) -> torch.Tensor:
+def swiglu(
+    acc1: torch.Tensor, route_weights: torch.Tensor, *, activation_clamp: float | None, fast_math: bool
+) -> torch.Tensor:
     """Steps 1-4: fp32 [P, 2I] accumulators and fp32 [P] routing weights -> a, fp32 [P, I]."""
     i = acc1.shape[1] // 2
     g = F.round_bf16(acc1[:, :i])
@@ -40,8 +42,14 @@ def swiglu(acc1: torch.Tensor, route_weights: torch.Tensor, *, activation_clamp:
     return (s * u) * route_weights.to(torch.float32)[:, None]
 
 
-def l1_epilogue(acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor, *,
-                activation_clamp: float | None, fast_math: bool) -> L1Output:
+def l1_epilogue(
+    acc1: torch.Tensor,
+    route_weights: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    activation_clamp: float | None,
+    fast_math: bool,
+) -> L1Output:
     """D6 for every pool row; padding rows (valid = False) give zero codes and scale bytes."""
     a = swiglu(acc1, route_weights, activation_clamp=activation_clamp, fast_math=fast_math)
     a = torch.where(valid[:, None], a, torch.zeros_like(a))

@@ -1,80 +1,53 @@
 """Bad input (SPEC §7): every check raises MegaMoEInputError naming the argument, the expected and
 the actual value, before anything runs."""
-from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
 import torch
 
-if TYPE_CHECKING:
-    from .config import MoEConfig
-    from .inputs import RankInputs
-    from .weights import ExpertWeights
+from .config import MoEConfig
+from .errors import fail
+from .inputs import RankInputs
+from .weights import ExpertWeights
 
 TMA_ALIGNMENT = 16  # bytes: the kernel's bulk tensor copies need 16-byte aligned rows and bases
-HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
-INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
-
-
-class MegaMoEInputError(ValueError):
-    """An argument of a megamoe call is not what the contract (SPEC §7) accepts."""
-
-
-def _fail(arg: str, expected: str, actual) -> None:
-    raise MegaMoEInputError(f"argument '{arg}': expected {expected}, got {actual}")
-
-
-def check_config(cfg: "MoEConfig") -> None:
-    if cfg.hidden <= 0 or cfg.hidden % HIDDEN_MULTIPLE:
-        _fail("hidden", f"a positive multiple of {HIDDEN_MULTIPLE}", cfg.hidden)
-    if cfg.intermediate <= 0 or cfg.intermediate % INTERMEDIATE_MULTIPLE:
-        _fail("intermediate", f"a positive multiple of {INTERMEDIATE_MULTIPLE}", cfg.intermediate)
-    if cfg.num_ranks <= 0:
-        _fail("num_ranks", "a positive rank count", cfg.num_ranks)
-    if cfg.num_experts <= 0 or cfg.num_experts % cfg.num_ranks:
-        _fail("num_experts", f"a positive multiple of num_ranks = {cfg.num_ranks}", cfg.num_experts)
-    if not 0 < cfg.top_k <= cfg.num_experts:
-        _fail("top_k", f"a value in [1, {cfg.num_experts}]", cfg.top_k)
-    if cfg.max_tokens_per_rank < 0:
-        _fail("max_tokens_per_rank", "a non-negative count", cfg.max_tokens_per_rank)
-    if cfg.block_m <= 0 or cfg.block_m % 8:
-        _fail("block_m", "a positive multiple of 8", cfg.block_m)
-    if cfg.activation_clamp is not None and not cfg.activation_clamp > 0:
-        _fail("activation_clamp", "None or a positive number", cfg.activation_clamp)
 
 
 def _check_tensor(name: str, t, dtype, shape: tuple, device=None) -> None:
     if not isinstance(t, torch.Tensor):
-        _fail(name, "a torch.Tensor", type(t).__name__)
+        fail(name, "a torch.Tensor", type(t).__name__)
     if t.dtype != dtype:
-        _fail(name, f"dtype {dtype}", t.dtype)
+        fail(name, f"dtype {dtype}", t.dtype)
     if tuple(t.shape) != tuple(shape):
-        _fail(name, f"shape {list(shape)}", list(t.shape))
+        fail(name, f"shape {list(shape)}", list(t.shape))
     if device is not None and t.device != device:
-        _fail(name, f"device {device}", t.device)
+        fail(name, f"device {device}", t.device)
     if not t.is_contiguous():
-        _fail(name, "a contiguous tensor", f"strides {t.stride()}")
+        fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
 def _check_alignment(name: str, t: torch.Tensor) -> None:
     if t.device.type != "meta" and t.numel() and t.data_ptr() % TMA_ALIGNMENT:
-        _fail(name, f"a {TMA_ALIGNMENT}-byte aligned base address", f"address {t.data_ptr():#x} "
-              f"(offset {t.data_ptr() % TMA_ALIGNMENT} bytes; a sliced view? pass .clone())")
+        fail(
+            name,
+            f"a {TMA_ALIGNMENT}-byte aligned base address",
+            f"address {t.data_ptr():#x} (offset {t.data_ptr() % TMA_ALIGNMENT} bytes; a sliced view? pass .clone())",
+        )
 
 
 def _check_scales(name: str, sf: torch.Tensor) -> None:
     bad = (sf == 255).nonzero()
     if bad.numel():
-        _fail(name, "UE8M0 scale bytes in [0, 254] (255 is NaN)", f"255 at {bad[0].tolist()}")
+        fail(name, "UE8M0 scale bytes in [0, 254] (255 is NaN)", f"255 at {bad[0].tolist()}")
 
 
-def check_rank_inputs(cfg: "MoEConfig", inp: "RankInputs", rank: int = 0) -> None:
+def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0) -> None:
     """The inputs of one rank (SPEC §2, §7)."""
     t = inp.x.shape[0] if isinstance(inp.x, torch.Tensor) and inp.x.dim() == 2 else None
     if t is None:
-        _fail("x", "a 2-D tensor [T, H]", getattr(inp.x, "shape", type(inp.x).__name__))
+        fail("x", "a 2-D tensor [T, H]", getattr(inp.x, "shape", type(inp.x).__name__))
     if t > cfg.max_tokens_per_rank:
-        _fail("x", f"at most T_max = {cfg.max_tokens_per_rank} tokens (rank {rank})", t)
+        fail("x", f"at most T_max = {cfg.max_tokens_per_rank} tokens (rank {rank})", t)
     device = inp.x.device
     _check_tensor("x", inp.x, torch.float8_e4m3fn, (t, cfg.hidden), device)
     _check_tensor("x_sf", inp.x_sf, torch.uint8, (t, cfg.hidden // 32), device)
@@ -87,17 +60,20 @@ def check_rank_inputs(cfg: "MoEConfig", inp: "RankInputs", rank: int = 0) -> Non
     out_of_range = ((idx < -1) | (idx >= cfg.num_experts)).nonzero()
     if out_of_range.numel():
         pos = out_of_range[0].tolist()
-        _fail("topk_idx", f"expert ids in [-1, {cfg.num_experts})", f"{int(idx[tuple(pos)])} at {pos}")
+        fail("topk_idx", f"expert ids in [-1, {cfg.num_experts})", f"{int(idx[tuple(pos)])} at {pos}")
     if t and cfg.top_k > 1:
         s = torch.sort(idx, dim=1).values
         dup = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).nonzero()
         if dup.numel():
             row = int(dup[0, 0])
-            _fail("topk_idx", "distinct experts within a token",
-                  f"expert {int(s[row, dup[0, 1] + 1])} twice in token {row} (rank {rank})")
+            fail(
+                "topk_idx",
+                "distinct experts within a token",
+                f"expert {int(s[row, dup[0, 1] + 1])} twice in token {row} (rank {rank})",
+            )
 
 
-def check_weights(cfg: "MoEConfig", w: "ExpertWeights", num_experts: int | None = None) -> None:
+def check_weights(cfg: MoEConfig, w: ExpertWeights, num_experts: int | None = None) -> None:
     """Canonical weights of `num_experts` experts (default: all E)."""
     e = cfg.num_experts if num_experts is None else num_experts
     h, i = cfg.hidden, cfg.intermediate
@@ -110,9 +86,9 @@ def check_weights(cfg: "MoEConfig", w: "ExpertWeights", num_experts: int | None 
     _check_scales("w2_sf", w.w2_sf)
 
 
-def check_call(cfg: "MoEConfig", inputs: list["RankInputs"], weights: "ExpertWeights") -> None:
+def check_call(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> None:
     if len(inputs) != cfg.num_ranks:
-        _fail("inputs", f"one RankInputs per rank ({cfg.num_ranks})", len(inputs))
+        fail("inputs", f"one RankInputs per rank ({cfg.num_ranks})", len(inputs))
     for rank, inp in enumerate(inputs):
         check_rank_inputs(cfg, inp, rank)
     check_weights(cfg, weights)

@@ -1,21 +1,22 @@
-"""Expert weights: the canonical layout of SPEC §2 and the gate/up interleave of the kernel.
+"""Expert weights: the canonical layout of SPEC §2 and the gate/up interleave of SPEC §2.
 
 Canonical (per rank, E_l local experts):
     w1 [E_l, 2I, H/2] packed FP4, w1_sf [E_l, 2I, H/32] UE8M0; rows [0, I) gate, [I, 2I) up
     w2 [E_l, H, I/2]  packed FP4, w2_sf [E_l, H, I/32]  UE8M0
 
-`interleave_gate_up` puts gate and up rows in blocks of 8, [g0..7, u0..7, g8..15, u8..15, ...],
-so that one L1 output tile holds matching gate and up channels; `deinterleave_gate_up` is its
-exact inverse. The SM90 kernel's `transform_weights` (megamoe.jit.layout) applies this step and
-then its own fragment order.
+`interleave_gate_up` puts gate and up rows in blocks of 8, [g0..7, u0..7, g8..15, u8..15, ...]:
+rows g and g + 8 of a 16-row wgmma accumulator fragment land in one thread, so that thread holds
+the gate and the up value of the same intermediate channel for the SwiGLU. `deinterleave_gate_up`
+is its exact inverse. The kernel's full layout is `megamoe.jit.layout.transform_weights`: this
+step (one definition, imported from here), then the kernel's fragment order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from . import formats as F
 from .quantize import quantize_weights
 
 INTERLEAVE = 8
@@ -33,8 +34,7 @@ class ExpertWeights:
 
     def slice(self, start: int, stop: int) -> "ExpertWeights":
         """Experts [start, stop): the local weights of one rank from a global set."""
-        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop],
-                             self.w2_sf[start:stop])
+        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop], self.w2_sf[start:stop])
 
 
 def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
@@ -56,41 +56,11 @@ def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([blocks[:, :, 0].reshape(e, i, x), blocks[:, :, 1].reshape(e, i, x)], dim=1)
 
 
-@dataclass
-class InterleavedWeights:
-    """The layout the kernel consumes: w1 and its scales gate/up-interleaved, scales packed 4 per int32."""
-    w1: torch.Tensor  # [E_l, 2I, H/2] uint8, interleaved rows
-    w1_sf: torch.Tensor  # [E_l, 2I, H/128] int32, interleaved rows
-    w2: torch.Tensor  # [E_l, H, I/2] uint8
-    w2_sf: torch.Tensor  # [E_l, H, I/128] int32
-
-
-def interleave_weights(w: ExpertWeights) -> InterleavedWeights:
-    """Canonical -> step 1 of the kernel layout: gate/up interleaved, scales packed 4 per int32.
-    The SM90 kernel's full `transform_weights` (megamoe.jit.layout) adds its fragment order on top."""
-    return InterleavedWeights(
-        w1=interleave_gate_up(w.w1),
-        w1_sf=F.pack_ue8m0(interleave_gate_up(w.w1_sf)),
-        w2=w.w2.clone(),
-        w2_sf=F.pack_ue8m0(w.w2_sf),
-    )
-
-
-def deinterleave_weights(t: InterleavedWeights) -> ExpertWeights:
-    """Inverse of interleave_weights, bit-exact."""
-    return ExpertWeights(
-        w1=deinterleave_gate_up(t.w1),
-        w1_sf=deinterleave_gate_up(F.unpack_ue8m0(t.w1_sf)),
-        w2=t.w2.clone(),
-        w2_sf=F.unpack_ue8m0(t.w2_sf),
-    )
-
-
-def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0,
-                   device="cpu") -> ExpertWeights:
-    """Quantized random weights (global, all experts): w ~ N(0, 1/sqrt(fan_in)), per-row spread."""
+def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0, device="cpu") -> ExpertWeights:
+    """Quantized random weights (global, all experts): every element drawn from N(0, 1/fan_in)
+    (std 1/sqrt(fan_in), fan_in = H for w1 and I for w2), then quantized per 32 (SPEC §1)."""
     g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden ** 0.5
-    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate ** 0.5
+    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate**0.5
     q1, q2 = quantize_weights(w1), quantize_weights(w2)
     return ExpertWeights(q1.codes, q1.scales, q2.codes, q2.scales).to(device)

@@ -1,6 +1,7 @@
 """The conformance suite: the fault catalog is caught 100 %, each fault at its own dump point with
 every earlier point clean; no false alarm on 50 clean seeded runs; dump files; the CLI and the
 pytest plugin; GEMM_EXACT on grid-snapped inputs; vacuous-pass guards."""
+
 import dataclasses
 import subprocess
 import sys
@@ -15,13 +16,33 @@ from megamoe.conformance.faults import CATALOG, planted, scenario_inputs
 from megamoe.conformance.suite import STAGES, check
 
 REQUIRED_FAULTS = {
-    "gate_up_swapped", "interleave_4_instead_of_8", "fp4_nibbles_swapped", "weight_scale_byte_off_by_one",
-    "requant_scale_byte_off_by_one", "requant_scales_shifted", "per_128_amax", "floor_instead_of_rceil",
-    "truncation_instead_of_rne", "nan_instead_of_saturation", "clamp_skipped", "clamp_both_sides_of_gate",
-    "routing_weight_at_combine", "minus_one_slot_counted_as_expert_0", "token_dropped", "token_duplicated",
-    "slots_swapped_across_tokens", "combine_reverse_order", "combine_in_bf16", "padding_row_leaks",
-    "arrival_counter_off_by_one", "counters_not_reset", "stats_not_added", "stale_row_from_previous_call",
-    "half_written_row", "wrong_metadata_rank", "l1_accumulator_perturbed",
+    "gate_up_swapped",
+    "interleave_4_instead_of_8",
+    "fp4_nibbles_swapped",
+    "weight_scale_byte_off_by_one",
+    "requant_scale_byte_off_by_one",
+    "requant_scales_shifted",
+    "per_128_amax",
+    "floor_instead_of_rceil",
+    "truncation_instead_of_rne",
+    "nan_instead_of_saturation",
+    "clamp_skipped",
+    "clamp_both_sides_of_gate",
+    "routing_weight_at_combine",
+    "minus_one_slot_counted_as_expert_0",
+    "token_dropped",
+    "token_duplicated",
+    "slots_swapped_across_tokens",
+    "combine_reverse_order",
+    "combine_in_bf16",
+    "padding_row_leaks",
+    "arrival_counter_off_by_one",
+    "counters_not_reset",
+    "stats_not_added",
+    "stale_row_from_previous_call",
+    "half_written_row",
+    "wrong_metadata_rank",
+    "l1_accumulator_perturbed",
 }
 
 
@@ -36,7 +57,7 @@ def test_fault_is_caught_at_its_stage(fault):
     report = check(planted(fault))
     assert report.first_failure == fault.point, report.text()
     order = [p for p, _, _ in STAGES]
-    for earlier in order[:order.index(fault.point)]:
+    for earlier in order[: order.index(fault.point)]:
         assert report.status(earlier) == "pass", earlier
 
 
@@ -46,8 +67,13 @@ def test_no_false_alarm_on_clean_runs(chunk):
     for seed in range(chunk * 10, chunk * 10 + 10):
         cfg, inputs, weights = scenario_inputs("overflow" if seed % 5 == 4 else "clamped", seed)
         if seed % 3 == 1:
-            inputs = ref.make_inputs(cfg, [seed % 48, 48 - seed % 17], seed=seed,
-                                     distribution=ref.DISTRIBUTIONS[seed % 4], masked_ratio=0.1 * (seed % 4))
+            inputs = ref.make_inputs(
+                cfg,
+                [seed % 48, 48 - seed % 17],
+                seed=seed,
+                distribution=ref.DISTRIBUTIONS[seed % 4],
+                masked_ratio=0.1 * (seed % 4),
+            )
         cfg = dataclasses.replace(cfg, fast_math=bool(seed % 2))
         report = check(reference_dumps(cfg, inputs, weights))
         assert report.ok, f"seed {seed}:\n{report.text()}"
@@ -69,10 +95,10 @@ def test_dump_files_round_trip_and_refuse_foreign_or_old_files(tmp_path):
     assert check([Dump.load(p) for p in paths]).ok
     foreign = tmp_path / "foreign.pt"
     torch.save({"x": torch.zeros(3)}, foreign)
-    with pytest.raises(DumpFormatError, match="not a megamoe dump file"):
+    with pytest.raises(DumpFormatError, match="not a megamoe dump: a torch file without the 'megamoe-dump' header"):
         Dump.load(foreign)
     (tmp_path / "text.pt").write_text("hello")
-    with pytest.raises(DumpFormatError, match="not a megamoe dump file"):
+    with pytest.raises(DumpFormatError, match="not a megamoe dump: a text file"):
         Dump.load(tmp_path / "text.pt")
     old = torch.load(paths[0], weights_only=True)
     old["version"] = 0
@@ -94,24 +120,39 @@ def test_cli_check_passes_a_reference_dump_and_names_the_stage_of_a_mutated_one(
     out = capsys.readouterr().out
     assert "first failing dump point: D6; earlier stages clean: D1, D2, D3, D4, D5" in out
     s, t, k = d["D4.pool_meta"][p].tolist()
-    assert f"FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
+    assert "FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
     assert f"pool row {p} (source rank {s}, token {t}, slot {k}" in out and "column 5]" in out
     assert "got 0x" in out and "expected 0x" in out
 
 
 def test_pytest_plugin_runs_the_suite_on_dump_files(tmp_path):
     _dumps(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "megamoe.conformance", "-q",
-                          "-p", "no:cacheprovider", "--megamoe-dumps", str(tmp_path / "rank*.pt")],
-                         capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "megamoe.conformance",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--megamoe-dumps",
+            str(tmp_path / "rank*.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "10 passed" in run.stdout
+    assert "20 passed" in run.stdout  # 10 dump points x 2 ranks
 
 
 def _grid_snapped():
     """Small integers, unit scales, ~70 % zeros: every partial sum is exact in any accumulator."""
-    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=2,
-                        max_tokens_per_rank=24, block_m=16)
+    cfg = ref.MoEConfig(
+        hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=2, max_tokens_per_rank=24, block_m=16
+    )
     g = torch.Generator().manual_seed(5)
     inputs = ref.make_inputs(cfg, 24, seed=5)
     for inp in inputs:
@@ -120,8 +161,12 @@ def _grid_snapped():
         inp.x_sf.fill_(127)
     w1 = torch.randint(-2, 3, (4, 256, 256), generator=g).float() * (torch.rand(4, 256, 256, generator=g) < 0.3)
     w2 = torch.randint(-2, 3, (4, 256, 128), generator=g).float() * (torch.rand(4, 256, 128, generator=g) < 0.3)
-    weights = ref.ExpertWeights(ref.pack_fp4(ref.encode_e2m1(w1)), torch.full((4, 256, 8), 127, dtype=torch.uint8),
-                                ref.pack_fp4(ref.encode_e2m1(w2)), torch.full((4, 256, 4), 127, dtype=torch.uint8))
+    weights = ref.ExpertWeights(
+        ref.pack_fp4(ref.encode_e2m1(w1)),
+        torch.full((4, 256, 8), 127, dtype=torch.uint8),
+        ref.pack_fp4(ref.encode_e2m1(w2)),
+        torch.full((4, 256, 4), 127, dtype=torch.uint8),
+    )
     return cfg, inputs, weights
 
 
@@ -148,8 +193,21 @@ def test_guard_fails_a_check_that_could_not_fail():
 def test_cli_check_writes_error_plots(tmp_path):
     pytest.importorskip("matplotlib")
     paths = [str(p) for p in _dumps(tmp_path)]
-    assert main(["check", *paths, "--plots", str(tmp_path / "plots"), "--json", str(tmp_path / "r.json"),
-                 "--markdown", str(tmp_path / "r.md")]) == 0
+    assert (
+        main(
+            [
+                "check",
+                *paths,
+                "--plots",
+                str(tmp_path / "plots"),
+                "--json",
+                str(tmp_path / "r.json"),
+                "--markdown",
+                str(tmp_path / "r.md"),
+            ]
+        )
+        == 0
+    )
     for name in ("d5_acc1_error.png", "d7_acc2_error.png", "y_end_to_end_error.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| D6.l2_acts |" in (tmp_path / "r.md").read_text()

@@ -1,10 +1,12 @@
 """Stages dispatch (D1-D3) and pool (D4) for several ranks in one process."""
+
 import torch
 
 from megamoe import reference as ref
 
-CFG = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=3, num_ranks=4,
-                    max_tokens_per_rank=40, block_m=16)
+CFG = ref.MoEConfig(
+    hidden=256, intermediate=128, num_experts=8, top_k=3, num_ranks=4, max_tokens_per_rank=40, block_m=16
+)
 
 
 def _inputs(seed=0):

@@ -1,5 +1,6 @@
 """Kernel dumps recorded on an H200 (tests/gpu/record_fixtures.py), checked on the CPU by the
 conformance suite on every CI run — and a fault planted in one is still caught at its stage."""
+
 from pathlib import Path
 
 import pytest

@@ -1,5 +1,6 @@
 """SPEC §1 formats: exhaustive over every code, against ml_dtypes on random and boundary inputs,
 and every known disagreement between ml_dtypes, torch and the hardware pinned as a test."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -7,8 +8,31 @@ import torch
 
 from megamoe import reference as ref
 
-BOUNDARY = [0.0, -0.0, 448.0, 464.0, 465.0, 480.0, 2.0 ** -9, 2.0 ** -10, 1.5 * 2 ** -10, 3 * 2.0 ** -10,
-            0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 1e-30, 3e-39, 1e30, float("inf"), -float("inf")]
+BOUNDARY = [
+    0.0,
+    -0.0,
+    448.0,
+    464.0,
+    465.0,
+    480.0,
+    2.0**-9,
+    2.0**-10,
+    1.5 * 2**-10,
+    3 * 2.0**-10,
+    0.25,
+    0.75,
+    1.25,
+    1.75,
+    2.5,
+    3.5,
+    5.0,
+    7.0,
+    1e-30,
+    3e-39,
+    1e30,
+    float("inf"),
+    -float("inf"),
+]
 
 
 def _inputs(seed=0, n=200_000):
@@ -29,13 +53,14 @@ def _ml(x: torch.Tensor, dtype) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- E4M3
 
+
 def test_e4m3_decode_every_code_matches_ml_dtypes():
     codes = np.arange(256, dtype=np.uint8)
     want = torch.from_numpy(codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32))
     got = ref.decode_e4m3(torch.from_numpy(codes))
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert torch.equal(got[~torch.isnan(got)], want[~torch.isnan(want)])
-    assert torch.isnan(got[[0x7F, 0xFF]]).all() and got[0x7E] == 448 and got[1] == 2.0 ** -9
+    assert torch.isnan(got[[0x7F, 0xFF]]).all() and got[0x7E] == 448 and got[1] == 2.0**-9
 
 
 def test_e4m3_encode_round_trips_every_code():
@@ -74,7 +99,7 @@ def test_e4m3_torch_cast_changed_with_213_and_we_do_not_depend_on_it():
 
 
 def test_float64_is_refused_because_the_library_rounds_it_twice():
-    x = torch.tensor([1.0625 + 2.0 ** -40], dtype=torch.float64)  # correctly rounded: 1.125
+    x = torch.tensor([1.0625 + 2.0**-40], dtype=torch.float64)  # correctly rounded: 1.125
     assert torch.tensor(x.tolist(), dtype=torch.float64).to(torch.float8_e4m3fn).float().item() == 1.0
     with pytest.raises(TypeError, match="rounded twice"):
         ref.encode_e4m3(x)
@@ -83,6 +108,7 @@ def test_float64_is_refused_because_the_library_rounds_it_twice():
 
 
 # ---------------------------------------------------------------------------------------------- E2M1
+
 
 def test_e2m1_decode_every_code_matches_ml_dtypes():
     codes = np.arange(16, dtype=np.uint8)
@@ -122,13 +148,14 @@ def test_fp4_nibble_order():
 
 # ---------------------------------------------------------------------------------------------- UE8M0
 
+
 def test_ue8m0_decode_every_code_matches_ml_dtypes():
     codes = np.arange(256, dtype=np.uint8)
     want = torch.from_numpy(codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64))
     got = ref.decode_ue8m0(torch.from_numpy(codes), torch.float64)
     assert torch.isnan(got[255]) and torch.isnan(want[255])
     assert torch.equal(got[:255], want[:255])
-    assert ref.decode_ue8m0(torch.tensor([0], dtype=torch.uint8)).item() == 2.0 ** -127  # not zero
+    assert ref.decode_ue8m0(torch.tensor([0], dtype=torch.uint8)).item() == 2.0**-127  # not zero
 
 
 def test_ue8m0_packing_is_little_endian_groups():
@@ -160,6 +187,7 @@ def test_ceil_exponent_brackets_every_positive_normal():
 
 
 # ---------------------------------------------------------------------------------------------- BF16
+
 
 def test_bf16_encode_matches_torch_rne():
     bits = torch.arange(65536, dtype=torch.int32)

@@ -1,4 +1,5 @@
 """The whole reference pipeline: default shape, metamorphic properties, shapes at tile boundaries."""
+
 import dataclasses
 import time
 
@@ -7,8 +8,9 @@ from hypothesis import given, strategies as st
 
 from megamoe import reference as ref
 
-SMALL = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2,
-                      max_tokens_per_rank=40, block_m=16)
+SMALL = ref.MoEConfig(
+    hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2, max_tokens_per_rank=40, block_m=16
+)
 
 
 def _run(cfg, inputs, weights):
@@ -29,10 +31,27 @@ def test_default_shape_runs_in_seconds():
     print(f"default shape {cfg}: reference {elapsed:.2f} s")
     assert elapsed < 60  # about 0.3 s here; the bound only catches a pathological slowdown
     assert all(torch.isfinite(y.float()).all() and y.float().abs().sum() > 0 for y in res.y)
-    expected = {"D1.send_counts", "D2.recv_counts", "D2.recv_totals", "D3.source_lists", "D4.pool_x",
-                "D4.pool_x_sf", "D4.pool_weights", "D4.pool_meta", "D4.expert_offsets", "D4.block_arrivals",
-                "D5.acc1", "D6.l2_acts", "D6.l2_sf", "D6.l1_done", "D7.acc2", "D8.combine", "D9.y",
-                "D10.recv_stats", "D10.counters"}
+    expected = {
+        "D1.send_counts",
+        "D2.recv_counts",
+        "D2.recv_totals",
+        "D3.source_lists",
+        "D4.pool_x",
+        "D4.pool_x_sf",
+        "D4.pool_weights",
+        "D4.pool_meta",
+        "D4.expert_offsets",
+        "D4.block_arrivals",
+        "D5.acc1",
+        "D6.l2_acts",
+        "D6.l2_sf",
+        "D6.l1_done",
+        "D7.acc2",
+        "D8.combine",
+        "D9.y",
+        "D10.recv_stats",
+        "D10.counters",
+    }
     assert set(res.dumps[0]) == expected
 
 
@@ -52,8 +71,12 @@ def test_permuting_tokens_permutes_y():
     inp = ref.make_inputs(cfg, seed=2)[0]
     weights = ref.random_weights(4, 256, 128, seed=2)
     perm = torch.randperm(inp.num_tokens, generator=torch.Generator().manual_seed(0))
-    permuted = ref.RankInputs(inp.x[perm].contiguous(), inp.x_sf[perm].contiguous(),
-                              inp.topk_idx[perm].contiguous(), inp.topk_weights[perm].contiguous())
+    permuted = ref.RankInputs(
+        inp.x[perm].contiguous(),
+        inp.x_sf[perm].contiguous(),
+        inp.topk_idx[perm].contiguous(),
+        inp.topk_weights[perm].contiguous(),
+    )
     y = _run(cfg, [inp], weights).y[0]
     y_perm = _run(cfg, [permuted], weights).y[0]
     assert torch.equal(_bits(y[perm]), _bits(y_perm))
@@ -61,8 +84,9 @@ def test_permuting_tokens_permutes_y():
 
 def test_expert_parallel_invariance():
     """The same global batch split over R = 1, 2, 4, 8 ranks gives the same y bits."""
-    base = ref.MoEConfig(hidden=256, intermediate=128, num_experts=16, top_k=4, num_ranks=1,
-                         max_tokens_per_rank=64, block_m=16)
+    base = ref.MoEConfig(
+        hidden=256, intermediate=128, num_experts=16, top_k=4, num_ranks=1, max_tokens_per_rank=64, block_m=16
+    )
     global_batch = ref.make_inputs(base, 64, seed=3, distribution="skewed", masked_ratio=0.1)[0]
     weights = ref.random_weights(16, 256, 128, seed=3)
     want = _bits(_run(base, [global_batch], weights).y[0])
@@ -110,7 +134,7 @@ def test_cleanup_accumulates_receive_statistics():
     masked_ratio=st.sampled_from([0.0, 0.25, 1.0]),
     clamp=st.sampled_from([None, 0.5, 7.0]),
     fast_math=st.booleans(),
-    seed=st.integers(0, 2 ** 16),
+    seed=st.integers(0, 2**16),
 )
 def test_shapes_routings_and_masks(tokens, distribution, masked_ratio, clamp, fast_math, seed):
     cfg = dataclasses.replace(SMALL, activation_clamp=clamp, fast_math=fast_math)

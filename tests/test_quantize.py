@@ -1,4 +1,5 @@
 """The three per-32 quantizers of SPEC §1 and their dequantizers."""
+
 import math
 
 import ml_dtypes
@@ -19,7 +20,7 @@ def _expected_group(values: np.ndarray, max_elem: float, fmt, floor: float | Non
     e = -127 if scaled == 0 else math.ceil(math.log2(float(scaled)))
     if clamp:
         e = min(max(e, -126), 127)
-    payload = (values.astype(np.float32) * np.float32(2.0 ** -e)).clip(-max_elem, max_elem)
+    payload = (values.astype(np.float32) * np.float32(2.0**-e)).clip(-max_elem, max_elem)
     return e + 127, payload.astype(fmt).view(np.uint8)
 
 
@@ -31,9 +32,9 @@ def test_activations_match_the_rule_written_out():
     xn = x.numpy()
     for t in range(0, 64, 7):
         for grp in range(8):
-            byte, payload = _expected_group(xn[t, 32 * grp:32 * grp + 32], 448, ml_dtypes.float8_e4m3fn, 1e-4, True)
+            byte, payload = _expected_group(xn[t, 32 * grp : 32 * grp + 32], 448, ml_dtypes.float8_e4m3fn, 1e-4, True)
             assert q.scales[t, grp].item() == byte
-            assert q.codes[t, 32 * grp:32 * grp + 32].numpy().tolist() == payload.tolist()
+            assert q.codes[t, 32 * grp : 32 * grp + 32].numpy().tolist() == payload.tolist()
 
 
 def test_activation_zero_group_uses_the_floor_and_byte_clamp():
@@ -69,7 +70,7 @@ def test_intermediate_requant_zero_group_is_byte_0_and_no_clamp():
     assert q.scales[0, 1].item() == math.ceil(math.log2(float(np.float32(1e-30) * np.float32(1 / 448)))) + 127
     assert q.scales[0, 2].item() == math.ceil(math.log2(float(np.float32(3e38) * np.float32(1 / 448)))) + 127
     back = ref.dequantize_e4m3(q.codes, q.scales)
-    assert torch.allclose(back[0, 32:], a[0, 32:].double(), rtol=2 ** -4)
+    assert torch.allclose(back[0, 32:], a[0, 32:].double(), rtol=2**-4)
 
 
 def test_nan_element_keeps_its_group_scale_and_becomes_0x7f():

@@ -1,4 +1,5 @@
 """The oracle, calc_diff, the tolerance report and the `megamoe` command."""
+
 import json
 
 import torch
@@ -7,8 +8,9 @@ from megamoe import reference as ref
 from megamoe.cli import main
 from megamoe.report import tolerance_report, to_markdown, ulp_histogram
 
-CFG = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2,
-                    max_tokens_per_rank=32, block_m=16)
+CFG = ref.MoEConfig(
+    hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2, max_tokens_per_rank=32, block_m=16
+)
 
 
 def test_calc_diff():
@@ -29,7 +31,7 @@ def test_report_stage_local_errors_are_roundings():
     by_name = {s["stage"]: s for s in report["stages"]}
     assert by_name["L1 (D5 acc1) local = end-to-end"]["max_ulp"] <= 0.5  # one rounding of an exact sum
     assert by_name["L2 (D7 acc2) local"]["max_ulp"] <= 0.5
-    assert by_name["combine (D9 y) local"]["max_ulp"] <= 0.5 + 2 ** -8  # fp32 adds, then one bf16 RNE
+    assert by_name["combine (D9 y) local"]["max_ulp"] <= 0.5 + 2**-8  # fp32 adds, then one bf16 RNE
     assert by_name["SwiGLU/requant (D6 l2_acts) local"]["max_ulp"] < 1.0
     assert by_name["combine (D9 y) end-to-end"]["calc_diff"] < 1e-3
     assert "| stage |" in to_markdown(report)
@@ -38,8 +40,12 @@ def test_report_stage_local_errors_are_roundings():
 def test_cli_run_on_cpu_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "r.json"
-    assert main(["run", "--hidden", "256", "--intermediate", "128", "--experts", "8", "--tokens", "16",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            ["run", "--hidden", "256", "--intermediate", "128", "--experts", "8", "--tokens", "16", "--json", str(out)]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "No CUDA GPU found: running the CPU reference" in captured.err
     assert "combine (D9 y) end-to-end" in captured.out
@@ -48,4 +54,20 @@ def test_cli_run_on_cpu_says_so(tmp_path, capsys, monkeypatch):
 
 def test_cli_bad_shape_is_a_clear_error(capsys):
     assert main(["report", "--hidden", "200"]) == 2
-    assert "argument 'hidden'" in capsys.readouterr().err
+    assert "argument --hidden: expected a multiple of 128" in capsys.readouterr().err
+
+
+def test_the_tolerance_table_explains_its_rows_and_columns():
+    inputs = ref.make_inputs(CFG, 8, seed=1)
+    text = to_markdown(tolerance_report(CFG, inputs, ref.random_weights(8, 256, 128, seed=1)))
+    legend = text.split("\n\n", 1)[1]  # under the table
+    for words in (
+        "**local** rows",
+        "**end-to-end** rows",
+        "**format**",
+        "**calc_diff** = 1 - 2 sum(x y)",
+        "**rel err",
+        "**ulp 0 ... ulp >64**",
+        "**max ulp**",
+    ):
+        assert words in legend, words

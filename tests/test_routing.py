@@ -1,4 +1,5 @@
 """Routing generators: Mixtral softmax top-k, DeepSeek-V3 grouped sigmoid, test distributions."""
+
 import pytest
 import torch
 

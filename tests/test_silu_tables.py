@@ -1,4 +1,5 @@
 """The shipped SiLU tables (SPEC §3 D6 step 3): structure, and their error against float64 SiLU."""
+
 import torch
 
 from megamoe import reference as ref
@@ -12,9 +13,9 @@ def _ulp_error(fast: bool):
     table = ref.silu_table(fast).double()
     g = ref.decode_bf16(torch.arange(65536)).double()
     exact = g * torch.sigmoid(g)
-    ok = torch.isfinite(g) & (g.abs() < 80) & (exact.abs() > 2.0 ** -126)
+    ok = torch.isfinite(g) & (g.abs() < 80) & (exact.abs() > 2.0**-126)
     ulp = torch.exp2(torch.floor(torch.log2(exact[ok].abs())) - 23)
-    return ((table[ok] - exact[ok]).abs() / ulp)
+    return (table[ok] - exact[ok]).abs() / ulp
 
 
 def test_tables_have_the_documented_structure():
@@ -49,6 +50,16 @@ def test_silu_probe_compiles_with_the_kernel_flags(tmp_path):
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
-    run = subprocess.run(["nvcc", *NVCC_FLAGS, "-cubin", "-o", str(tmp_path / "probe.cubin"),
-                          str(KERNEL_DIR / "probes" / "silu_tables.cu")], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            "nvcc",
+            *NVCC_FLAGS,
+            "-cubin",
+            "-o",
+            str(tmp_path / "probe.cubin"),
+            str(KERNEL_DIR / "probes" / "silu_tables.cu"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr

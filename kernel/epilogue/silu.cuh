@@ -3,8 +3,8 @@
 // This is the single definition of the SiLU the kernel computes. The CPU reference cannot
 // reproduce ex2.approx / rcp.approx / expf bit for bit, so kernel/probes/silu_tables.cu runs
 // *this* function over all 65 536 bf16 inputs and the resulting tables ship with the reference
-// (reference/tables/). Any change here must regenerate the tables (tests/gpu/test_silu_tables.py
-// fails until it does).
+// (reference/tables/). Any change here must regenerate the tables (`python -m megamoe.silu_probe`;
+// test_silu_tables_regenerate_bit_for_bit in tests/gpu/test_reference_gpu.py fails until it does).
 //
 // Every operation is written with an explicit rounding intrinsic so that no compiler flag
 // (-fmad, --use_fast_math) can contract or approximate it differently from the probe.

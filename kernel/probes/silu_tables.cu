@@ -4,7 +4,8 @@
 //   silu_tables <fast.bin> <precise.bin>
 //
 // Each file is 65 536 little-endian fp32 values; entry i is silu(bf16 bits i).
-// Built by megamoe.silu_probe with the kernel's own nvcc flags (megamoe/nvcc_flags.py).
+// Built by megamoe.silu_probe with the kernel's own nvcc flags (megamoe/jit/flags.py), so the probe
+// rounds exactly as the kernel does.
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
