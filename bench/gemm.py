@@ -20,6 +20,7 @@ Columns:
   TF/s, pk%    our fast mode's TFLOP/s, and as a share of 1979
   x_fp8        torch FP8 row-wise time / our fast time
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,7 +95,9 @@ def random_kernel_weights(H: int, inter: int, dev):
         w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
         w2=torch.randint(0, 256, (E, inter // 128, H // 16, 1024), dtype=torch.uint8, device=dev),
         w2_sf=torch.randint(118, 125, (E, inter // 128, H, 4), dtype=torch.uint8, device=dev),
-        hidden=H, intermediate=inter)
+        hidden=H,
+        intermediate=inter,
+    )
 
 
 def routing_counts(routing: str, tokens: int) -> list[int]:
@@ -116,6 +119,9 @@ def main() -> None:
     ap.add_argument("--promotions", default="k32,k128", help="comma list of k32, k128 (default: both)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     ap.add_argument("--no-baselines", action="store_true", help="skip the torch grouped GEMMs")
+    ap.add_argument(
+        "--max-tile", type=int, default=None, help="force our kernels' largest token tile (default: picked)"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench.gemm needs a CUDA GPU (it times the SM90 kernels)")
@@ -150,20 +156,34 @@ def main() -> None:
                 res = {}
                 for promotion in promotions:
                     # k128: the activation operand is already rebased per K128 (rebase_k128)
-                    xsf = torch.randint(124, 131, (P, K // (32 if promotion == "k32" else 128)), dtype=torch.uint8,
-                                        device=dev)
+                    xsf = torch.randint(
+                        124, 131, (P, K // (32 if promotion == "k32" else 128)), dtype=torch.uint8, device=dev
+                    )
                     x128 = xsf if promotion == "k128" else None
                     if layer == 1:
                         wr = torch.randn(P, device=dev)
                         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=dev)
                         osf = torch.empty(P, inter // 32, dtype=torch.uint8, device=dev)
-                        fn = lambda: G.l1_gemm(x, xsf, offsets, ntok, wr, kw, promotion=promotion,  # noqa: E731
-                                               out=out, out_sf=osf, max_tokens=max(counts), x_sf128=x128)
+                        args_ = (x, xsf, offsets, ntok, wr, kw)
+                        extra = dict(out=out, out_sf=osf)
+                        gemm_fn = G.l1_gemm
                     else:
                         comb = torch.empty(1, P, H, dtype=torch.bfloat16, device=dev)
                         dst = torch.arange(P, dtype=torch.int32, device=dev)
-                        fn = lambda: G.l2_gemm(x, xsf, offsets, ntok, dst, kw, comb, promotion=promotion,  # noqa: E731
-                                               max_tokens=max(counts), x_sf128=x128)
+                        args_ = (x, xsf, offsets, ntok, dst, kw, comb)
+                        extra = {}
+                        gemm_fn = G.l2_gemm
+
+                    def fn(gemm_fn=gemm_fn, args_=args_, extra=extra, promotion=promotion, x128=x128):
+                        gemm_fn(
+                            *args_,
+                            promotion=promotion,
+                            max_tokens=max(counts),
+                            x_sf128=x128,
+                            max_tile=args.max_tile,
+                            **extra,
+                        )
+
                     res[promotion] = graph_us(fn, launches=2 if m >= 512 else 8)
                     if promotion == promotions[-1]:
                         res["eager"], res["host"] = eager_us(fn)
@@ -176,32 +196,55 @@ def main() -> None:
                     sa = torch.rand(M, device=dev) + 0.5
                     ab = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
                     launches = 2 if m >= 512 else 8
-                    fp8_t = graph_us(lambda: torch._scaled_grouped_mm(a8, w8.transpose(-2, -1), sa, sb, offs=boffs,
-                                                                       out_dtype=torch.bfloat16), launches=launches)
-                    bf16_t = graph_us(lambda: torch._grouped_mm(ab, wb.transpose(-2, -1), offs=boffs), launches=launches)
+                    fp8_t = graph_us(
+                        lambda: torch._scaled_grouped_mm(
+                            a8, w8.transpose(-2, -1), sa, sb, offs=boffs, out_dtype=torch.bfloat16
+                        ),
+                        launches=launches,
+                    )
+                    bf16_t = graph_us(
+                        lambda: torch._grouped_mm(ab, wb.transpose(-2, -1), offs=boffs), launches=launches
+                    )
                 fast = res.get("k128", res.get("k32"))
-                rows.append(dict(shape=shape, layer=f"L{layer}", routing=routing, m=m, max_expert=max(counts),
-                                 k32=res.get("k32"), k128=res.get("k128"), eager=res.get("eager"), host=res.get("host"),
-                                 fp8=fp8_t, bf16=bf16_t, floor=max(wbytes / HBM, flops / PEAK) * 1e6,
-                                 hbm=wbytes / (fast * 1e-6) / HBM, tflops=flops / (fast * 1e-6) / 1e12,
-                                 x_fp8=fp8_t / fast))
+                rows.append(
+                    dict(
+                        shape=shape,
+                        layer=f"L{layer}",
+                        routing=routing,
+                        m=m,
+                        max_expert=max(counts),
+                        k32=res.get("k32"),
+                        k128=res.get("k128"),
+                        eager=res.get("eager"),
+                        host=res.get("host"),
+                        fp8=fp8_t,
+                        bf16=bf16_t,
+                        floor=max(wbytes / HBM, flops / PEAK) * 1e6,
+                        hbm=wbytes / (fast * 1e-6) / HBM,
+                        tflops=flops / (fast * 1e-6) / 1e12,
+                        x_fp8=fp8_t / fast,
+                    )
+                )
                 print("done", json.dumps(rows[-1]), flush=True)
             if not args.no_baselines:
                 del w8, wb
-        del kw
         torch.cuda.empty_cache()
     print()
     print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
     print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed)")
-    print(f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
-          f"{'host':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}")
+    print(
+        f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
+        f"{'host':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}"
+    )
     f = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
     for r in rows:
-        print(f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} {f(r['k32']):>9} "
-              f"{f(r['k128']):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
-              f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
-              f"{r['x_fp8']:6.2f}")
+        print(
+            f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} {f(r['k32']):>9} "
+            f"{f(r['k128']):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
+            f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
+            f"{r['x_fp8']:6.2f}"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -1,5 +1,6 @@
 """Launch one GEMM configuration a few times (for ncu):
-    python -m bench.profile_one LAYER TOKENS_PER_EXPERT PROMOTION [SHAPE [MAX_TILE [WGS]]]"""
+python -m bench.profile_one LAYER TOKENS_PER_EXPERT PROMOTION [SHAPE [MAX_TILE [WGS]]]"""
+
 import sys
 
 import torch
@@ -28,12 +29,35 @@ def main():
     x128 = None if promotion == "k32" else xsf
     for _ in range(3):
         if layer == 1:
-            G.l1_gemm(x, xsf, offsets, ntok, torch.randn(P, device=dev), kw, promotion=promotion, max_tokens=m,
-                      x_sf128=x128, max_tile=max_tile, wgs=wgs)
+            G.l1_gemm(
+                x,
+                xsf,
+                offsets,
+                ntok,
+                torch.randn(P, device=dev),
+                kw,
+                promotion=promotion,
+                max_tokens=m,
+                x_sf128=x128,
+                max_tile=max_tile,
+                wgs=wgs,
+            )
         else:
             comb = torch.empty(1, P, H, dtype=torch.bfloat16, device=dev)
-            G.l2_gemm(x, xsf, offsets, ntok, torch.arange(P, dtype=torch.int32, device=dev), kw, comb,
-                      promotion=promotion, max_tokens=m, x_sf128=x128, max_tile=max_tile, wgs=wgs)
+            G.l2_gemm(
+                x,
+                xsf,
+                offsets,
+                ntok,
+                torch.arange(P, dtype=torch.int32, device=dev),
+                kw,
+                comb,
+                promotion=promotion,
+                max_tokens=m,
+                x_sf128=x128,
+                max_tile=max_tile,
+                wgs=wgs,
+            )
     torch.cuda.synchronize()
 
 

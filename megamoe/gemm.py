@@ -23,13 +23,14 @@ products are promoted into fp32 with their scales:
   TAU["k128"]. Pass x_sf128 (from rebase_k128) to give the already rebased operand; otherwise the
   entry point rebases with torch ops before the launch.
 
-Token tiles: a launch's kernel has a largest token tile (max_tile: 8..192 for k128, 8..64 for k32,
+Token tiles: a launch's kernel has a largest token tile (max_tile: 8..128 for k128, 8..64 for k32,
 picked from max_tokens; without it, the largest); each work item (an expert's block of up to
-max_tile tokens) runs at the smallest tile that holds its rows, so a skewed routing pays large
-tiles for its large experts only. The entry points
+max_tile tokens) with at most 8 rows runs at the 8-token tile, the others at max_tile, so the
+many small experts of a skewed routing cost what they cost in a uniform one. The entry points
 never synchronise with the device, cache the launch (tensor maps and packed parameters) for the
 same tensors and arguments, and can be captured in a CUDA graph.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,18 +46,18 @@ from .jit import contract, driver
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
 
 BLOCK_K = contract.BLOCK_K
-ROWS_PER_CTA = 2 * contract.ROWS_PER_WG   # weight rows per CTA with 2 consumer warpgroups
+ROWS_PER_CTA = 2 * contract.ROWS_PER_WG  # weight rows per CTA with 2 consumer warpgroups
 MAX_EXPERTS = contract.MAX_EXPERTS
 PROMOTIONS = jb.PROMOTIONS
 
 # GEMM_BOUND tau per promotion, |acc - exact| <= tau * sum_k |a_k b_k|; calibrated on the H200 by
 # tests/gpu/test_gemm.py (which logs the largest observed ratio).
-TAU = {"k32": 2.0 ** -12, "k128": 2.0 ** -10}
+TAU = {"k32": 2.0**-12, "k128": 2.0**-10}
 
 
 def pick_max_tile(max_tokens: int | None, promotion: str = "k128") -> int:
     """The kernel's largest token tile for a launch whose largest expert has max_tokens rows: the
-    smallest tile that holds them, at most the promotion's largest (192 for k128, 64 for k32;
+    smallest tile that holds them, at most the promotion's largest (128 for k128, 64 for k32;
     larger experts take several items). Unknown (None): the largest."""
     top = jb.max_tile_of(promotion)
     if max_tokens is None:
@@ -74,17 +75,30 @@ def pick_wgs(max_tile: int, n_rows: int) -> int:
     return 4 if max_tile == contract.SMALL_TILE and n_rows % 256 == 0 else 2
 
 
-def spec_for(layer: int, *, promotion: str = "k32", fast_math: bool = True, debug: bool = False,
-             max_tokens: int | None = None, n_rows: int = 256, max_tile: int | None = None,
-             wgs: int | None = None) -> jb.GemmSpec:
+def spec_for(
+    layer: int,
+    *,
+    promotion: str = "k32",
+    fast_math: bool = True,
+    debug: bool = False,
+    max_tokens: int | None = None,
+    n_rows: int = 256,
+    max_tile: int | None = None,
+    wgs: int | None = None,
+) -> jb.GemmSpec:
     if promotion not in PROMOTIONS:
         raise MegaMoEInputError(f"argument 'promotion': expected one of {PROMOTIONS}, got {promotion!r}")
     tile = pick_max_tile(max_tokens, promotion) if max_tile is None else max_tile
     if tile not in contract.TOKEN_TILES:
         raise MegaMoEInputError(f"argument 'max_tile': expected one of {contract.TOKEN_TILES}, got {tile!r}")
-    return jb.GemmSpec(layer=layer, max_tile=tile, promotion=promotion,
-                       fast_math=bool(fast_math) if layer == 1 else True, debug=debug,
-                       wgs=pick_wgs(tile, n_rows) if wgs is None else wgs)
+    return jb.GemmSpec(
+        layer=layer,
+        max_tile=tile,
+        promotion=promotion,
+        fast_math=bool(fast_math) if layer == 1 else True,
+        debug=debug,
+        wgs=pick_wgs(tile, n_rows) if wgs is None else wgs,
+    )
 
 
 def used_specs() -> list[jb.GemmSpec]:
@@ -93,7 +107,7 @@ def used_specs() -> list[jb.GemmSpec]:
     for promotion in PROMOTIONS:
         for debug in (False, True):
             for tile in (t for t in contract.TOKEN_TILES if t <= jb.max_tile_of(promotion)):
-                for wgs in ((2, 4) if tile == contract.SMALL_TILE else (2,)):
+                for wgs in (2, 4) if tile == contract.SMALL_TILE else (2,):
                     for fast_math in (True, False):
                         specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
                     specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))
@@ -131,10 +145,14 @@ def timeout_message(dev: int = 0) -> str | None:
     state, what, blk, idx, exp, obs, thr = (int(v) for v in r[0:7])
     note = "" if state == 1 else " (record claimed, completion flag not seen)"
     if what == contract.LAYOUT_CHECK:
-        return (f"SM block {blk} thread {thr}: the launch gave {obs} bytes of dynamic shared memory at offset "
-                f"{idx} mod 1024, the kernel's layout needs {exp} bytes, 1024-aligned{note}")
-    return (f"SM block {blk} thread {thr}: waited for {contract.WAITS.get(what, what)} {idx}: "
-            f"expected {exp}, observed {obs}{note}")
+        return (
+            f"SM block {blk} thread {thr}: the launch gave {obs} bytes of dynamic shared memory at offset "
+            f"{idx} mod 1024, the kernel's layout needs {exp} bytes, 1024-aligned{note}"
+        )
+    return (
+        f"SM block {blk} thread {thr}: waited for {contract.WAITS.get(what, what)} {idx}: "
+        f"expected {exp}, observed {obs}{note}"
+    )
 
 
 def reset_timeout_record(dev: int = 0) -> None:
@@ -162,8 +180,9 @@ def _check(name, t, dtypes, shape=None, device=None):
 
 def _check_aligned(name, t, align=16):
     if t.data_ptr() % align:
-        raise MegaMoEInputError(f"argument '{name}': expected a {align}-byte aligned address, got "
-                                f"{t.data_ptr() % align} mod {align}")
+        raise MegaMoEInputError(
+            f"argument '{name}': expected a {align}-byte aligned address, got {t.data_ptr() % align} mod {align}"
+        )
 
 
 _E4M3 = (torch.float8_e4m3fn, torch.uint8)
@@ -184,8 +203,9 @@ def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_n
     P = x.shape[0]
     _check("x", x, _E4M3, (P, k), dev)
     _check("x_sf", x_sf, _U8, (P, k // sf_group), dev)
-    _check("num_tokens", num_tokens, _I32, (num_tokens.shape[0],) if isinstance(num_tokens, torch.Tensor) else None,
-           dev)
+    _check(
+        "num_tokens", num_tokens, _I32, (num_tokens.shape[0],) if isinstance(num_tokens, torch.Tensor) else None, dev
+    )
     E = num_tokens.shape[0]
     _check("expert_offsets", expert_offsets, _I32, (E + 1,), dev)
     if E > MAX_EXPERTS:
@@ -219,10 +239,9 @@ def _clamp(activation_clamp) -> tuple[float, int]:
     if activation_clamp is None:
         return 0.0, 0
     if isinstance(activation_clamp, bool) or not isinstance(activation_clamp, (int, float)):
-        raise MegaMoEInputError(f"argument 'activation_clamp': expected None or a number > 0, "
-                                f"got {activation_clamp!r}")
+        raise MegaMoEInputError(f"argument 'activation_clamp': expected None or a number > 0, got {activation_clamp!r}")
     c = float(round_bf16(torch.tensor([float(activation_clamp)], dtype=torch.float32))[0])
-    if not c > 0:   # also NaN
+    if not c > 0:  # also NaN
         raise MegaMoEInputError(f"argument 'activation_clamp': expected a number > 0, got {activation_clamp!r}")
     return c, 1
 
@@ -230,27 +249,29 @@ def _clamp(activation_clamp) -> tuple[float, int]:
 def _arrival(arrival, arrival_block, P: int, dev) -> tuple[int, int]:
     if arrival is None:
         if arrival_block:
-            raise MegaMoEInputError(f"argument 'arrival_block': given ({arrival_block!r}) without arrival counters "
-                                    f"(arrival=None)")
+            raise MegaMoEInputError(
+                f"argument 'arrival_block': given ({arrival_block!r}) without arrival counters (arrival=None)"
+            )
         return 0, 0
     if isinstance(arrival_block, bool) or not isinstance(arrival_block, int) or arrival_block <= 0:
-        raise MegaMoEInputError(f"argument 'arrival_block': expected a positive int (pool rows per arrival "
-                                f"counter), got {arrival_block!r}")
+        raise MegaMoEInputError(
+            f"argument 'arrival_block': expected a positive int (pool rows per arrival counter), got {arrival_block!r}"
+        )
     _check("arrival", arrival, _I32, (-(-P // arrival_block),), dev)
     return arrival.data_ptr(), arrival_block
 
 
 @dataclasses.dataclass
 class L1Result:
-    l2_acts: torch.Tensor          # [P, I] float8_e4m3fn, natural channel order
-    l2_sf: torch.Tensor            # [P, I/32] uint8
-    acc1: torch.Tensor | None      # debug: [P, 2I] fp32, canonical order (gate then up)
+    l2_acts: torch.Tensor  # [P, I] float8_e4m3fn, natural channel order
+    l2_sf: torch.Tensor  # [P, I/32] uint8
+    acc1: torch.Tensor | None  # debug: [P, 2I] fp32, canonical order (gate then up)
 
 
 @dataclasses.dataclass
 class L2Result:
-    combine: torch.Tensor          # the combine buffer that was written, [K, T, H] bf16
-    acc2: torch.Tensor | None      # debug: [P, H] fp32
+    combine: torch.Tensor  # the combine buffer that was written, [K, T, H] bf16
+    acc2: torch.Tensor | None  # debug: [P, H] fp32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,8 +303,14 @@ def kernel(spec: jb.GemmSpec, dev: int) -> Kernel:
         threads = driver.module_constant(mod, "megamoe_threads")
         if threads != spec.threads:
             raise RuntimeError(f"{spec.name}: the cubin has {threads} threads, the spec {spec.threads}")
-        _KERNELS[key] = Kernel(spec, driver.get_function(mod, "megamoe_gemm", smem), smem, threads,
-                               driver.module_constant(mod, "megamoe_stages"), driver.num_sms(dev))
+        _KERNELS[key] = Kernel(
+            spec,
+            driver.get_function(mod, "megamoe_gemm", smem),
+            smem,
+            threads,
+            driver.module_constant(mod, "megamoe_stages"),
+            driver.num_sms(dev),
+        )
     return _KERNELS[key]
 
 
@@ -299,8 +326,11 @@ def _tkey(t):
 
 
 def _kw_key(kw) -> tuple:
-    return tuple(t.data_ptr() for t in (kw.w1, kw.w1_sf, kw.w1_lut, kw.w2, kw.w2_sf, kw.w2_lut)) \
-        if isinstance(kw, KernelWeights) else (id(kw),)
+    return (
+        tuple(t.data_ptr() for t in (kw.w1, kw.w1_sf, kw.w1_lut, kw.w2, kw.w2_sf, kw.w2_lut))
+        if isinstance(kw, KernelWeights)
+        else (id(kw),)
+    )
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -328,14 +358,20 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
     launch = _LAUNCHES.get(key)
     if launch is None:
         if n_rows % (contract.ROWS_PER_WG * spec.wgs):
-            raise MegaMoEInputError(f"weight rows: expected a multiple of {contract.ROWS_PER_WG * spec.wgs}, "
-                                    f"got {n_rows}")
+            raise MegaMoEInputError(
+                f"weight rows: expected a multiple of {contract.ROWS_PER_WG * spec.wgs}, got {n_rows}"
+            )
         kern = kernel(spec, dev)
         params = contract.pack_params(
             tmap_x8=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, 8),
             tmap_x64=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, contract.CHUNK_N),
-            num_experts=num_experts, num_pool_rows=P, k=k, n_rows=n_rows, err=_err_record(dev).data_ptr(),
-            **fields)
+            num_experts=num_experts,
+            num_pool_rows=P,
+            k=k,
+            n_rows=n_rows,
+            err=_err_record(dev).data_ptr(),
+            **fields,
+        )
         if len(_LAUNCHES) >= _MAX_CACHED_LAUNCHES:
             _LAUNCHES.clear()
         launch = _LAUNCHES[key] = driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params)
@@ -344,19 +380,41 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
 
 
 def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
-    w, sf, lut, row_base, expert_base = ((kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_row_base, kw.w1_expert_base) if layer == 1
-                                         else (kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_row_base, kw.w2_expert_base))
+    w, sf, lut, row_base, expert_base = (
+        (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_row_base, kw.w1_expert_base)
+        if layer == 1
+        else (kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_row_base, kw.w2_expert_base)
+    )
     fast = promotion == "k128"
-    return dict(w=w.data_ptr(), w_sf=(lut if fast else sf).data_ptr(), w_row_base=row_base.data_ptr() if fast else 0,
-                w_expert_base=expert_base.data_ptr() if fast else 0)
+    return dict(
+        w=w.data_ptr(),
+        w_sf=(lut if fast else sf).data_ptr(),
+        w_row_base=row_base.data_ptr() if fast else 0,
+        w_expert_base=expert_base.data_ptr() if fast else 0,
+    )
 
 
-def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
-            w_route: torch.Tensor, kw: KernelWeights, *, fast_math: bool = True,
-            activation_clamp: float | None = None, promotion: str = "k32", max_tokens: int | None = None,
-            max_tile: int | None = None, wgs: int | None = None, debug: bool = False,
-            out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None, x_sf128: torch.Tensor | None = None,
-            arrival: torch.Tensor | None = None, arrival_block: int = 0) -> L1Result:
+def l1_gemm(
+    x_pool: torch.Tensor,
+    x_sf: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    num_tokens: torch.Tensor,
+    w_route: torch.Tensor,
+    kw: KernelWeights,
+    *,
+    fast_math: bool = True,
+    activation_clamp: float | None = None,
+    promotion: str = "k32",
+    max_tokens: int | None = None,
+    max_tile: int | None = None,
+    wgs: int | None = None,
+    debug: bool = False,
+    out: torch.Tensor | None = None,
+    out_sf: torch.Tensor | None = None,
+    x_sf128: torch.Tensor | None = None,
+    arrival: torch.Tensor | None = None,
+    arrival_block: int = 0,
+) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
     expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
@@ -381,10 +439,25 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
     timeout (~10 s) with a record readable by timeout_message(). With promotion "k128" pass the
     rebased operand (x_sf128): without it the rows are rebased with torch ops before the launch,
     which reads them ahead of the gate. arrival=None (default): all rows present, no gate."""
-    key = (1, promotion, fast_math, _tkey(activation_clamp), max_tokens, max_tile, wgs, arrival_block, *_kw_key(kw),
-           *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)))
-    if not debug and out is not None and out_sf is not None and promotion in PROMOTIONS \
-            and (promotion == "k32" or x_sf128 is not None):
+    key = (
+        1,
+        promotion,
+        fast_math,
+        _tkey(activation_clamp),
+        max_tokens,
+        max_tile,
+        wgs,
+        arrival_block,
+        *_kw_key(kw),
+        *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
+    )
+    if (
+        not debug
+        and out is not None
+        and out_sf is not None
+        and promotion in PROMOTIONS
+        and (promotion == "k32" or x_sf128 is not None)
+    ):
         launch = _CALLS.get(key)
         if launch is not None:
             launch(_stream(x_pool))
@@ -402,8 +475,16 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
-    spec = spec_for(1, promotion=promotion, fast_math=fast_math, debug=debug, max_tokens=max_tokens,
-                    n_rows=2 * inter, max_tile=max_tile, wgs=wgs)
+    spec = spec_for(
+        1,
+        promotion=promotion,
+        fast_math=fast_math,
+        debug=debug,
+        max_tokens=max_tokens,
+        n_rows=2 * inter,
+        max_tile=max_tile,
+        wgs=wgs,
+    )
     if out is None:
         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=dev)
     if out_sf is None:
@@ -413,21 +494,51 @@ def l1_gemm(x_pool: torch.Tensor, x_sf: torch.Tensor, expert_offsets: torch.Tens
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    launch = _launch(spec, _u8(x_pool), H, 2 * inter, E, dict(
-        **_weight_fields(kw, 1, promotion), x_sf=x_sf.data_ptr(), expert_offsets=expert_offsets.data_ptr(),
-        num_tokens=num_tokens.data_ptr(), w_route=w_route.data_ptr(), out=out.data_ptr(), out_sf=out_sf.data_ptr(),
-        dst_rows=0, dump=acc1.data_ptr() if acc1 is not None else 0, arrival=arrival_ptr,
-        arrival_block=arrival_block, has_clamp=has_clamp, clamp_value=c))
+    launch = _launch(
+        spec,
+        _u8(x_pool),
+        H,
+        2 * inter,
+        E,
+        dict(
+            **_weight_fields(kw, 1, promotion),
+            x_sf=x_sf.data_ptr(),
+            expert_offsets=expert_offsets.data_ptr(),
+            num_tokens=num_tokens.data_ptr(),
+            w_route=w_route.data_ptr(),
+            out=out.data_ptr(),
+            out_sf=out_sf.data_ptr(),
+            dst_rows=0,
+            dump=acc1.data_ptr() if acc1 is not None else 0,
+            arrival=arrival_ptr,
+            arrival_block=arrival_block,
+            has_clamp=has_clamp,
+            clamp_value=c,
+        ),
+    )
     if key is not None:
         _remember(key, launch)
     return L1Result(out, out_sf, acc1)
 
 
-def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Tensor, num_tokens: torch.Tensor,
-            dst_rows: torch.Tensor, kw: KernelWeights, combine: torch.Tensor, *, promotion: str = "k32",
-            max_tokens: int | None = None, max_tile: int | None = None, wgs: int | None = None,
-            debug: bool = False, x_sf128: torch.Tensor | None = None, arrival: torch.Tensor | None = None,
-            arrival_block: int = 0) -> L2Result:
+def l2_gemm(
+    l2_acts: torch.Tensor,
+    l2_sf: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    num_tokens: torch.Tensor,
+    dst_rows: torch.Tensor,
+    kw: KernelWeights,
+    combine: torch.Tensor,
+    *,
+    promotion: str = "k32",
+    max_tokens: int | None = None,
+    max_tile: int | None = None,
+    wgs: int | None = None,
+    debug: bool = False,
+    x_sf128: torch.Tensor | None = None,
+    arrival: torch.Tensor | None = None,
+    arrival_block: int = 0,
+) -> L2Result:
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
     (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing.
     combine (contiguous bf16 [..., H], 16-byte aligned) may be a view into a larger buffer (e.g. a
@@ -435,8 +546,16 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
 
     max_tokens / max_tile / wgs and arrival / arrival_block: as in l1_gemm; dst_rows (read through
     the read-only cache), expert_offsets and num_tokens must be in place at the launch."""
-    key = (2, promotion, max_tokens, max_tile, wgs, arrival_block, *_kw_key(kw),
-           *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)))
+    key = (
+        2,
+        promotion,
+        max_tokens,
+        max_tile,
+        wgs,
+        arrival_block,
+        *_kw_key(kw),
+        *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
+    )
     if not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None):
         launch = _CALLS.get(key)
         if launch is not None:
@@ -447,8 +566,9 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
     if not isinstance(kw, KernelWeights):
         raise MegaMoEInputError(f"argument 'kw': expected KernelWeights (transform_weights), got {type(kw).__name__}")
     H, inter = kw.hidden, kw.intermediate
-    l2_acts, l2_sf, E = _activation_operand(l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion,
-                                            "intermediate")
+    l2_acts, l2_sf, E = _activation_operand(
+        l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate"
+    )
     P, dev = l2_acts.shape[0], l2_acts.device
     _check("dst_rows", dst_rows, _I32, (P,), dev)
     if not isinstance(combine, torch.Tensor) or combine.dim() < 1 or combine.shape[-1] != H:
@@ -462,11 +582,28 @@ def l2_gemm(l2_acts: torch.Tensor, l2_sf: torch.Tensor, expert_offsets: torch.Te
     spec = spec_for(2, promotion=promotion, debug=debug, max_tokens=max_tokens, n_rows=H, max_tile=max_tile, wgs=wgs)
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    launch = _launch(spec, _u8(l2_acts), inter, H, E, dict(
-        **_weight_fields(kw, 2, promotion), x_sf=l2_sf.data_ptr(), expert_offsets=expert_offsets.data_ptr(),
-        num_tokens=num_tokens.data_ptr(), w_route=0, out=combine.data_ptr(), out_sf=0, dst_rows=dst_rows.data_ptr(),
-        dump=acc2.data_ptr() if acc2 is not None else 0, arrival=arrival_ptr, arrival_block=arrival_block,
-        has_clamp=0, clamp_value=0.0))
+    launch = _launch(
+        spec,
+        _u8(l2_acts),
+        inter,
+        H,
+        E,
+        dict(
+            **_weight_fields(kw, 2, promotion),
+            x_sf=l2_sf.data_ptr(),
+            expert_offsets=expert_offsets.data_ptr(),
+            num_tokens=num_tokens.data_ptr(),
+            w_route=0,
+            out=combine.data_ptr(),
+            out_sf=0,
+            dst_rows=dst_rows.data_ptr(),
+            dump=acc2.data_ptr() if acc2 is not None else 0,
+            arrival=arrival_ptr,
+            arrival_block=arrival_block,
+            has_clamp=0,
+            clamp_value=0.0,
+        ),
+    )
     if key is not None:
         _remember(key, launch)
     return L2Result(combine, acc2)

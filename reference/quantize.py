@@ -149,8 +149,8 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
 # 384 <= 448), so every group within 14 binades of its row's largest is decoded exactly; 15-18
 # binades under it, the values are rounded onto E4M3's subnormal grid (2^-9); from 19 they are 0.
 FAST_LUT_HEADROOM = 6
-FAST_LUT_ENTRIES = 20      # d = 0 .. 19; larger offsets use entry 19 (all magnitudes round to 0)
-FAST_EXACT_BINADES = 14    # d <= 14 decodes exactly
+FAST_LUT_ENTRIES = 20  # d = 0 .. 19; larger offsets use entry 19 (all magnitudes round to 0)
+FAST_EXACT_BINADES = 14  # d <= 14 decodes exactly
 
 
 def scaled_fp4_lut() -> torch.Tensor:
@@ -162,8 +162,8 @@ def scaled_fp4_lut() -> torch.Tensor:
 
 
 class FastWeightScales(NamedTuple):
-    offsets: torch.Tensor      # uint8 [..., N, K/32]: min(B_r - s_g, FAST_LUT_ENTRIES - 1)
-    row_base: torch.Tensor     # uint8 [..., N]: B_r
+    offsets: torch.Tensor  # uint8 [..., N, K/32]: min(B_r - s_g, FAST_LUT_ENTRIES - 1)
+    row_base: torch.Tensor  # uint8 [..., N]: B_r
 
 
 def fast_weight_scales(scale_bytes: torch.Tensor) -> FastWeightScales:
@@ -186,10 +186,9 @@ def dequantize_fp4_fast(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torc
     by the rule above (equal to dequantize_fp4 wherever fast_rounded_rows finds nothing)."""
     codes = F.unpack_fp4(packed).to(torch.int64)
     fs = fast_weight_scales(scale_bytes)
-    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64).to(codes.device)   # [entries, 8]
-    off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., :codes.shape[-1]]
+    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64).to(codes.device)  # [entries, 8]
+    off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., : codes.shape[-1]]
     mag = lut[off, codes & 7]
     sign = torch.where((codes & 8) != 0, -1.0, 1.0).to(torch.float64)
-    row = torch.pow(torch.tensor(2.0, dtype=torch.float64),
-                    fs.row_base.to(torch.float64) - 127 - FAST_LUT_HEADROOM)
+    row = torch.pow(torch.tensor(2.0, dtype=torch.float64), fs.row_base.to(torch.float64) - 127 - FAST_LUT_HEADROOM)
     return sign * mag * row[..., None]

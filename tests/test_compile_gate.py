@@ -5,6 +5,7 @@ reads the layout's size from the cubin, so there is no second copy of it to comp
 
 Runs on a CPU-only machine; skipped when nvcc is absent. Builds go to $MEGAMOE_CACHE_DIR (unless
 set, one directory shared by the run's xdist workers), several at a time."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,6 +78,9 @@ def test_registers_are_the_launch_allocation(built):
     """The setmaxnreg budgets in the kernel (producer / consumers) redistribute the launch
     allocation, so they assume ptxas gave every thread the launch-bound maximum:
     65536 / threads, rounded down to a multiple of 8."""
-    bad = [f"{s.name}: {b.registers} registers, expected {(65536 // s.threads) // 8 * 8}"
-           for s, b in built.items() if b.registers != (65536 // s.threads) // 8 * 8]
+    bad = [
+        f"{s.name}: {b.registers} registers, expected {(65536 // s.threads) // 8 * 8}"
+        for s, b in built.items()
+        if b.registers != (65536 // s.threads) // 8 * 8
+    ]
     assert not bad, "\n".join(bad)

@@ -1,6 +1,7 @@
 """The host <-> kernel contract has one definition (megamoe/jit/contract.py): the committed C++
 header is exactly what it generates, and the packer puts every field at the offset the header's
 static_asserts pin. CPU only."""
+
 import struct
 
 import pytest
@@ -10,7 +11,8 @@ from megamoe.jit import contract
 
 def test_committed_contract_header_is_what_the_python_definition_generates():
     assert contract.header_path().read_text() == contract.header(), (
-        "kernel/gemm/contract.cuh is stale: run python -m megamoe.jit.contract")
+        "kernel/gemm/contract.cuh is stale: run python -m megamoe.jit.contract"
+    )
 
 
 def test_packed_parameters_put_each_field_at_its_offset():
@@ -21,7 +23,7 @@ def test_packed_parameters_put_each_field_at_its_offset():
     for i, f in enumerate(contract.PARAMS):
         o = contract.OFFSETS[f.name]
         if f.kind == "tmap":
-            assert b[o:o + 128] == bytes([i]) * 128
+            assert b[o : o + 128] == bytes([i]) * 128
         elif f.kind == "ptr":
             assert struct.unpack_from("<Q", b, o)[0] == 1000 + i
         elif f.kind == "i32":

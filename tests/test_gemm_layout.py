@@ -1,5 +1,6 @@
 """The kernel weight layout (megamoe/jit/layout.py) is a bijection: bit-exact round trip, and the
 fragment encoding puts each code where kernel/gemm/fp4_decode.cuh expects it. CPU only."""
+
 import torch
 
 from megamoe.jit import layout as L
@@ -42,7 +43,7 @@ def test_fragment_encoding():
                 for s in range(4):
                     for hk in range(2):
                         off = (s // 2) * 512 + lane * 16 + (s % 2) * 8 + hk * 4
-                        b = wk[0, kb, rg, off:off + 4].tolist()
+                        b = wk[0, kb, rg, off : off + 4].tolist()
                         word = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24
                         for i in range(4):
                             k = 128 * kb + 32 * s + 16 * hk + 4 * t + i

@@ -13,8 +13,7 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
 
 // 2^x for integer x in [-149, 127] as an exact fp32.
 __device__ __forceinline__ float exp2i(int x) {
-  return x >= -126 ? __uint_as_float(static_cast<uint32_t>(x + 127) << 23)
-                   : __uint_as_float(1u << (x + 149));
+  return x >= -126 ? __uint_as_float(static_cast<uint32_t>(x + 127) << 23) : __uint_as_float(1u << (x + 149));
 }
 
 }  // namespace megamoe

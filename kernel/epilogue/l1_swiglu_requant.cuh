@@ -31,17 +31,17 @@ template <int N, int kRows, bool kFastMath, bool kDebug>
 __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
   constexpr int CW = N < kChunkN ? N : kChunkN;
-  const int wtid = ptx::thread_idx() % 128;   // re-read: values kept from before the mainloop would cost registers there
+  const int wtid = ptx::thread_idx() % 128;  // re-read: values kept from before the mainloop would cost registers there
   const int wq = wtid / 32;
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
   // Interleaved rows (granularity 8): local row 16 rg + g is gate channel ch, + 8 is up ch.
-  const int64_t inter = p.n_rows / 2;                       // I
-  const int c_local = wg * 32 + wq * 8 + g;                 // channel within the CTA's kRows / 2
+  const int64_t inter = p.n_rows / 2;  // I
+  const int c_local = wg * 32 + wq * 8 + g;  // channel within the CTA's kRows / 2
   const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + c_local;
-  const int64_t ch0 = ch - c_local + wg * 32;               // the warpgroup's first channel
-  uint8_t* st_q = s_epi_wg;                                 // [CW][32] e4m3
+  const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
+  uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
   const float clampv = p.clamp_value;
   const bool has_clamp = p.has_clamp != 0;
@@ -101,10 +101,11 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
       for (int h = 0; h < 2; ++h) {
         const int col = 8 * j + 2 * t + h;
         const int tok = c * CW + col;
-        const float amax = fmaxf(fmaxf(st_amax[col], st_amax[CW + col]), fmaxf(st_amax[2 * CW + col], st_amax[3 * CW + col]));
+        const float amax =
+            fmaxf(fmaxf(st_amax[col], st_amax[CW + col]), fmaxf(st_amax[2 * CW + col], st_amax[3 * CW + col]));
         const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
         const int byte = static_cast<int>((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
-        const float mult = exp2i(127 - byte);               // 2^-e, e = byte - 127
+        const float mult = exp2i(127 - byte);  // 2^-e, e = byte - 127
         const float a = ac[4 * j + h];
         const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);
         ptx::st_shared_u8(st_q_s + col * 32, q2 & 0xFFu);

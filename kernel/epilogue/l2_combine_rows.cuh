@@ -25,14 +25,14 @@ template <int N, int kRows, bool kDebug>
 __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
   constexpr int CW = N < kChunkN ? N : kChunkN;
-  const int wtid = ptx::thread_idx() % 128;   // re-read: values kept from before the mainloop would cost registers there
+  const int wtid = ptx::thread_idx() % 128;  // re-read: values kept from before the mainloop would cost registers there
   const int wq = wtid / 32;
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
   const int64_t hidden = p.n_rows;
   const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
-  __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);   // [CW][64]
+  __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);  // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
 #pragma unroll
@@ -44,8 +44,8 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 8 * j + 2 * t + h;
-        const float v0 = acc[c * (CW / 2) + 4 * j + h];       // row 16 wq + g
-        const float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];   // row 16 wq + g + 8
+        const float v0 = acc[c * (CW / 2) + 4 * j + h];  // row 16 wq + g
+        const float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];  // row 16 wq + g + 8
         if constexpr (kDebug) {
           if (c * CW + col < wi.valid) {
             p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g] = v0;

@@ -159,12 +159,10 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   for (int item = blockIdx.x; item < s_prefix[p.num_experts]; item += gridDim.x) {
     const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
     // One instantiation of the mainloop and epilogue per token tile; the branch is uniform.
-    static_for<0, kNumTokenTiles>([&](auto i_c) {
-      constexpr int N = token_tile(decltype(i_c)::value);
-      if constexpr (N <= kMaxN) {
-        if (wi.tile == N) run_item<N, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
-      }
-    });
+    if (kMaxN == kSmallTile || wi.tile == kMaxN)
+      run_item<kMaxN, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
+    else
+      run_item<kSmallTile, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
   }
 }
 

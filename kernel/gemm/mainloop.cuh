@@ -161,7 +161,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int tt = u % 2;
     constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
     if (q >= 2 && q - 2 < total) {
-      if (q - 1 < total) ptx::wgmma_wait<1>(); else ptx::wgmma_wait<0>();
+      if (q - 1 < total)
+        ptx::wgmma_wait<1>();
+      else
+        ptx::wgmma_wait<0>();
       promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
               std::integral_constant<int, pu / G>{});
       if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});

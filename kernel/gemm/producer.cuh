@@ -51,7 +51,9 @@ struct StageRing {
 
 // The fp32 scale 2^e of an integer exponent, saturated: 0 under 2^-149, 2^127 above (the fast
 // mode's promotion scale; see gemm_sm90.cuh).
-__device__ __forceinline__ float exp2_sat(int e) { return e < -149 ? 0.0f : exp2i(e > 127 ? 127 : e); }
+__device__ __forceinline__ float exp2_sat(int e) {
+  return e < -149 ? 0.0f : exp2i(e > 127 ? 127 : e);
+}
 
 template <int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
@@ -84,7 +86,10 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
-        if (++stage == kStages) { stage = 0; phase ^= 1; }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
     }
   } else if (warp == 1) {
@@ -140,7 +145,10 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         }
         __syncwarp();
         if (lane == 0) ptx::mbar_arrive(&r.full[stage]);
-        if (++stage == kStages) { stage = 0; phase ^= 1; }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
       }
     }
   }

@@ -3,9 +3,10 @@
 // L2. Every role of a CTA (producer, scale warp, consumers) walks the same items.
 //
 // The token tile is chosen per work item, not per launch: an expert's tokens are cut into blocks
-// of kMaxN, and each block runs at the smallest token tile that holds its valid rows. So an expert
-// with 3 tokens costs an 8-token item even when another expert of the same launch has 1000 (a
-// skewed routing costs about what a uniform one of the same total does).
+// of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
+// with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
+// two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
+// third ptxas runs out of registers (measured: spills and serialised wgmmas).
 #pragma once
 
 #include <cstdint>
@@ -20,17 +21,13 @@ struct WorkItem {
   int n_block;     // block of weight rows (the CTA's tile height)
   int row0;        // first pool row of the token block
   int valid;       // valid pool rows in the token block (1..kMaxN)
-  int tile;        // token tile of the item (pick_tile)
+  int tile;        // token tile of the item: kSmallTile or kMaxN (pick_tile)
 };
 
-// The token tile of an item with `valid` rows: the smallest tile (<= kMaxN) that holds them.
+// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN.
 template <int kMaxN>
 __device__ __forceinline__ int pick_tile(int valid) {
-  int tile = kMaxN;
-#pragma unroll
-  for (int i = kNumTokenTiles - 1; i >= 0; --i)
-    if (token_tile(i) <= kMaxN && token_tile(i) >= valid) tile = token_tile(i);
-  return tile;
+  return valid <= kSmallTile ? kSmallTile : kMaxN;
 }
 
 // Shared-memory tables of the schedule: s_prefix[E + 1] (first item of each expert) and
@@ -48,13 +45,15 @@ __device__ __forceinline__ void build_schedule(const GemmParams& p, int n_row_bl
 }
 
 template <int kMaxN>
-__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk,
-                                                const GemmParams& p) {
+__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk, const GemmParams& p) {
   // Binary search for the expert whose item range holds `item`.
   int lo = 0, hi = p.num_experts - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (s_prefix[mid] <= item) lo = mid; else hi = mid - 1;
+    if (s_prefix[mid] <= item)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   WorkItem w;
   w.expert = lo;

@@ -6,6 +6,7 @@ bytes), the nvcc flags, and the specialisation. The cubin and ptxas' resource re
 on a CPU-only machine (the CI compile gate) are reused on the GPU machine when the cache directory
 travels with the code.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,12 +63,12 @@ class GemmSpec:
     the same names from the Python API to the kernel's template (promotion -> kPerK32, fast_math ->
     kFastMath, max_tile -> kMaxN, wgs -> kWGs)."""
 
-    layer: int            # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
-    max_tile: int         # the largest token tile (contract.TOKEN_TILES); items of <= 8 rows run at 8
+    layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
+    max_tile: int  # the largest token tile (contract.TOKEN_TILES); items of <= 8 rows run at 8
     promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode): how often products are promoted
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
-    debug: bool = False   # dump the fp32 accumulators (D5 / D7)
-    wgs: int = 2          # consumer warpgroups (64 weight rows each): 2, or 4 for max_tile 8
+    debug: bool = False  # dump the fp32 accumulators (D5 / D7)
+    wgs: int = 2  # consumer warpgroups (64 weight rows each): 2, or 4 for max_tile 8
 
     def __post_init__(self):
         if self.max_tile not in contract.TOKEN_TILES:
@@ -75,19 +76,20 @@ class GemmSpec:
         if self.promotion not in PROMOTIONS:
             raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
         if self.max_tile > max_tile_of(self.promotion):
-            raise ValueError(f"max_tile: promotion {self.promotion!r} goes up to {max_tile_of(self.promotion)}, "
-                             f"got {self.max_tile}")
+            raise ValueError(
+                f"max_tile: promotion {self.promotion!r} goes up to {max_tile_of(self.promotion)}, got {self.max_tile}"
+            )
         if self.wgs not in (2, 4) or (self.wgs == 4 and self.max_tile != contract.SMALL_TILE):
-            raise ValueError(f"wgs: 2, or 4 with max_tile {contract.SMALL_TILE}; got wgs={self.wgs}, "
-                             f"max_tile={self.max_tile}")
+            raise ValueError(
+                f"wgs: 2, or 4 with max_tile {contract.SMALL_TILE}; got wgs={self.wgs}, max_tile={self.max_tile}"
+            )
         if self.layer not in (1, 2):
             raise ValueError(f"layer: expected 1 or 2, got {self.layer}")
 
     @property
     def name(self) -> str:
         silu = ("_fsilu" if self.fast_math else "_psilu") if self.layer == 1 else ""
-        return (f"gemm_l{self.layer}_n{self.max_tile}_{self.promotion}{silu}_w{self.wgs}"
-                f"{'_dbg' if self.debug else ''}")
+        return f"gemm_l{self.layer}_n{self.max_tile}_{self.promotion}{silu}_w{self.wgs}{'_dbg' if self.debug else ''}"
 
     @property
     def threads(self) -> int:
@@ -97,8 +99,14 @@ class GemmSpec:
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        fields = {"LAYER": str(self.layer), "MAX_N": str(self.max_tile), "PER_K32": b(self.promotion == "k32"),
-                  "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug), "WGS": str(self.wgs)}
+        fields = {
+            "LAYER": str(self.layer),
+            "MAX_N": str(self.max_tile),
+            "PER_K32": b(self.promotion == "k32"),
+            "FAST_MATH": b(self.fast_math),
+            "DEBUG": b(self.debug),
+            "WGS": str(self.wgs),
+        }
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl
@@ -112,7 +120,9 @@ class Built:
 
     @property
     def spill_bytes(self) -> int:
-        return sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", self.log))
+        return sum(
+            int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", self.log)
+        )
 
     @property
     def registers(self) -> int:
@@ -135,7 +145,6 @@ def spec_key(spec: GemmSpec) -> str:
 
 def build(spec: GemmSpec, *, force: bool = False) -> Built:
     """The cubin of `spec`, compiled now or taken from the cache."""
-    kdir = KERNEL_DIR
     key = spec_key(spec)
     out = cache_dir() / f"{spec.name}-{key}.cubin"
     log = out.with_suffix(".log")
@@ -152,8 +161,9 @@ def build(spec: GemmSpec, *, force: bool = False) -> Built:
 
 def _compile(spec: GemmSpec, out: Path, log: Path) -> Built:
     kdir = KERNEL_DIR
-    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
-                                    if os.environ.get("CUDA_HOME") else None)
+    nvcc = shutil.which("nvcc") or (
+        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
+    )
     if nvcc is None or not os.path.exists(nvcc):
         raise CompileError(f"nvcc not found (needed to build {spec.name}; cache {out} is empty)")
     with tempfile.TemporaryDirectory(prefix="megamoe-jit-") as tmp:
@@ -164,8 +174,7 @@ def _compile(spec: GemmSpec, out: Path, log: Path) -> Built:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         text = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            raise CompileError(f"nvcc failed for {spec.name} (exit {proc.returncode}):\n"
-                               f"{' '.join(cmd)}\n{text}")
+            raise CompileError(f"nvcc failed for {spec.name} (exit {proc.returncode}):\n{' '.join(cmd)}\n{text}")
         fd, tmp_final = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
         os.close(fd)
         shutil.copyfile(tmp_out, tmp_final)

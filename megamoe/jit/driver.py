@@ -4,6 +4,7 @@ torch owns the CUDA context (the device's primary context) and the stream; this 
 borrows them. Every driver call is checked and a failure raises DriverError with the driver's
 error name.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,26 +34,49 @@ def lib():
     if _lib is None:
         with _lock:
             if _lib is None:
-                l = ctypes.CDLL("libcuda.so.1")
-                l.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-                l.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-                l.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-                l.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-                l.cuLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                             ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                             ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-                l.cuTensorMapEncodeTiled.argtypes = [
-                    ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
-                    ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
-                    ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
-                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-                l.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-                l.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
-                l.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
-                                                   ctypes.c_void_p, ctypes.c_char_p]
-                l.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-                _lib = l
-                check(l.cuInit(0), "cuInit")
+                cu = ctypes.CDLL("libcuda.so.1")
+                cu.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+                cu.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+                cu.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
+                cu.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                cu.cuLaunchKernel.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_void_p),
+                    ctypes.c_void_p,
+                ]
+                cu.cuTensorMapEncodeTiled.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_int,
+                    ctypes.c_uint32,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_uint64),
+                    ctypes.POINTER(ctypes.c_uint64),
+                    ctypes.POINTER(ctypes.c_uint32),
+                    ctypes.POINTER(ctypes.c_uint32),
+                    ctypes.c_int,
+                    ctypes.c_int,
+                    ctypes.c_int,
+                    ctypes.c_int,
+                ]
+                cu.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                cu.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+                cu.cuModuleGetGlobal_v2.argtypes = [
+                    ctypes.POINTER(ctypes.c_uint64),
+                    ctypes.POINTER(ctypes.c_size_t),
+                    ctypes.c_void_p,
+                    ctypes.c_char_p,
+                ]
+                cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+                _lib = cu
+                check(cu.cuInit(0), "cuInit")
     return _lib
 
 
@@ -98,8 +122,10 @@ def module_constant(mod: ctypes.c_void_p, name: str) -> int:
     """An int32 `__constant__` of a loaded module (what the kernel says about itself: its shared
     memory size, threads, stages)."""
     dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
-    check(lib().cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), mod, name.encode()),
-          f"cuModuleGetGlobal({name})")
+    check(
+        lib().cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), mod, name.encode()),
+        f"cuModuleGetGlobal({name})",
+    )
     v = ctypes.c_int32()
     check(lib().cuMemcpyDtoH_v2(ctypes.byref(v), dptr.value, 4), f"cuMemcpyDtoH({name})")
     return v.value
@@ -109,15 +135,19 @@ def get_function(mod: ctypes.c_void_p, name: str, dyn_smem: int) -> ctypes.c_voi
     """The kernel `name` of a loaded module, with its dynamic shared memory limit raised."""
     fn = ctypes.c_void_p()
     check(lib().cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"cuModuleGetFunction({name})")
-    check(lib().cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem),
-          f"cuFuncSetAttribute(max dynamic smem {dyn_smem})")
+    check(
+        lib().cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem),
+        f"cuFuncSetAttribute(max dynamic smem {dyn_smem})",
+    )
     return fn
 
 
 def num_sms(device: int) -> int:
     v = ctypes.c_int()
-    check(lib().cuDeviceGetAttribute(ctypes.byref(v), CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
-          "cuDeviceGetAttribute")
+    check(
+        lib().cuDeviceGetAttribute(ctypes.byref(v), CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+        "cuDeviceGetAttribute",
+    )
     return v.value
 
 
@@ -146,7 +176,21 @@ def tma_2d_u8(ptr: int, inner: int, outer: int, row_stride: int, box_inner: int,
     strides = (ctypes.c_uint64 * 1)(row_stride)
     box = (ctypes.c_uint32 * 2)(box_inner, box_outer)
     estr = (ctypes.c_uint32 * 2)(1, 1)
-    check(lib().cuTensorMapEncodeTiled(ctypes.byref(tmap), TMA_UINT8, 2, ctypes.c_void_p(ptr), dims, strides,
-                                       box, estr, 0, TMA_SWIZZLE_128B, TMA_L2_PROMOTION_256B, TMA_OOB_FILL_NONE),
-          f"cuTensorMapEncodeTiled(dims {inner}x{outer}, box {box_inner}x{box_outer})")
+    check(
+        lib().cuTensorMapEncodeTiled(
+            ctypes.byref(tmap),
+            TMA_UINT8,
+            2,
+            ctypes.c_void_p(ptr),
+            dims,
+            strides,
+            box,
+            estr,
+            0,
+            TMA_SWIZZLE_128B,
+            TMA_L2_PROMOTION_256B,
+            TMA_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled(dims {inner}x{outer}, box {box_inner}x{box_outer})",
+    )
     return ctypes.string_at(addr, 128)

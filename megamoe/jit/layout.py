@@ -27,6 +27,7 @@ Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_
     lut [E, K/128, R, 4] uint8: 8 * min(B_r - s_g, 19), the byte offset of group g's scaled table
     row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,12 @@ def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
     mag = c & 7
     sgn = c >> 3
     sh = torch.arange(4, device=packed.device)
-    word = ((mag[..., 0, :] << (4 * sh)).sum(-1) + (mag[..., 1, :] << (16 + 4 * sh)).sum(-1)
-            + (sgn[..., 0, :] << (8 * sh + 3)).sum(-1) + (sgn[..., 1, :] << (8 * sh + 7)).sum(-1))
+    word = (
+        (mag[..., 0, :] << (4 * sh)).sum(-1)
+        + (mag[..., 1, :] << (16 + 4 * sh)).sum(-1)
+        + (sgn[..., 0, :] << (8 * sh + 3)).sum(-1)
+        + (sgn[..., 1, :] << (8 * sh + 7)).sum(-1)
+    )
     # word: [E, KB, RG, 2(h), 8(g), 4(t), 2(sl), 2(hk)] -> little-endian bytes
     b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
     return b.reshape(E, K // 128, R // 16, 1024).contiguous()
@@ -92,7 +97,7 @@ def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     reference's rule (megamoe.reference.quantize.fast_weight_scales): LUT byte offsets 8 d in the
     same layout, the row bases B_r [E, R] and each expert's largest row base B_e [E]."""
     sf = sfk.to(torch.int32)
-    row_base = sf.amax(dim=(1, 3))                                     # [E, R]
+    row_base = sf.amax(dim=(1, 3))  # [E, R]
     d = (row_base[:, None, :, None] - sf).clamp(max=Q.FAST_LUT_ENTRIES - 1)
     return (8 * d).to(torch.uint8), row_base.to(torch.uint8), row_base.amax(dim=1).to(torch.uint8)
 
@@ -103,14 +108,14 @@ class KernelWeights:
     tensors (w*_lut, w*_row_base, w*_expert_base) are derived from the scale bytes when the object
     is made: a function of them, so the canonical weights stay recoverable (untransform_weights)."""
 
-    w1: torch.Tensor     # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
+    w1: torch.Tensor  # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
     w1_sf: torch.Tensor  # [E, H/128, 2I, 4] uint8
-    w2: torch.Tensor     # [E, I/128, H/16, 1024] uint8
+    w2: torch.Tensor  # [E, I/128, H/16, 1024] uint8
     w2_sf: torch.Tensor  # [E, I/128, H, 4] uint8
     hidden: int
     intermediate: int
-    w1_lut: torch.Tensor = dataclasses.field(init=False)          # [E, H/128, 2I, 4] uint8, 8 d
-    w1_row_base: torch.Tensor = dataclasses.field(init=False)     # [E, 2I] uint8
+    w1_lut: torch.Tensor = dataclasses.field(init=False)  # [E, H/128, 2I, 4] uint8, 8 d
+    w1_row_base: torch.Tensor = dataclasses.field(init=False)  # [E, 2I] uint8
     w1_expert_base: torch.Tensor = dataclasses.field(init=False)  # [E] uint8
     w2_lut: torch.Tensor = dataclasses.field(init=False)
     w2_row_base: torch.Tensor = dataclasses.field(init=False)
@@ -137,8 +142,14 @@ def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w
             raise TypeError(f"{name}: expected uint8, got {t.dtype}")
     w1i = interleave_gate_up(w1)
     s1i = interleave_gate_up(w1_sf)
-    return KernelWeights(fp4_to_kernel_layout(w1i), sf_to_kernel_layout(s1i),
-                         fp4_to_kernel_layout(w2), sf_to_kernel_layout(w2_sf), H, inter)
+    return KernelWeights(
+        fp4_to_kernel_layout(w1i),
+        sf_to_kernel_layout(s1i),
+        fp4_to_kernel_layout(w2),
+        sf_to_kernel_layout(w2_sf),
+        H,
+        inter,
+    )
 
 
 def untransform_weights(kw: KernelWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

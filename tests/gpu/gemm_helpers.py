@@ -1,5 +1,6 @@
 """Helpers for the SM90 GEMM tests: random pools (with poisoned padding) and weights, fp64 sums of
 the dequantized operands; the formats and the D6 rule come from megamoe.reference."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ e4m3_codes = ref.encode_e4m3  # fp32 -> codes, RNE, saturating, NaN -> 0x7F
 
 
 class Pool:
-    def __init__(self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125,
-                 grid_sf=(126, 128)):
+    def __init__(
+        self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125, grid_sf=(126, 128)
+    ):
         self.counts = list(counts)
         offs = [0]
         for n in counts:
@@ -45,13 +47,15 @@ class Pool:
             vals = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0])
             idx = torch.randint(0, 5, (P, K), generator=gen)
             x = e4m3_codes(vals[idx])
-            sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (P, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+            sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (P, K // 32), generator=gen, dtype=torch.int32).to(
+                torch.uint8
+            )
         else:
             x = e4m3_codes(torch.randn(P, K, generator=gen) * 64.0)
             sf = torch.randint(sf_lo, sf_hi + 1, (P, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
         valid = torch.zeros(P, dtype=torch.bool)
         for e, n in enumerate(counts):
-            valid[offs[e]:offs[e] + n] = True
+            valid[offs[e] : offs[e] + n] = True
         # Padding rows hold NaN payloads and NaN-ish scale bytes: they must not leak anywhere.
         x[~valid] = 0x7F
         sf[~valid] = 0xFE
@@ -69,7 +73,9 @@ def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=113, sf_hi=118, devic
     if grid:
         choices = torch.tensor([0, 1, 2, 4, 9, 10, 12], dtype=torch.uint8)
         codes = choices[torch.randint(0, 7, (E, R, K), generator=gen)]
-        sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+        sf = torch.randint(grid_sf[0], grid_sf[1] + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(
+            torch.uint8
+        )
     else:
         codes = torch.randint(0, 16, (E, R, K), generator=gen, dtype=torch.int32).to(torch.uint8)
         sf = torch.randint(sf_lo, sf_hi + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
@@ -100,8 +106,9 @@ def bound_ratio(acc: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> 
 def worst_bound_ratio(acc: torch.Tensor, pool: Pool, w, w_sf) -> float:
     """The largest GEMM_BOUND ratio of a dumped accumulator [P, R] over every expert's valid rows,
     against the pool's own operands (pool.x, pool.sf) and the canonical weights (w, w_sf)."""
-    return max(bound_ratio(acc[pool.rows(e)], ex, b)
-               for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w, w_sf).items())
+    return max(
+        bound_ratio(acc[pool.rows(e)], ex, b) for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w, w_sf).items()
+    )
 
 
 def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool, clamp):
@@ -112,7 +119,7 @@ def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool
 
 
 def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
-    d = (a != b)
+    d = a != b
     if not d.any():
         return "equal"
     idx = d.nonzero()[0].tolist()
@@ -172,5 +179,5 @@ def pool_arrivals(pool: Pool, block: int) -> torch.Tensor:
     `block` pool rows (what the fused kernel's dispatch leaves in them; reference D4.block_arrivals)."""
     nb = -(-pool.P // block)
     valid = torch.zeros(nb * block, dtype=torch.int32, device=pool.valid.device)
-    valid[:pool.P] = pool.valid.to(torch.int32)
+    valid[: pool.P] = pool.valid.to(torch.int32)
     return valid.view(nb, block).sum(1, dtype=torch.int32)

@@ -18,6 +18,7 @@ must trap and leave a timeout record naming that counter (megamoe.gemm.timeout_m
 Each scenario prints one line `HOOKS_RESULT <json>` (per variant) and the process exits 0 once it
 is done, trap or not; argument errors exit 2, no CUDA device exits 3.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ PREFIX = "HOOKS_RESULT "
 H, INTER = 1024, 512
 COUNTS = [0, 1, 63, 65, 130]
 BLOCK = 64
-DELAY_MS = 20.0   # before the filler writes anything
-STEP_MS = 1.0     # between two writes of the filler
+DELAY_MS = 20.0  # before the filler writes anything
+STEP_MS = 1.0  # between two writes of the filler
 SEED = 31
 
 # name -> (layer, promotion, max_tile, poisoned input, order in which the pool blocks are filled)
@@ -103,8 +104,10 @@ class Launcher:
     def outputs(self):
         P = self.pool.P
         if self.layer == 1:
-            return (torch.full((P, INTER), 0x55, dtype=torch.uint8, device="cuda"),
-                    torch.full((P, INTER // 32), 0x55, dtype=torch.uint8, device="cuda"))
+            return (
+                torch.full((P, INTER), 0x55, dtype=torch.uint8, device="cuda"),
+                torch.full((P, INTER // 32), 0x55, dtype=torch.uint8, device="cuda"),
+            )
         comb = torch.full((2, sum(COUNTS), H), 0x7FA5, dtype=torch.int16, device="cuda")
         return (comb,)
 
@@ -112,12 +115,34 @@ class Launcher:
         pool, G = self.pool, self.G
         sf128 = sf if self.promotion == "k128" else None
         if self.layer == 1:
-            G.l1_gemm(x, sf, pool.offsets, pool.num_tokens, w_route, self.kw, promotion=self.promotion,
-                      max_tile=self.max_tile, out=outs[0].view(torch.float8_e4m3fn), out_sf=outs[1],
-                      x_sf128=sf128, **gate)
+            G.l1_gemm(
+                x,
+                sf,
+                pool.offsets,
+                pool.num_tokens,
+                w_route,
+                self.kw,
+                promotion=self.promotion,
+                max_tile=self.max_tile,
+                out=outs[0].view(torch.float8_e4m3fn),
+                out_sf=outs[1],
+                x_sf128=sf128,
+                **gate,
+            )
         else:
-            G.l2_gemm(x, sf, pool.offsets, pool.num_tokens, self.dst, self.kw, outs[0].view(torch.bfloat16),
-                      promotion=self.promotion, max_tile=self.max_tile, x_sf128=sf128, **gate)
+            G.l2_gemm(
+                x,
+                sf,
+                pool.offsets,
+                pool.num_tokens,
+                self.dst,
+                self.kw,
+                outs[0].view(torch.bfloat16),
+                promotion=self.promotion,
+                max_tile=self.max_tile,
+                x_sf128=sf128,
+                **gate,
+            )
 
 
 def run_gated(name: str, cpm: float) -> bool:
@@ -126,8 +151,17 @@ def run_gated(name: str, cpm: float) -> bool:
     la = Launcher(layer, promotion, max_tile)
     pool = la.pool
     sms = torch.cuda.get_device_properties(pool.x.device).multi_processor_count
-    base = dict(variant=name, layer=layer, promotion=promotion, max_tile=max_tile, poison=poison, order=order,
-                items=la.items, sms=sms, delay_ms=DELAY_MS)
+    base = dict(
+        variant=name,
+        layer=layer,
+        promotion=promotion,
+        max_tile=max_tile,
+        poison=poison,
+        order=order,
+        items=la.items,
+        sms=sms,
+        delay_ms=DELAY_MS,
+    )
     if la.items > sms - 8:
         emit(**base, skipped=f"{la.items} work items leave too few of the {sms} SMs to the filler stream")
         return True
@@ -164,11 +198,11 @@ def run_gated(name: str, cpm: float) -> bool:
                 r0, half = b * BLOCK, need[b] // 2
                 if half > 0:  # first half of the valid rows, and a partial count
                     torch.cuda._sleep(int(STEP_MS * cpm))
-                    dst[r0:r0 + half].copy_(src[r0:r0 + half])
-                    counters[b:b + 1].fill_(half)
+                    dst[r0 : r0 + half].copy_(src[r0 : r0 + half])
+                    counters[b : b + 1].fill_(half)
                 torch.cuda._sleep(int(STEP_MS * cpm))
-                dst[r0 + half:r0 + BLOCK].copy_(src[r0 + half:r0 + BLOCK])
-                counters[b:b + 1].fill_(need[b])
+                dst[r0 + half : r0 + BLOCK].copy_(src[r0 + half : r0 + BLOCK])
+                counters[b : b + 1].fill_(need[b])
             ev["fill_end"].record()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 (a trap: report it, the context is gone)
@@ -180,8 +214,13 @@ def run_gated(name: str, cpm: float) -> bool:
         return False
     equal = all(torch.equal(a, b) for a, b in zip(outs, ref))
     diff = "; ".join(first_diff(a, b) for a, b in zip(outs, ref))
-    emit(**base, equal=equal, diff=diff, gemm_ms=ev["start"].elapsed_time(ev["gemm_end"]),
-         fill_ms=ev["start"].elapsed_time(ev["fill_end"]))
+    emit(
+        **base,
+        equal=equal,
+        diff=diff,
+        gemm_ms=ev["start"].elapsed_time(ev["gemm_end"]),
+        fill_ms=ev["start"].elapsed_time(ev["fill_end"]),
+    )
     return True
 
 
@@ -205,8 +244,16 @@ def run_timeout(block: int, observed: int, need: int) -> None:
         error = f"{type(e).__name__}: {e}"
     elapsed = time.monotonic() - t0
     rec = G._ERR.get(dev)
-    emit(scenario="timeout", block=block, need=need, observed=observed, error=error, elapsed_s=elapsed,
-         timeout_message=G.timeout_message(dev), record=rec.tolist() if rec is not None else None)
+    emit(
+        scenario="timeout",
+        block=block,
+        need=need,
+        observed=observed,
+        error=error,
+        elapsed_s=elapsed,
+        timeout_message=G.timeout_message(dev),
+        record=rec.tolist() if rec is not None else None,
+    )
 
 
 def parse_args(argv):
@@ -227,11 +274,15 @@ def parse_args(argv):
     else:
         need = block_arrivals_host()
         if not 0 <= args.block < len(need) or need[args.block] == 0:
-            ap.error(f"--block: expected a pool block with valid rows, one of "
-                     f"{[b for b, n in enumerate(need) if n]}, got {args.block}")
+            ap.error(
+                f"--block: expected a pool block with valid rows, one of "
+                f"{[b for b, n in enumerate(need) if n]}, got {args.block}"
+            )
         if not 0 <= args.observed < need[args.block]:
-            ap.error(f"--observed: expected 0 <= N < {need[args.block]} (the valid rows of block {args.block}), "
-                     f"got {args.observed}")
+            ap.error(
+                f"--observed: expected 0 <= N < {need[args.block]} (the valid rows of block {args.block}), "
+                f"got {args.observed}"
+            )
         args.need = need[args.block]
     return args
 
@@ -249,7 +300,7 @@ def main(argv=None) -> None:
         cpm = cycles_per_ms()
         for i, name in enumerate(args.variants):
             if not run_gated(name, cpm):
-                for rest in args.variants[i + 1:]:
+                for rest in args.variants[i + 1 :]:
                     emit(variant=rest, error="not run: the CUDA context was lost by an earlier variant")
                 break
     else:

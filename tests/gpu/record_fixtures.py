@@ -6,6 +6,7 @@ a GPU is checked later on a CPU).
 writes OUT_DIR/sm90_<promotion>_rank<r>.pt for promotion k32 (H 256, I 128) and k128 (H 512, I 512).
 tests/test_fixtures.py checks them with the conformance suite on every CI run.
 """
+
 import sys
 from pathlib import Path
 
@@ -16,10 +17,28 @@ from megamoe import reference as ref
 from .test_gemm_conformance import kernel_dumps
 
 CALLS = {
-    "k32": ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=4, num_ranks=2,
-                           max_tokens_per_rank=32, block_m=64, activation_clamp=1.5, fast_math=True),
-    "k128": ref.MoEConfig(hidden=512, intermediate=512, num_experts=4, top_k=2, num_ranks=2,
-                          max_tokens_per_rank=16, block_m=64, activation_clamp=None, fast_math=False),
+    "k32": ref.MoEConfig(
+        hidden=256,
+        intermediate=128,
+        num_experts=8,
+        top_k=4,
+        num_ranks=2,
+        max_tokens_per_rank=32,
+        block_m=64,
+        activation_clamp=1.5,
+        fast_math=True,
+    ),
+    "k128": ref.MoEConfig(
+        hidden=512,
+        intermediate=512,
+        num_experts=4,
+        top_k=2,
+        num_ranks=2,
+        max_tokens_per_rank=16,
+        block_m=64,
+        activation_clamp=None,
+        fast_math=False,
+    ),
 }
 
 
@@ -28,8 +47,16 @@ def main(out: Path) -> None:
         sys.exit("record_fixtures needs a CUDA GPU (it records the kernel's own dumps)")
     out.mkdir(parents=True, exist_ok=True)
     for promotion, cfg in CALLS.items():
-        inputs = [i.to("cuda") for i in ref.make_inputs(cfg, [cfg.max_tokens_per_rank, cfg.max_tokens_per_rank - 5],
-                                                        seed=1, distribution="skewed", masked_ratio=0.1)]
+        inputs = [
+            i.to("cuda")
+            for i in ref.make_inputs(
+                cfg,
+                [cfg.max_tokens_per_rank, cfg.max_tokens_per_rank - 5],
+                seed=1,
+                distribution="skewed",
+                masked_ratio=0.1,
+            )
+        ]
         weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda")
         for d in kernel_dumps(cfg, inputs, weights, promotion):
             d.meta["build_id"] = f"sm90 standalone GEMMs, {torch.cuda.get_device_name()}, torch {torch.__version__}"

@@ -3,20 +3,33 @@ D6 bit-exact given the dumped acc1 (both SiLU modes, with and without clamp), D8
 acc2, padding rows never written, debug and production builds agree.
 
 Run: pytest -s tests/gpu/test_gemm.py  (prints the measured max ratio to the GEMM_BOUND)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+
+from megamoe import gemm as G
+from megamoe.jit import layout as L
+
+from .gemm_helpers import (
+    COUNTS,
+    Pool,
+    bound_ratio,
+    check_l2_epilogue,
+    combine_rows,
+    first_diff,
+    log_result,
+    random_weights,
+    reference_acc,
+    worst_bound_ratio,
+)
+
+from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue
+from .gemm_helpers import setup_l1 as _setup_l1
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-from megamoe import gemm as G  # noqa: E402
-from megamoe.jit import layout as L  # noqa: E402
-
-from .gemm_helpers import (COUNTS, Pool, bound_ratio, check_l2_epilogue, combine_rows, first_diff,  # noqa: E402
-                           log_result, random_weights, reference_acc, worst_bound_ratio)
-from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue  # noqa: E402
-from .gemm_helpers import setup_l1 as _setup_l1  # noqa: E402
 
 
 @pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32)])
@@ -28,8 +41,20 @@ def test_l1_bound_and_epilogue(H, inter, max_tile):
         for clamp in (None, 1.0):
             out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
             out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
-            res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, fast_math=fast,
-                            activation_clamp=clamp, max_tile=max_tile, debug=True, out=out, out_sf=out_sf)
+            res = G.l1_gemm(
+                pool.x,
+                pool.sf,
+                pool.offsets,
+                pool.num_tokens,
+                pool.w_route,
+                kw,
+                fast_math=fast,
+                activation_clamp=clamp,
+                max_tile=max_tile,
+                debug=True,
+                out=out,
+                out_sf=out_sf,
+            )
             torch.cuda.synchronize()
             for e, (exact, bound) in ref.items():
                 worst = max(worst, bound_ratio(res.acc1[pool.rows(e)], exact, bound))
@@ -39,8 +64,8 @@ def test_l1_bound_and_epilogue(H, inter, max_tile):
             assert (res.l2_acts.view(torch.uint8)[pad] == 0x55).all(), "l2_acts written on padding rows"
             assert (res.l2_sf[pad] == 0x55).all(), "l2_sf written on padding rows"
             _check_l1_epilogue(pool, res, inter, fast, clamp, f"H{H} I{inter} tile{max_tile} fast{fast} clamp{clamp}")
-    log_result(test="l1_bound", H=H, I=inter, max_tile=max_tile, promotion="k32", max_ratio=worst, tau=G.TAU['k32'])
-    assert worst <= G.TAU['k32'], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
+    log_result(test="l1_bound", H=H, I=inter, max_tile=max_tile, promotion="k32", max_ratio=worst, tau=G.TAU["k32"])
+    assert worst <= G.TAU["k32"], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
 
 
 def test_l1_production_build_matches_debug():
@@ -79,8 +104,7 @@ def test_gemm_exact_grid(H, inter):
     log_result(test="gemm_exact", H=H, I=inter, ok=True)
 
 
-@pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (1024, 1024, 32),
-                                             (2048, 1024, 16)])
+@pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (1024, 1024, 32), (2048, 1024, 16)])
 def test_l2_bound_and_epilogue(H, inter, max_tile):
     gen = torch.Generator().manual_seed(100 + max_tile)
     pool = Pool(COUNTS, inter, gen=gen)
@@ -89,7 +113,7 @@ def test_l2_bound_and_epilogue(H, inter, max_tile):
     w2, s2 = random_weights(E, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)
     T, K = sum(COUNTS), 2
-    comb, dst = combine_rows(pool, H, K, gen=gen)   # a random choice of T of the K * T rows
+    comb, dst = combine_rows(pool, H, K, gen=gen)  # a random choice of T of the K * T rows
     res = G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, max_tile=max_tile, debug=True)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
@@ -99,8 +123,8 @@ def test_l2_bound_and_epilogue(H, inter, max_tile):
     untouched = torch.ones(K * T, dtype=torch.bool, device="cuda")
     untouched[dst[pool.valid].long()] = False
     assert torch.isnan(flat[untouched].float()).all(), "combine rows written that no pool row maps to"
-    log_result(test="l2_bound", H=H, I=inter, max_tile=max_tile, promotion="k32", max_ratio=worst, tau=G.TAU['k32'])
-    assert worst <= G.TAU['k32'], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
+    log_result(test="l2_bound", H=H, I=inter, max_tile=max_tile, promotion="k32", max_ratio=worst, tau=G.TAU["k32"])
+    assert worst <= G.TAU["k32"], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
 
 
 @pytest.mark.parametrize("H,inter", [(7168, 2048), (4096, 2048)])
@@ -125,8 +149,8 @@ def test_chain_large_shapes(H, inter):
     _check_l1_epilogue(pool, l1, inter, True, None, f"chain H{H}")
     for e, (exact, bound) in reference_acc(pool, acts, sfs, w2, s2).items():
         w2r = max(w2r, bound_ratio(l2.acc2[pool.rows(e)], exact, bound))
-    log_result(test="chain", H=H, I=inter, l1_ratio=w1r, l2_ratio=w2r, tau=G.TAU['k32'])
-    assert w1r <= G.TAU['k32'] and w2r <= G.TAU['k32']
+    log_result(test="chain", H=H, I=inter, l1_ratio=w1r, l2_ratio=w2r, tau=G.TAU["k32"])
+    assert w1r <= G.TAU["k32"] and w2r <= G.TAU["k32"]
 
 
 def _wide_spread_l1_ratio(promotion: str) -> float:
@@ -145,26 +169,39 @@ def _wide_spread_l1_ratio(promotion: str) -> float:
 def test_wide_scale_spread():
     """Adversarial scales (bytes spread over 60 binades) for the tau calibration."""
     worst = _wide_spread_l1_ratio("k32")
-    log_result(test="wide_spread", max_ratio=worst, tau=G.TAU['k32'])
-    assert worst <= G.TAU['k32']
+    log_result(test="wide_spread", max_ratio=worst, tau=G.TAU["k32"])
+    assert worst <= G.TAU["k32"]
 
 
 # ------------------------------------------------------------------------------------------------
 # fast promotion (K128 promotion, weight scales in the LUT, activations rebased per K128)
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("max_tile", [8, 64, 128])
 def test_fast_l1_bound_and_epilogue(max_tile):
     H, inter = 2048, 1024
     pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=200 + max_tile)
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)  # against the ORIGINAL per-32 operands
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128",
-                    max_tile=max_tile, debug=True, activation_clamp=1.0)
+    res = G.l1_gemm(
+        pool.x,
+        pool.sf,
+        pool.offsets,
+        pool.num_tokens,
+        pool.w_route,
+        kw,
+        promotion="k128",
+        max_tile=max_tile,
+        debug=True,
+        activation_clamp=1.0,
+    )
     torch.cuda.synchronize()
     worst = max(bound_ratio(res.acc1[pool.rows(e)], ex, b) for e, (ex, b) in ref.items())
     _check_l1_epilogue(pool, res, inter, True, 1.0, f"fast tile{max_tile}")
-    log_result(test="fast_l1_bound", H=H, I=inter, max_tile=max_tile, promotion="k128", max_ratio=worst, tau=G.TAU['k128'])
-    assert worst <= G.TAU['k128']
+    log_result(
+        test="fast_l1_bound", H=H, I=inter, max_tile=max_tile, promotion="k128", max_ratio=worst, tau=G.TAU["k128"]
+    )
+    assert worst <= G.TAU["k128"]
 
 
 @pytest.mark.parametrize("max_tile", [8, 128])
@@ -176,14 +213,17 @@ def test_fast_l2_bound_and_epilogue(max_tile):
     w1, s1 = random_weights(E, 2 * inter, H, gen=gen)
     w2, s2 = random_weights(E, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)
-    comb, dst = combine_rows(pool, H)   # valid pool rows to combine rows in order
-    res = G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k128", max_tile=max_tile,
-                    debug=True)
+    comb, dst = combine_rows(pool, H)  # valid pool rows to combine rows in order
+    res = G.l2_gemm(
+        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k128", max_tile=max_tile, debug=True
+    )
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
     check_l2_epilogue(pool, res.acc2, comb, dst, "k128")
-    log_result(test="fast_l2_bound", H=H, I=inter, max_tile=max_tile, promotion="k128", max_ratio=worst, tau=G.TAU['k128'])
-    assert worst <= G.TAU['k128']
+    log_result(
+        test="fast_l2_bound", H=H, I=inter, max_tile=max_tile, promotion="k128", max_ratio=worst, tau=G.TAU["k128"]
+    )
+    assert worst <= G.TAU["k128"]
 
 
 def test_fast_gemm_exact_grid():
@@ -200,7 +240,9 @@ def test_fast_gemm_exact_grid():
     torch.cuda.synchronize()
     for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
-        assert torch.equal(got, exact.to(torch.float32)), f"fast GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+        assert torch.equal(got, exact.to(torch.float32)), (
+            f"fast GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+        )
     log_result(test="fast_gemm_exact", ok=True)
 
 
@@ -210,6 +252,7 @@ def test_rebase_k128_exact_when_representable():
     sf = torch.randint(125, 128, (4, 8), generator=gen, dtype=torch.int32).to(torch.uint8).cuda()
     xq, s128 = G.rebase_k128(x, sf)
     from .gemm_helpers import dequant_fp8
+
     a = dequant_fp8(x, sf)
     b = xq.view(torch.float8_e4m3fn).double() * torch.pow(2.0, s128.double() - 127).repeat_interleave(128, -1)
     assert torch.equal(a, b)

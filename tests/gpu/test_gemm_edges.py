@@ -6,6 +6,7 @@ where the fast mode (promotion k128) must follow its documented operand rule exa
 from a CUDA graph gives the eager bits.
 
 Run: pytest -s tests/gpu/test_gemm_edges.py"""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,7 @@ from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe.jit import layout as L
 
-from .gemm_helpers import (Pool, bound_ratio, check_l1_epilogue, combine_rows, check_l2_epilogue, dequant_fp8,
-                           log_result, random_weights, reference_acc)
+from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, log_result, random_weights, reference_acc
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -33,7 +33,9 @@ def _experts_with_scale_ranges(ranges, H, inter, counts, seed):
     ws, ss = [], []
     for e, ((xlo, xhi), (wlo, whi)) in enumerate(ranges):
         r = pool.rows(e)
-        pool.sf[r] = torch.randint(xlo, xhi + 1, pool.sf[r].shape, generator=gen, dtype=torch.int32).to(torch.uint8).cuda()
+        pool.sf[r] = (
+            torch.randint(xlo, xhi + 1, pool.sf[r].shape, generator=gen, dtype=torch.int32).to(torch.uint8).cuda()
+        )
         w, s = random_weights(1, 2 * inter, H, gen=gen, sf_lo=wlo, sf_hi=whi)
         ws.append(w)
         ss.append(s)
@@ -51,18 +53,34 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
     H, inter = 1024, 512
     ranges = [((253, 254), (1, 10)), ((0, 5), (245, 254)), ((55, 65), (55, 65))]
     pool, w1, s1, kw = _experts_with_scale_ranges(ranges, H, inter, [9, 7, 20], seed=1)
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion,
-                    max_tile=max_tile, wgs=wgs, debug=True)
+    res = G.l1_gemm(
+        pool.x,
+        pool.sf,
+        pool.offsets,
+        pool.num_tokens,
+        pool.w_route,
+        kw,
+        promotion=promotion,
+        max_tile=max_tile,
+        wgs=wgs,
+        debug=True,
+    )
     torch.cuda.synchronize()
     worst = 0.0
     for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
         assert torch.isfinite(got).all(), f"expert {e}: non-finite accumulators"
-        assert (exact.abs() > 2.0 ** -126).float().mean() > 0.9, "test data: results should be normal numbers"
+        assert (exact.abs() > 2.0**-126).float().mean() > 0.9, "test data: results should be normal numbers"
         worst = max(worst, bound_ratio(got, exact, bound))
     check_l1_epilogue(pool, res, inter, True, None, f"extreme scales {promotion} tile {max_tile}")
-    log_result(test="extreme_scale_bytes", promotion=promotion, max_tile=max_tile, wgs=wgs, max_ratio=worst,
-               tau=G.TAU[promotion])
+    log_result(
+        test="extreme_scale_bytes",
+        promotion=promotion,
+        max_tile=max_tile,
+        wgs=wgs,
+        max_ratio=worst,
+        tau=G.TAU[promotion],
+    )
     assert worst <= G.TAU[promotion], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU[promotion]}"
 
 
@@ -78,17 +96,28 @@ def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs
     pool = Pool(counts, H, gen=gen)
     w1, s1 = random_weights(2, 2 * inter, H, gen=gen)
     w2, s2 = random_weights(2, H, inter, gen=gen)
-    w1[:, 3, 0:16] = 0            # row 3, group 0 of every expert: all-zero weights
-    w1[:, 10, 48:64] = 0          # row 10, group 3
+    w1[:, 3, 0:16] = 0  # row 3, group 0 of every expert: all-zero weights
+    w1[:, 10, 48:64] = 0  # row 10, group 3
     nan_rows = [pool.offs[0] + 2, pool.offs[1] + 17]
     for p in nan_rows:
         pool.x[p, 100] = 0x7F
     zero_rows = [pool.offs[1] + 3]
     for p in zero_rows:
-        pool.x[p, 32:64] = 0      # token group 1 all zero
+        pool.x[p, 32:64] = 0  # token group 1 all zero
     kw = L.transform_weights(w1, s1, w2, s2)
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion,
-                    max_tile=max_tile, wgs=wgs, debug=True, activation_clamp=clamp)
+    res = G.l1_gemm(
+        pool.x,
+        pool.sf,
+        pool.offsets,
+        pool.num_tokens,
+        pool.w_route,
+        kw,
+        promotion=promotion,
+        max_tile=max_tile,
+        wgs=wgs,
+        debug=True,
+        activation_clamp=clamp,
+    )
     torch.cuda.synchronize()
     nan_mask = torch.zeros(pool.P, dtype=torch.bool, device="cuda")
     nan_mask[nan_rows] = True
@@ -134,16 +163,29 @@ def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs)
     w2, s2 = random_weights(2, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)
     assert ref.quantize.fast_rounded_rows(s1) == 2 * 2 * inter, "test data: every row exceeds the exact window"
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128",
-                    max_tile=max_tile, wgs=wgs, debug=True)
+    res = G.l1_gemm(
+        pool.x,
+        pool.sf,
+        pool.offsets,
+        pool.num_tokens,
+        pool.w_route,
+        kw,
+        promotion="k128",
+        max_tile=max_tile,
+        wgs=wgs,
+        debug=True,
+    )
     torch.cuda.synchronize()
     rule = max(bound_ratio(res.acc1[pool.rows(e)], ex, b) for e, (ex, b) in _fast_rule_reference(pool, w1, s1).items())
-    original = max(bound_ratio(res.acc1[pool.rows(e)], ex, b)
-                   for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w1, s1).items())
-    log_result(test="fast_rule_wide_spread", max_tile=max_tile, rule_ratio=rule, original_ratio=original,
-               tau=G.TAU['k128'])
-    assert rule <= G.TAU['k128'], f"fast mode off its own operand rule: ratio {rule}"
-    assert original > 16 * G.TAU['k128'], "the data should show the rule (the original operands differ)"
+    original = max(
+        bound_ratio(res.acc1[pool.rows(e)], ex, b)
+        for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w1, s1).items()
+    )
+    log_result(
+        test="fast_rule_wide_spread", max_tile=max_tile, rule_ratio=rule, original_ratio=original, tau=G.TAU["k128"]
+    )
+    assert rule <= G.TAU["k128"], f"fast mode off its own operand rule: ratio {rule}"
+    assert original > 16 * G.TAU["k128"], "the data should show the rule (the original operands differ)"
 
 
 def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
@@ -164,8 +206,19 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
     comb, dst = combine_rows(pool, H)
 
     def call():
-        G.l1_gemm(x128, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128", x_sf128=sf128,
-                  out=out, out_sf=out_sf, max_tokens=130)
+        G.l1_gemm(
+            x128,
+            pool.sf,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            x_sf128=sf128,
+            out=out,
+            out_sf=out_sf,
+            max_tokens=130,
+        )
         G.l2_gemm(out, out_sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k32", max_tokens=130)
 
     call()
@@ -188,6 +241,6 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
     g.replay()
     torch.cuda.synchronize()
     log_result(test="graph_replay", host_us_per_launch=host_us)
-    v = pool.valid   # padding rows are never written: they keep the poison
+    v = pool.valid  # padding rows are never written: they keep the poison
     assert torch.equal(out[v], want[0][v]) and torch.equal(out_sf[v], want[1][v])
     assert torch.equal(comb.view(torch.int16), want[2].view(torch.int16))

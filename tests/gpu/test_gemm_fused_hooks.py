@@ -10,6 +10,7 @@
   128) in both promotions, and the exact-promotion L1 at its largest tile.
 
 Run: pytest -s tests/gpu/test_gemm_fused_hooks.py"""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,24 @@ from pathlib import Path
 import pytest
 import torch
 
+
+from megamoe import gemm as G
+
+from . import gemm_hooks_worker as W
+from .gemm_helpers import (
+    COUNTS,
+    Pool,
+    check_l1_epilogue,
+    check_l2_epilogue,
+    combine_rows,
+    first_diff,
+    log_result,
+    pool_arrivals,
+    setup_l1,
+    worst_bound_ratio,
+)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-from megamoe import gemm as G  # noqa: E402
-
-from . import gemm_hooks_worker as W  # noqa: E402
-from .gemm_helpers import (COUNTS, Pool, check_l1_epilogue, check_l2_epilogue, combine_rows,  # noqa: E402
-                           first_diff, log_result, pool_arrivals, setup_l1, worst_bound_ratio)
 
 TAU = G.TAU
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +57,10 @@ def _l2(pool, kw, dst, comb, promotion="k32", **kw2):
 
 
 def _l1_outputs(pool, inter, fill=SENTINEL_U8):
-    return (torch.full((pool.P, inter), fill, dtype=torch.uint8, device="cuda"),
-            torch.full((pool.P, inter // 32), fill, dtype=torch.uint8, device="cuda"))
+    return (
+        torch.full((pool.P, inter), fill, dtype=torch.uint8, device="cuda"),
+        torch.full((pool.P, inter // 32), fill, dtype=torch.uint8, device="cuda"),
+    )
 
 
 def _bf16_sentinel(*shape):
@@ -56,6 +70,7 @@ def _bf16_sentinel(*shape):
 # ------------------------------------------------------------------------------------------------
 # 1a. arrival gate, counters already full: the standalone launch's bits
 # ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("block,over", [(64, False), (32, True)])
@@ -70,13 +85,16 @@ def test_full_counters_same_bits_l1(promotion, block, over):
     ref_out, ref_sf = _l1_outputs(pool, inter)
     out, out_sf = _l1_outputs(pool, inter)
     _l1(pool, kw, promotion, out=ref_out.view(torch.float8_e4m3fn), out_sf=ref_sf)
-    res = _l1(pool, kw, promotion, out=out.view(torch.float8_e4m3fn), out_sf=out_sf, arrival=arrival, arrival_block=block)
+    res = _l1(
+        pool, kw, promotion, out=out.view(torch.float8_e4m3fn), out_sf=out_sf, arrival=arrival, arrival_block=block
+    )
     torch.cuda.synchronize()
     assert res.l2_acts.data_ptr() == out.data_ptr()
     assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
     assert torch.equal(out_sf, ref_sf), f"l2_sf: {first_diff(out_sf, ref_sf)}"
-    assert torch.equal(arrival, pool_arrivals(pool, block) if not over else torch.full_like(arrival, block)), \
+    assert torch.equal(arrival, pool_arrivals(pool, block) if not over else torch.full_like(arrival, block)), (
         "the GEMM wrote its arrival counters"
+    )
 
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
@@ -92,8 +110,9 @@ def test_full_counters_same_bits_l2(promotion, max_tile):
     _l2(pool, kw, dst, ref, promotion, max_tile=max_tile)
     _l2(pool, kw, dst, comb, promotion, max_tile=max_tile, arrival=pool_arrivals(pool, 64), arrival_block=64)
     torch.cuda.synchronize()
-    assert torch.equal(comb.view(torch.int16), ref.view(torch.int16)), first_diff(comb.view(torch.int16),
-                                                                               ref.view(torch.int16))
+    assert torch.equal(comb.view(torch.int16), ref.view(torch.int16)), first_diff(
+        comb.view(torch.int16), ref.view(torch.int16)
+    )
 
 
 def test_arrival_arguments_checked():
@@ -108,16 +127,29 @@ def test_arrival_arguments_checked():
         (dict(arrival=good, arrival_block=32), ValueError, r"arrival: expected shape \(%d,\)" % (pool.P // 32)),
         (dict(arrival=good.long(), arrival_block=64), TypeError, "arrival: expected dtype torch.int32"),
         (dict(arrival=good.cpu(), arrival_block=64), ValueError, "arrival: expected device"),
-        (dict(arrival=torch.zeros(2 * good.numel(), dtype=torch.int32, device="cuda")[::2], arrival_block=64),
-         ValueError, "arrival: must be contiguous"),
+        (
+            dict(arrival=torch.zeros(2 * good.numel(), dtype=torch.int32, device="cuda")[::2], arrival_block=64),
+            ValueError,
+            "arrival: must be contiguous",
+        ),
     ]
     for kwargs, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             _l1(pool, kw, max_tile=64, **kwargs)
     comb, dst = combine_rows(Pool(COUNTS, inter, gen=torch.Generator().manual_seed(1)), H)
     with pytest.raises(ValueError, match="arrival_block: expected a positive int"):
-        G.l2_gemm(pool.x[:, :inter].contiguous(), pool.sf[:, :inter // 32].contiguous(), pool.offsets,
-                  pool.num_tokens, dst, kw, comb, max_tile=64, arrival=good, arrival_block=0)
+        G.l2_gemm(
+            pool.x[:, :inter].contiguous(),
+            pool.sf[:, : inter // 32].contiguous(),
+            pool.offsets,
+            pool.num_tokens,
+            dst,
+            kw,
+            comb,
+            max_tile=64,
+            arrival=good,
+            arrival_block=0,
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,10 +157,16 @@ def test_arrival_arguments_checked():
 # (subprocess: tests/gpu/gemm_hooks_worker.py)
 # ------------------------------------------------------------------------------------------------
 
+
 def _run_worker(*args):
-    proc = subprocess.run([sys.executable, "-m", "tests.gpu.gemm_hooks_worker", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    results = [json.loads(line[len(W.PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(W.PREFIX)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.gemm_hooks_worker", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=WORKER_TIMEOUT_S,
+    )
+    results = [json.loads(line[len(W.PREFIX) :]) for line in proc.stdout.splitlines() if line.startswith(W.PREFIX)]
     where = f"worker {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, where
     return results, where
@@ -137,26 +175,36 @@ def _run_worker(*args):
 def _gate_problem(variant, r):
     """What is wrong with one variant's result of `gemm_hooks_worker gated` (None: nothing)."""
     if "error" in r:
-        return (f"{r['error']}; trap record: {r.get('timeout_message')} (a record naming the arrival "
-                f"counter means the filler stream never ran next to the gated GEMM; no record means a "
-                f"trap or fault other than the kernel's spin timeouts)")
+        return (
+            f"{r['error']}; trap record: {r.get('timeout_message')} (a record naming the arrival "
+            f"counter means the filler stream never ran next to the gated GEMM; no record means a "
+            f"trap or fault other than the kernel's spin timeouts)"
+        )
     if not r["equal"]:
-        return (f"output differs from the ungated launch ({r['diff']}): the kernel read {r['poison']} rows "
-                f"before their arrival counters were raised")
+        return (
+            f"output differs from the ungated launch ({r['diff']}): the kernel read {r['poison']} rows "
+            f"before their arrival counters were raised"
+        )
     if r["gemm_ms"] < 0.5 * r["delay_ms"]:
-        return (f"the GEMM took {r['gemm_ms']:.2f} ms, the filler slept {r['delay_ms']} ms first: the two "
-                f"streams did not overlap, so the gate was not exercised")
+        return (
+            f"the GEMM took {r['gemm_ms']:.2f} ms, the filler slept {r['delay_ms']} ms first: the two "
+            f"streams did not overlap, so the gate was not exercised"
+        )
     if r["gemm_ms"] < r["fill_ms"] - 1.0:
         return f"the GEMM ended at {r['gemm_ms']:.2f} ms, before the last counter was raised ({r['fill_ms']:.2f} ms)"
     return None
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "H200 run of f813dd9: the first variant (l1-exact-bn32-x) ended in 'unspecified launch failure' "
-    "with no timeout record, i.e. a trap or fault other than the spin timeouts; not diagnosed "
-    "(no device time left). The gate with full counters passes (test_full_counters_same_bits_l1 / _l2, "
-    "which run other tiles: BN 32 with an arrival pointer has only run here)."))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "H200 run of f813dd9: the first variant (l1-exact-bn32-x) ended in 'unspecified launch failure' "
+        "with no timeout record, i.e. a trap or fault other than the spin timeouts; not diagnosed "
+        "(no device time left). The gate with full counters passes (test_full_counters_same_bits_l1 / _l2, "
+        "which run other tiles: BN 32 with an arrival pointer has only run here)."
+    ),
+)
 def test_arrival_gate_waits_for_late_rows():
     """Every variant of `gemm_hooks_worker gated` (one subprocess; one test, so that pytest-xdist
     never runs two gated GEMMs on the GPU at once): one input of the pool rows (the payload x, the
@@ -206,6 +254,7 @@ def test_arrival_timeout_record():
 # 3. outputs through a pointer offset
 # ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 def test_l1_outputs_into_offset_views(promotion):
     """out at a 16-byte aligned offset (two rows and 16 bytes) into a larger buffer, out_sf at an
@@ -218,15 +267,19 @@ def test_l1_outputs_into_offset_views(promotion):
     off, off_sf = 2 * inter + 16, 7
     big = torch.full((off + P * inter + 3 * inter,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
     big_sf = torch.full((off_sf + P * n_sf + 33,), SENTINEL_U8, dtype=torch.uint8, device="cuda")
-    out = big[off:off + P * inter].view(P, inter)
-    out_sf = big_sf[off_sf:off_sf + P * n_sf].view(P, n_sf)
+    out = big[off : off + P * inter].view(P, inter)
+    out_sf = big_sf[off_sf : off_sf + P * n_sf].view(P, n_sf)
     res = _l1(pool, kw, promotion, out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
     torch.cuda.synchronize()
     assert res.l2_acts.data_ptr() == big.data_ptr() + off and res.l2_sf.data_ptr() == big_sf.data_ptr() + off_sf
     assert torch.equal(out, ref_out), f"l2_acts: {first_diff(out, ref_out)}"
     assert torch.equal(out_sf, ref_sf), f"l2_sf: {first_diff(out_sf, ref_sf)}"
-    for name, outside in (("before out", big[:off]), ("after out", big[off + P * inter:]),
-                          ("before out_sf", big_sf[:off_sf]), ("after out_sf", big_sf[off_sf + P * n_sf:])):
+    for name, outside in (
+        ("before out", big[:off]),
+        ("after out", big[off + P * inter :]),
+        ("before out_sf", big_sf[:off_sf]),
+        ("after out_sf", big_sf[off_sf + P * n_sf :]),
+    ):
         assert (outside == SENTINEL_U8).all(), f"written {name}"
 
 
@@ -244,7 +297,7 @@ def test_l2_combine_into_offset_view(promotion):
     n = ref.numel()
     off = 3 * H + 8
     big = _bf16_sentinel(off + n + 5 * H)
-    comb = big[off:off + n].view(ref.shape)
+    comb = big[off : off + n].view(ref.shape)
     res = _l2(pool, kw, dst, comb, promotion)
     torch.cuda.synchronize()
     assert res.combine.data_ptr() == big.data_ptr() + 2 * off
@@ -254,7 +307,7 @@ def test_l2_combine_into_offset_view(promotion):
     unmapped[dst[pool.valid].long()] = False
     assert unmapped.any() and (got.view(-1, H)[unmapped] == SENTINEL_BF16).all(), "unmapped combine rows written"
     bi = big.view(torch.int16)
-    assert (bi[:off] == SENTINEL_BF16).all() and (bi[off + n:] == SENTINEL_BF16).all(), "written outside the view"
+    assert (bi[:off] == SENTINEL_BF16).all() and (bi[off + n :] == SENTINEL_BF16).all(), "written outside the view"
 
 
 def test_misaligned_destinations_rejected():
@@ -263,14 +316,14 @@ def test_misaligned_destinations_rejected():
     P = pool.P
     big = torch.zeros(P * inter + 16, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="out: must be 16-byte aligned"):
-        _l1(pool, kw, max_tile=64, out=big[8:8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
+        _l1(pool, kw, max_tile=64, out=big[8 : 8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
     with pytest.raises(TypeError, match="out: expected float8_e4m3fn or uint8"):
         _l1(pool, kw, max_tile=64, out=torch.zeros(P, inter, dtype=torch.int8, device="cuda"))
     pool2 = Pool(COUNTS, inter, gen=torch.Generator().manual_seed(2))
     comb, dst = combine_rows(pool2, H)
     flat = torch.zeros(comb.numel() + 8, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="combine: must be 16-byte aligned"):
-        _l2(pool2, kw, dst, flat[4:4 + comb.numel()].view(comb.shape), max_tile=64)
+        _l2(pool2, kw, dst, flat[4 : 4 + comb.numel()].view(comb.shape), max_tile=64)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,7 +352,14 @@ def test_l1_expert_sizes(promotion, block_m, max_tile):
     assert torch.isnan(res.acc1[pad]).all(), "acc1 written on padding rows"
     assert (out[pad] == 0x55).all() and (out_sf[pad] == 0x55).all(), "outputs written on padding rows"
     check_l1_epilogue(pool, res, inter, True, None, f"{promotion} BLOCK_M {block_m} bn {max_tile}")
-    log_result(test="l1_expert_sizes", promotion=promotion, block_m=block_m, max_tile=max_tile, max_ratio=worst, tau=TAU[promotion])
+    log_result(
+        test="l1_expert_sizes",
+        promotion=promotion,
+        block_m=block_m,
+        max_tile=max_tile,
+        max_ratio=worst,
+        tau=TAU[promotion],
+    )
     assert worst <= TAU[promotion], f"GEMM_BOUND: max ratio {worst} > tau {TAU[promotion]}"
 
 
@@ -322,7 +382,14 @@ def test_l2_expert_sizes(promotion, block_m, max_tile):
     unmapped = torch.ones(comb.numel() // H, dtype=torch.bool, device="cuda")
     unmapped[dst[pool.valid].long()] = False
     assert (comb.view(torch.int16).view(-1, H)[unmapped] == SENTINEL_BF16).all(), "unmapped combine rows written"
-    log_result(test="l2_expert_sizes", promotion=promotion, block_m=block_m, max_tile=max_tile, max_ratio=worst, tau=TAU[promotion])
+    log_result(
+        test="l2_expert_sizes",
+        promotion=promotion,
+        block_m=block_m,
+        max_tile=max_tile,
+        max_ratio=worst,
+        tau=TAU[promotion],
+    )
     assert worst <= TAU[promotion], f"GEMM_BOUND: max ratio {worst} > tau {TAU[promotion]}"
 
 
@@ -334,11 +401,28 @@ def test_exact_l1_largest_tile_production_build_equals_debug(fast_math, clamp):
     counts = [0, 1, 63, 65, 127, 128, 129, 300]
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=80)
     out, out_sf = _l1_outputs(pool, inter, 0x55)
-    res = _l1(pool, kw, "k32", max_tile=64, debug=True, fast_math=fast_math, activation_clamp=clamp,
-              out=out.view(torch.float8_e4m3fn), out_sf=out_sf)
+    res = _l1(
+        pool,
+        kw,
+        "k32",
+        max_tile=64,
+        debug=True,
+        fast_math=fast_math,
+        activation_clamp=clamp,
+        out=out.view(torch.float8_e4m3fn),
+        out_sf=out_sf,
+    )
     prod_out, prod_sf = _l1_outputs(pool, inter, 0x55)
-    _l1(pool, kw, "k32", max_tile=64, fast_math=fast_math, activation_clamp=clamp,
-        out=prod_out.view(torch.float8_e4m3fn), out_sf=prod_sf)
+    _l1(
+        pool,
+        kw,
+        "k32",
+        max_tile=64,
+        fast_math=fast_math,
+        activation_clamp=clamp,
+        out=prod_out.view(torch.float8_e4m3fn),
+        out_sf=prod_sf,
+    )
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc1, pool, w1, s1)
     pad = ~pool.valid
@@ -347,5 +431,5 @@ def test_exact_l1_largest_tile_production_build_equals_debug(fast_math, clamp):
     check_l1_epilogue(pool, res, inter, fast_math, clamp, f"exact bn128 fast_math {fast_math} clamp {clamp}")
     assert torch.equal(prod_out, out), f"production vs debug l2_acts: {first_diff(prod_out, out)}"
     assert torch.equal(prod_sf, out_sf), f"production vs debug l2_sf: {first_diff(prod_sf, out_sf)}"
-    log_result(test="exact_l1_bn128", fast_math=fast_math, clamp=clamp, max_ratio=worst, tau=G.TAU['k32'])
-    assert worst <= G.TAU['k32'], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"
+    log_result(test="exact_l1_bn128", fast_math=fast_math, clamp=clamp, max_ratio=worst, tau=G.TAU["k32"])
+    assert worst <= G.TAU["k32"], f"GEMM_BOUND: max ratio {worst} > tau {G.TAU['k32']}"

@@ -1,5 +1,6 @@
 """GPU checks of the reference: the SiLU tables regenerate bit for bit from the kernel's device
 function, and the reference gives the same bits on CUDA tensors as on the CPU."""
+
 import shutil
 
 import pytest
@@ -19,13 +20,23 @@ def test_silu_tables_regenerate_bit_for_bit(tmp_path):
         fresh = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.int32)
         shipped = ref.silu_table(fast).view(torch.int32)
         differ = (fresh != shipped).nonzero().flatten()
-        assert differ.numel() == 0, (f"{TABLE_FILES[fast]}: {differ.numel()} entries differ, first bf16 "
-                                     f"patterns {differ[:8].tolist()}; regenerate with python -m megamoe.silu_probe")
+        assert differ.numel() == 0, (
+            f"{TABLE_FILES[fast]}: {differ.numel()} entries differ, first bf16 "
+            f"patterns {differ[:8].tolist()}; regenerate with python -m megamoe.silu_probe"
+        )
 
 
 def test_cuda_reference_equals_cpu_reference():
-    cfg = ref.MoEConfig(hidden=512, intermediate=256, num_experts=8, top_k=4, num_ranks=2,
-                        max_tokens_per_rank=64, block_m=32, activation_clamp=3.0)
+    cfg = ref.MoEConfig(
+        hidden=512,
+        intermediate=256,
+        num_experts=8,
+        top_k=4,
+        num_ranks=2,
+        max_tokens_per_rank=64,
+        block_m=32,
+        activation_clamp=3.0,
+    )
     inputs = ref.make_inputs(cfg, [64, 37], seed=11, masked_ratio=0.1)
     weights = ref.random_weights(8, 512, 256, seed=11)
     cpu = ref.run_reference(cfg, inputs, weights)
@@ -33,6 +44,8 @@ def test_cuda_reference_equals_cpu_reference():
     for dc, dg in zip(cpu.dumps, gpu.dumps):
         for name, t in dc.items():
             g = dg[name].cpu()
-            same = torch.equal(t.view(torch.uint8) if t.dtype == torch.bfloat16 else t,
-                               g.view(torch.uint8) if g.dtype == torch.bfloat16 else g)
+            same = torch.equal(
+                t.view(torch.uint8) if t.dtype == torch.bfloat16 else t,
+                g.view(torch.uint8) if g.dtype == torch.bfloat16 else g,
+            )
             assert same, name
