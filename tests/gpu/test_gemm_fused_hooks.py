@@ -121,23 +121,25 @@ def test_arrival_arguments_checked():
     good = pool_arrivals(pool, 64)
     cases = [
         (dict(arrival_block=64), ValueError, "without arrival counters"),
-        (dict(arrival=good), ValueError, "arrival_block: expected a positive int"),
-        (dict(arrival=good, arrival_block=-64), ValueError, "arrival_block: expected a positive int"),
-        (dict(arrival=good, arrival_block=64.0), ValueError, "arrival_block: expected a positive int"),
-        (dict(arrival=good, arrival_block=32), ValueError, r"arrival: expected shape \(%d,\)" % (pool.P // 32)),
-        (dict(arrival=good.long(), arrival_block=64), TypeError, "arrival: expected dtype torch.int32"),
-        (dict(arrival=good.cpu(), arrival_block=64), ValueError, "arrival: expected device"),
+        (dict(arrival=good), ValueError, "'arrival_block': expected a positive int"),
+        (dict(arrival=good, arrival_block=-64), ValueError, "'arrival_block': expected a positive int"),
+        (dict(arrival=good, arrival_block=64.0), ValueError, "'arrival_block': expected a positive int"),
+        (dict(arrival=good, arrival_block=32), ValueError, r"'arrival': expected shape \(%d,\)" % (pool.P // 32)),
+        (dict(arrival=good.long(), arrival_block=64), TypeError, "'arrival': expected dtype torch.int32"),
+        (dict(arrival=good.cpu(), arrival_block=64), ValueError, "'arrival': expected device"),
         (
             dict(arrival=torch.zeros(2 * good.numel(), dtype=torch.int32, device="cuda")[::2], arrival_block=64),
             ValueError,
-            "arrival: must be contiguous",
+            "'arrival': expected a contiguous tensor",
         ),
     ]
     for kwargs, exc, msg in cases:
-        with pytest.raises(exc, match=msg):
+        # SPEC §7's error type, still a TypeError / ValueError for callers that catch those.
+        with pytest.raises(exc, match=msg) as info:
             _l1(pool, kw, max_tile=64, **kwargs)
+        assert isinstance(info.value, G.MegaMoEInputError)
     comb, dst = combine_rows(Pool(COUNTS, inter, gen=torch.Generator().manual_seed(1)), H)
-    with pytest.raises(ValueError, match="arrival_block: expected a positive int"):
+    with pytest.raises(ValueError, match="'arrival_block': expected a positive int"):
         G.l2_gemm(
             pool.x[:, :inter].contiguous(),
             pool.sf[:, : inter // 32].contiguous(),
@@ -315,14 +317,14 @@ def test_misaligned_destinations_rejected():
     pool, _, kw = setup_l1(H, inter, COUNTS, seed=54)
     P = pool.P
     big = torch.zeros(P * inter + 16, dtype=torch.uint8, device="cuda")
-    with pytest.raises(ValueError, match="out: must be 16-byte aligned"):
+    with pytest.raises(ValueError, match="'out': expected a 16-byte aligned address"):
         _l1(pool, kw, max_tile=64, out=big[8 : 8 + P * inter].view(P, inter).view(torch.float8_e4m3fn))
-    with pytest.raises(TypeError, match="out: expected float8_e4m3fn or uint8"):
+    with pytest.raises(TypeError, match="'out': expected dtype torch.float8_e4m3fn or torch.uint8"):
         _l1(pool, kw, max_tile=64, out=torch.zeros(P, inter, dtype=torch.int8, device="cuda"))
     pool2 = Pool(COUNTS, inter, gen=torch.Generator().manual_seed(2))
     comb, dst = combine_rows(pool2, H)
     flat = torch.zeros(comb.numel() + 8, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="combine: must be 16-byte aligned"):
+    with pytest.raises(ValueError, match="'combine': expected a 16-byte aligned address"):
         _l2(pool2, kw, dst, flat[4 : 4 + comb.numel()].view(comb.shape), max_tile=64)
 
 
