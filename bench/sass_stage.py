@@ -47,7 +47,7 @@ def stage_cost(cubin: Path, tile: int, k32: bool) -> tuple[float, int] | None:
     sass = subprocess.run([nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     cw = min(tile, 64)
     want = f"QGMMA.64x{cw}x32"
-    per_stage = 4 * (tile // cw)      # wgmmas per K block
+    per_stage = 4 * (tile // cw)  # wgmmas per K block
     best = None
     for lo, hi, body in loops(sass):
         q = sum(t.strip().startswith(want) or f" {want}" in t for t in body)
