@@ -36,9 +36,7 @@ class Pool:
         self, counts, K, *, align=64, device="cuda", gen=None, grid=False, sf_lo=117, sf_hi=125, grid_sf=(126, 128)
     ):
         self.counts = list(counts)
-        offs = [0]
-        for n in counts:
-            offs.append(offs[-1] + (n + align - 1) // align * align)
+        offs = ref.pool_offsets(self.counts, align).tolist()
         self.P = offs[-1] + align  # one trailing padding block (also keeps P > 0)
         self.offsets = torch.tensor(offs, dtype=torch.int32, device=device)
         self.num_tokens = torch.tensor(counts, dtype=torch.int32, device=device)
@@ -79,8 +77,7 @@ def random_weights(E, R, K, *, gen=None, grid=False, sf_lo=113, sf_hi=118, devic
     else:
         codes = torch.randint(0, 16, (E, R, K), generator=gen, dtype=torch.int32).to(torch.uint8)
         sf = torch.randint(sf_lo, sf_hi + 1, (E, R, K // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
-    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    return packed.to(device), sf.to(device)
+    return ref.pack_fp4(codes).to(device), sf.to(device)
 
 
 def reference_acc(pool: Pool, x, sf, w, w_sf):

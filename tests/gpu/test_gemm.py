@@ -29,8 +29,6 @@ from .gemm_helpers import (
 from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue
 from .gemm_helpers import setup_l1 as _setup_l1
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 
 @pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32)])
 def test_l1_bound_and_epilogue(H, inter, max_tile):

@@ -11,7 +11,6 @@ from megamoe.conformance.dump import make_dumps
 from megamoe.conformance.suite import check
 from megamoe.jit.layout import transform_weights
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 TAU = gemm.TAU
 

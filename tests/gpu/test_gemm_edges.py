@@ -18,7 +18,6 @@ from megamoe.jit import layout as L
 
 from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, log_result, random_weights, reference_acc
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 # (promotion, max_tile, wgs): the 4-warpgroup 8-token kernel, the 2-warpgroup kernel whose items run
 # at 8 tokens, and the largest tile.

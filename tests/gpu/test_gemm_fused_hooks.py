@@ -39,7 +39,6 @@ from .gemm_helpers import (
     worst_bound_ratio,
 )
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 TAU = G.TAU
 REPO = Path(__file__).resolve().parents[2]

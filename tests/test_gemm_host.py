@@ -1,0 +1,102 @@
+"""The GEMM entry points' host side, on the CPU: SPEC §7 errors (MegaMoEInputError, still a
+TypeError / ValueError) before anything is launched, the activation clamp's validation and bf16
+rounding, the token-tile choice, one build per specialisation however many workers ask, and the
+GPU-only tools saying so instead of a traceback."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from megamoe import gemm as G
+from megamoe.jit import build as jb
+from megamoe.jit import layout as L
+from megamoe.reference import MegaMoEInputError
+
+
+def _small_call_args(device="cpu"):
+    E, H, inter, P = 2, 512, 256, 128
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randint(0, 256, (E, 2 * inter, H // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    s1 = torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, inter // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    s2 = torch.full((E, H, inter // 32), 120, dtype=torch.uint8)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    x = torch.zeros(P, H, dtype=torch.uint8, device=device)
+    sf = torch.full((P, H // 32), 127, dtype=torch.uint8, device=device)
+    offsets = torch.tensor([0, 64, 128], dtype=torch.int32, device=device)
+    counts = torch.tensor([10, 20], dtype=torch.int32, device=device)
+    return x, sf, offsets, counts, torch.ones(P, device=device), kw
+
+
+def test_l1_gemm_on_cpu_tensors_raises_the_spec_error_naming_the_argument():
+    x, sf, offsets, counts, wr, kw = _small_call_args()
+    with pytest.raises(MegaMoEInputError, match="argument 'x': expected a CUDA tensor"):
+        G.l1_gemm(x, sf, offsets, counts, wr, kw)
+    assert issubclass(MegaMoEInputError, TypeError) and issubclass(MegaMoEInputError, ValueError)
+
+
+def test_an_unknown_promotion_or_tile_is_refused():
+    with pytest.raises(MegaMoEInputError, match="'promotion'"):
+        G.spec_for(1, promotion="fast")
+    with pytest.raises(MegaMoEInputError, match="'max_tile'"):
+        G.spec_for(1, promotion="k128", max_tile=96)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "1.5", True, [1.0]])
+def test_activation_clamp_must_be_a_positive_number(bad):
+    with pytest.raises(MegaMoEInputError, match="activation_clamp"):
+        G._clamp(bad)
+
+
+def test_activation_clamp_is_rounded_to_bf16_like_the_reference():
+    from megamoe.reference.formats import round_bf16
+
+    for c in (1.0, 1.00390625, 1.0039, 7.3, 1e-3, 3e38):
+        want = float(round_bf16(torch.tensor([c], dtype=torch.float32))[0])
+        assert G._clamp(c) == (want, 1)
+    assert G._clamp(None) == (0.0, 0)
+
+
+def test_the_largest_tile_holds_the_largest_expert_and_skewed_launches_take_64():
+    assert G.pick_max_tile(8) == 8 and G.pick_max_tile(9) == 16 and G.pick_max_tile(100) == 128
+    assert G.pick_max_tile(5000) == 128 and G.pick_max_tile(None) == 128
+    assert G.pick_max_tile(5000, "k32") == 64
+    assert G.pick_max_tile(100, rows_per_expert=64.0) == 64  # zipf: most experts are small
+    assert G.pick_max_tile(600, rows_per_expert=576.0) == 128  # uniform prefill
+    assert G.spec_for(1, max_tokens=8, n_rows=4096).wgs == 4 and G.spec_for(1, max_tokens=9, n_rows=4096).wgs == 2
+
+
+def test_concurrent_builds_of_one_specialisation_compile_it_once(tmp_path, monkeypatch):
+    """pytest-xdist workers share the compile gate's cache: the second asker waits on the lock."""
+    monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_compile(spec, out, log):
+        calls.append(spec)
+        time.sleep(0.2)
+        out.write_bytes(b"cubin")
+        log.write_text("log")
+        return jb.Built(out, "log", False)
+
+    monkeypatch.setattr(jb, "_compile", fake_compile)
+    spec = jb.GemmSpec(layer=1, max_tile=16)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(jb.build(spec))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 3 and sum(r.cached for r in results) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.parametrize("module", ["bench.gemm", "bench.profile_one", "tests.gpu.record_fixtures"])
+def test_gpu_only_tools_say_they_need_a_gpu(module, tmp_path):
+    args = {"bench.profile_one": ["1", "8", "k128"], "tests.gpu.record_fixtures": [str(tmp_path)]}.get(module, [])
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
