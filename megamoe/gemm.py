@@ -38,6 +38,7 @@ import dataclasses
 import torch
 
 from megamoe.reference import MegaMoEInputError
+from megamoe.reference.errors import fail
 from megamoe.reference.quantize import rebase_k128 as ref_rebase_k128
 from megamoe.reference.formats import round_bf16
 
@@ -93,10 +94,10 @@ def spec_for(
     rows_per_expert: float | None = None,
 ) -> jb.GemmSpec:
     if promotion not in PROMOTIONS:
-        raise MegaMoEInputError(f"argument 'promotion': expected one of {PROMOTIONS}, got {promotion!r}")
+        fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
     tile = pick_max_tile(max_tokens, promotion, rows_per_expert) if max_tile is None else max_tile
     if tile not in contract.TOKEN_TILES:
-        raise MegaMoEInputError(f"argument 'max_tile': expected one of {contract.TOKEN_TILES}, got {tile!r}")
+        fail("max_tile", f"one of {contract.TOKEN_TILES}", repr(tile))
     return jb.GemmSpec(
         layer=layer,
         max_tile=tile,
@@ -173,22 +174,20 @@ def reset_timeout_record(dev: int = 0) -> None:
 # ---------------------------------------------------------------------------------------------
 def _check(name, t, dtypes, shape=None, device=None):
     if not isinstance(t, torch.Tensor):
-        raise MegaMoEInputError(f"argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        fail(name, "a torch.Tensor", type(t).__name__)
     if t.dtype not in dtypes:
-        raise MegaMoEInputError(f"argument '{name}': expected dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+        fail(name, f"dtype {' or '.join(map(str, dtypes))}", t.dtype)
     if shape is not None and tuple(t.shape) != tuple(shape):
-        raise MegaMoEInputError(f"argument '{name}': expected shape {tuple(shape)}, got {tuple(t.shape)}")
+        fail(name, f"shape {tuple(shape)}", tuple(t.shape))
     if device is not None and t.device != device:
-        raise MegaMoEInputError(f"argument '{name}': expected device {device}, got {t.device}")
+        fail(name, f"device {device}", t.device)
     if not t.is_contiguous():
-        raise MegaMoEInputError(f"argument '{name}': expected a contiguous tensor")
+        fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
 def _check_aligned(name, t, align=16):
     if t.data_ptr() % align:
-        raise MegaMoEInputError(
-            f"argument '{name}': expected a {align}-byte aligned address, got {t.data_ptr() % align} mod {align}"
-        )
+        fail(name, f"a {align}-byte aligned address", f"{t.data_ptr() % align} mod {align}")
 
 
 _E4M3 = (torch.float8_e4m3fn, torch.uint8)
@@ -209,15 +208,15 @@ def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_n
     P = x.shape[0]
     _check("x", x, _E4M3, (P, k), dev)
     _check("x_sf", x_sf, _U8, (P, k // sf_group), dev)
-    _check(
-        "num_tokens", num_tokens, _I32, (num_tokens.shape[0],) if isinstance(num_tokens, torch.Tensor) else None, dev
-    )
+    _check("num_tokens", num_tokens, _I32, None, dev)
+    if num_tokens.dim() != 1:
+        fail("num_tokens", "a 1-D tensor [E]", f"shape {tuple(num_tokens.shape)}")
     E = num_tokens.shape[0]
     _check("expert_offsets", expert_offsets, _I32, (E + 1,), dev)
     if E > MAX_EXPERTS:
         raise MegaMoEInputError(f"argument 'num_tokens': expected at most {MAX_EXPERTS} local experts, got {E}")
     if k % BLOCK_K:
-        raise MegaMoEInputError(f"argument '{k_name}': expected a multiple of {BLOCK_K}, got {k}")
+        fail(k_name, f"a multiple of {BLOCK_K}", k)
     _check_aligned("x", x)
     _check_aligned("x_sf", x_sf)
     return E
@@ -228,7 +227,7 @@ def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, pr
     scales rebased per K128 (computed here unless the caller passes x_sf128 with an already rebased
     x). Returns (x, scales, number of experts)."""
     if promotion not in PROMOTIONS:
-        raise MegaMoEInputError(f"argument 'promotion': expected one of {PROMOTIONS}, got {promotion!r}")
+        fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
     if promotion == "k128":
         if k % 512:
             raise MegaMoEInputError(f"argument '{k_name}': promotion 'k128' needs a multiple of 512, got {k}")
@@ -245,10 +244,10 @@ def _clamp(activation_clamp) -> tuple[float, int]:
     if activation_clamp is None:
         return 0.0, 0
     if isinstance(activation_clamp, bool) or not isinstance(activation_clamp, (int, float)):
-        raise MegaMoEInputError(f"argument 'activation_clamp': expected None or a number > 0, got {activation_clamp!r}")
+        fail("activation_clamp", "None or a number > 0", repr(activation_clamp))
     c = float(round_bf16(torch.tensor([float(activation_clamp)], dtype=torch.float32))[0])
     if not c > 0:  # also NaN
-        raise MegaMoEInputError(f"argument 'activation_clamp': expected a number > 0, got {activation_clamp!r}")
+        fail("activation_clamp", "a number > 0", repr(activation_clamp))
     return c, 1
 
 
@@ -260,9 +259,7 @@ def _arrival(arrival, arrival_block, P: int, dev) -> tuple[int, int]:
             )
         return 0, 0
     if isinstance(arrival_block, bool) or not isinstance(arrival_block, int) or arrival_block <= 0:
-        raise MegaMoEInputError(
-            f"argument 'arrival_block': expected a positive int (pool rows per arrival counter), got {arrival_block!r}"
-        )
+        fail("arrival_block", "a positive int (pool rows per arrival counter)", repr(arrival_block))
     _check("arrival", arrival, _I32, (-(-P // arrival_block),), dev)
     return arrival.data_ptr(), arrival_block
 
@@ -471,13 +468,13 @@ def l1_gemm(
     else:
         key = None
     if not isinstance(kw, KernelWeights):
-        raise MegaMoEInputError(f"argument 'kw': expected KernelWeights (transform_weights), got {type(kw).__name__}")
+        fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
     x_pool, x_sf, E = _activation_operand(x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, promotion, "hidden")
     P, dev = x_pool.shape[0], x_pool.device
     _check("w_route", w_route, (torch.float32,), (P,), dev)
     if kw.num_experts != E:
-        raise MegaMoEInputError(f"argument 'kw': expected {E} experts (len(num_tokens)), got {kw.num_experts}")
+        fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
@@ -571,7 +568,7 @@ def l2_gemm(
     else:
         key = None
     if not isinstance(kw, KernelWeights):
-        raise MegaMoEInputError(f"argument 'kw': expected KernelWeights (transform_weights), got {type(kw).__name__}")
+        fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
     l2_acts, l2_sf, E = _activation_operand(
         l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate"
@@ -583,7 +580,7 @@ def l2_gemm(
     _check("combine", combine, (torch.bfloat16,), None, dev)
     _check_aligned("combine", combine)
     if kw.num_experts != E:
-        raise MegaMoEInputError(f"argument 'kw': expected {E} experts (len(num_tokens)), got {kw.num_experts}")
+        fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
     spec = spec_for(

@@ -16,10 +16,8 @@ constexpr int kMaxExperts = 256;
 constexpr int kSmemLimit = 232448;  // dynamic shared memory per block (sm_90 opt-in)
 constexpr int kMaxStages = 12;
 constexpr int kRowsPerWg = 64;      // weight rows per consumer warpgroup (wgmma M)
-// A kernel's largest token tile kMaxN is one of token_tile(0 .. kNumTokenTiles - 1); its items run
-// at kSmallTile when they have at most that many rows, else at kMaxN (scheduler.cuh pick_tile).
-__host__ __device__ constexpr int token_tile(int i) { return i == 0 ? 8 : i == 1 ? 16 : i == 2 ? 32 : i == 3 ? 64 : 128; }
-constexpr int kNumTokenTiles = 5;
+// A kernel's items run at kSmallTile when they have at most that many rows, else at its largest
+// tile kMaxN (scheduler.cuh pick_tile; the host picks kMaxN from TOKEN_TILES).
 constexpr int kSmallTile = 8;
 
 // Trap record codes (megamoe.gemm.timeout_message).
