@@ -221,3 +221,14 @@ def test_a_malformed_dump_is_reported_not_raised():
     report = check(dumps)
     assert report.first_failure == "D4"
     assert any(r.point == "D7" and r.failed for r in report.results)
+
+
+def test_a_dump_that_left_the_statistics_alone_is_judged_by_that():
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=8)
+    inputs = ref.make_inputs(cfg, 8, seed=2)
+    weights = ref.random_weights(4, 256, 128, seed=2)
+    dumps = reference_dumps(cfg, inputs, weights)
+    dumps[0].meta["recv_stats_recorded"] = False  # the reference accumulated: now that is wrong
+    assert check(dumps).first_failure == "D10"
+    dumps[0].tensors["D10.recv_stats"] = dumps[0]["inputs.recv_stats_before"].clone()
+    assert check(dumps).ok

@@ -83,17 +83,26 @@ constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // arrival 
 constexpr long long kBarrierTimeoutCycles = 2 * kSpinTimeoutCycles;  // mbarriers of the pipeline
 // What a record names (`what`) is one of the codes of kernel/gemm/contract.cuh (WaitKind).
 
+constexpr long long kRecordGraceCycles = 20ll * 1000 * 1000;  // ~10 ms: the claimant writes, fences, traps
+
 __device__ __forceinline__ void report_trap(int* rec, int what, int index, int expected, int observed) {
-  if (rec != nullptr && atomicCAS(rec, 0, 2) == 0) {   // 2 = claimed, being written
-    rec[1] = what;
-    rec[2] = blockIdx.x;
-    rec[3] = index;
-    rec[4] = expected;
-    rec[5] = observed;
-    rec[6] = threadIdx.x;
-    __threadfence_system();
-    atomicExch(rec, 1);
-    __threadfence_system();
+  if (rec != nullptr) {
+    if (atomicCAS(rec, 0, 2) == 0) {   // 2 = claimed, being written
+      rec[1] = what;
+      rec[2] = blockIdx.x;
+      rec[3] = index;
+      rec[4] = expected;
+      rec[5] = observed;
+      rec[6] = threadIdx.x;
+      __threadfence_system();
+      atomicExch(rec, 1);
+      __threadfence_system();
+    } else {
+      // Another waiter claimed the record: its trap ends this thread too. Trapping at once would end
+      // the kernel before the claimant's writes leave the GPU (records seen half written or lost).
+      const long long start = clock64();
+      while (clock64() - start < kRecordGraceCycles) __nanosleep(1024);
+    }
   }
   __trap();
 }
@@ -207,6 +216,34 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// System scope: counters that other GPUs (or other processes on this GPU) raise through symmetric
+// memory (SPEC §6).
+__device__ __forceinline__ int ld_acquire_sys(const int* p) {
+  int v;
+  asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int ld_relaxed_sys(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_release_sys_add(int* p, int v) {
+  asm volatile("red.release.sys.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Makes this thread's earlier writes, and those it observed (a CTA barrier before it), visible at
+// system scope before its next write: the release half of a CTA's publication.
+__device__ __forceinline__ void fence_acq_rel_sys() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");

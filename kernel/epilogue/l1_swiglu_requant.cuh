@@ -125,6 +125,18 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
     // The next chunk (or item) rewrites st_amax only after every thread passed the barrier above,
     // and st_q only after the barrier that follows its own first pass.
   }
+  // Fused kernel: the warpgroup's tile (32 channels = one scale group of every row) is written;
+  // count it in the L1-completion counter of each pool block it covers. The L2 of a block reads
+  // l2_acts by TMA once its counter is full, hence the proxy fence before the release.
+  if (p.signal != nullptr) {
+    ptx::named_barrier(1 + wg, 128);
+    if (wtid == 0) {
+      ptx::fence_proxy_async_global();
+      __threadfence();
+      for (int b = wi.row0 / p.arrival_block; b <= (wi.row0 + wi.valid - 1) / p.arrival_block; ++b)
+        ptx::red_release_gpu_add(p.signal + b, 1);
+    }
+  }
 }
 
 }  // namespace megamoe

@@ -1,7 +1,8 @@
 // L2 epilogue (SPEC D8) of one consumer warpgroup's tile: bf16(acc2) of each valid pool row into
-// its combine row dst_rows[p] (= k * T + t of a [K, T, H] buffer; < 0 = none), natural channel
-// order, through a plain pointer (the fused kernel points it into the token's rank). In the debug
-// build the fp32 accumulators (D7) are dumped first.
+// its combine row dst_rows[p] (= k * T_max + t of a [K, T_max, H] buffer; < 0 = none), natural
+// channel order. The fused kernel passes peer_offsets: dst_rows then also names the token's rank s
+// (s * combine_rows + k * T_max + t) and the row goes to rank s's buffer through symmetric memory.
+// In the debug build the fp32 accumulators (D7) are dumped first.
 //
 // Accumulator fragment (per chunk of cw = min(N, 64) tokens): element c cw/2 + 4j + h is weight
 // row 16 wq + g, token column c cw + 8j + 2t + h; element ... + 2 + h is row 16 wq + g + 8. The
@@ -61,10 +62,17 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
       const int col = idx / 8;
       const int part = idx % 8;
       if (c * CW + col < wi.valid) {
-        const int row = __ldg(p.dst_rows + p0 + c * CW + col);
+        // A plain load: in the fused kernel the dispatch wrote dst_rows during this launch.
+        int row = p.dst_rows[p0 + c * CW + col];
         if (row >= 0) {
+          __nv_bfloat16* dst = out;
+          if (p.peer_offsets != nullptr) {  // row s * combine_rows + r: row r of rank s's buffer
+            const int s = row / p.combine_rows;
+            row -= s * p.combine_rows;
+            dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(out) + __ldg(p.peer_offsets + s));
+          }
           const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
-          *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+          *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
         }
       }
     }

@@ -25,6 +25,9 @@ enum WaitKind : int {
   kWaitFull = 1,  // full stage barrier
   kWaitEmpty = 2,  // empty stage barrier
   kWaitArrival = 3,  // arrival counter of pool block
+  kWaitL1Done = 5,  // L1 completion counter of pool block
+  kWaitDispatch = 6,  // dispatch counter (source ranks' CTAs that staged their tokens and posted their counts)
+  kWaitL2Done = 7,  // L2 completion counter (CTAs of every rank that finished their L2 tiles)
   kLayoutCheck = 4,  // the launch's dynamic shared memory is smaller than the layout
 };
 
@@ -34,7 +37,7 @@ constexpr int kLutEntries = 20;
 __host__ __device__ constexpr uint32_t scaled_lut_lo(int i) { return i == 0 ? 0x6C686000u : i == 1 ? 0x64605800u : i == 2 ? 0x5C585000u : i == 3 ? 0x54504800u : i == 4 ? 0x4C484000u : i == 5 ? 0x44403800u : i == 6 ? 0x3C383000u : i == 7 ? 0x34302800u : i == 8 ? 0x2C282000u : i == 9 ? 0x24201800u : i == 10 ? 0x1C181000u : i == 11 ? 0x14100800u : i == 12 ? 0x0C080400u : i == 13 ? 0x06040200u : i == 14 ? 0x03020100u : i == 15 ? 0x02010000u : i == 16 ? 0x01000000u : i == 17 ? 0x00000000u : i == 18 ? 0x00000000u : 0x00000000u; }
 __host__ __device__ constexpr uint32_t scaled_lut_hi(int i) { return i == 0 ? 0x7C787470u : i == 1 ? 0x74706C68u : i == 2 ? 0x6C686460u : i == 3 ? 0x64605C58u : i == 4 ? 0x5C585450u : i == 5 ? 0x54504C48u : i == 6 ? 0x4C484440u : i == 7 ? 0x44403C38u : i == 8 ? 0x3C383430u : i == 9 ? 0x34302C28u : i == 10 ? 0x2C282420u : i == 11 ? 0x24201C18u : i == 12 ? 0x1C181410u : i == 13 ? 0x14100C08u : i == 14 ? 0x0C080604u : i == 15 ? 0x06040302u : i == 16 ? 0x03020201u : i == 17 ? 0x02010100u : i == 18 ? 0x01000000u : 0x00000000u; }
 
-// The kernel argument, passed by value as one __grid_constant__ struct.
+// The GEMM's argument, passed by value as one __grid_constant__ struct.
 struct GemmParams {
   CUtensorMap tmap_x8;  // activations [P, K] e4m3, box {128 B, 8 rows}, 128-byte swizzle
   CUtensorMap tmap_x64;  // the same tensor, box {128 B, 64 rows}
@@ -48,15 +51,19 @@ struct GemmParams {
   const float* w_route;  // L1: [P] routing weight of each pool row
   void* out;  // L1: l2_acts e4m3 [P, I]; L2: combine rows bf16 [*, H]
   uint8_t* out_sf;  // L1: l2_sf [P, I/32]
-  const int* dst_rows;  // L2: [P] combine row of each pool row, < 0 = none
+  const int* dst_rows;  // L2: [P] combine row of each pool row (s * combine_rows + row with peer_offsets), < 0 = none
+  const int64_t* peer_offsets;  // L2: [R] byte offset from out to rank r's copy of it (symmetric memory), nullptr = one rank
   float* dump;  // debug build: fp32 accumulators [P, R], canonical channel order
   const int* arrival;  // per pool block arrival counters, nullptr = all rows present
+  int* signal;  // L1 (fused): per pool block L1-completion counters, +1 per warpgroup tile
   int* err;  // trap record (host-mapped), nullptr = trap without a record
   int32_t num_experts;  // E
   int32_t num_pool_rows;  // P
   int32_t k;  // reduction length: H (L1) or I (L2)
   int32_t n_rows;  // weight rows R: 2I (L1) or H (L2)
   int32_t arrival_block;  // pool rows per arrival counter
+  int32_t arrival_need;  // 0: a counter must reach its block's valid rows; > 0: this count
+  int32_t combine_rows;  // L2 with peer_offsets: combine rows per rank (K * T_max)
   int32_t has_clamp;  // L1: apply clamp_value
   float clamp_value;  // L1: bf16-representable activation clamp c
 };
@@ -74,16 +81,119 @@ static_assert(offsetof(GemmParams, w_route) == 312, "GemmParams layout");
 static_assert(offsetof(GemmParams, out) == 320, "GemmParams layout");
 static_assert(offsetof(GemmParams, out_sf) == 328, "GemmParams layout");
 static_assert(offsetof(GemmParams, dst_rows) == 336, "GemmParams layout");
-static_assert(offsetof(GemmParams, dump) == 344, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival) == 352, "GemmParams layout");
-static_assert(offsetof(GemmParams, err) == 360, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_experts) == 368, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_pool_rows) == 372, "GemmParams layout");
-static_assert(offsetof(GemmParams, k) == 376, "GemmParams layout");
-static_assert(offsetof(GemmParams, n_rows) == 380, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_block) == 384, "GemmParams layout");
-static_assert(offsetof(GemmParams, has_clamp) == 388, "GemmParams layout");
-static_assert(offsetof(GemmParams, clamp_value) == 392, "GemmParams layout");
+static_assert(offsetof(GemmParams, peer_offsets) == 344, "GemmParams layout");
+static_assert(offsetof(GemmParams, dump) == 352, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival) == 360, "GemmParams layout");
+static_assert(offsetof(GemmParams, signal) == 368, "GemmParams layout");
+static_assert(offsetof(GemmParams, err) == 376, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_experts) == 384, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_pool_rows) == 388, "GemmParams layout");
+static_assert(offsetof(GemmParams, k) == 392, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_rows) == 396, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_block) == 400, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_need) == 404, "GemmParams layout");
+static_assert(offsetof(GemmParams, combine_rows) == 408, "GemmParams layout");
+static_assert(offsetof(GemmParams, has_clamp) == 412, "GemmParams layout");
+static_assert(offsetof(GemmParams, clamp_value) == 416, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
+
+// The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and
+// its argument (one pointer per workspace region, megamoe/jit/contract.py WORKSPACE).
+constexpr int kFusedMaxN = 64;
+constexpr int kSignalWords = 4;
+constexpr int kSignalPosted = 0;   // + 1 by every CTA of every rank after its dispatch
+constexpr int kSignalL2Done = 1;   // + 1 by every CTA of every rank after its L2 tiles
+constexpr int kSignalExit = 2;     // + 1 by every CTA of this rank at its end
+
+struct FusedParams {
+  GemmParams l1;  // L1 over the pool (gate: arrivals; signals l1_done)
+  GemmParams l2;  // L2 over l2_acts (gate: l1_done; rows to the tokens' ranks)
+  const uint8_t* x;  // this call's x [T, H] e4m3
+  const uint8_t* x_sf;  // x_sf [T, H/32]
+  const int64_t* topk_idx;  // [T, K], -1 = no expert
+  const float* topk_weights;  // [T, K]
+  uint16_t* y;  // bf16 [T, H] (D9)
+  int* ws_signals;  // 2, 4: per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), CTAs done; the last CTA of a call clears its parity
+  int* ws_arrivals;  // B: D4: rows pulled into each pool block
+  int* ws_l1_done;  // B: D6: L1 warpgroup tiles written of each pool block (I/32 = complete)
+  int* ws_epoch;  // 4: word 0: calls made on this workspace (selects the signals' parity)
+  int64_t* ws_peers;  // R: byte offset from this rank's workspace to rank r's
+  int* ws_send_counts;  // E: D1
+  int* ws_recv_counts;  // R, E_l: D2: row s written by source rank s
+  int* ws_recv_totals;  // E_l: D2: N_e
+  int* ws_expert_offsets;  // E_l + 1: D4: first pool row of each local expert, then P
+  int* ws_source_lists;  // E_l, R, T_max: D3: t*K+k per (local expert, source), ascending
+  uint8_t* ws_stage_x;  // T_max, H: this rank's x, read by the experts' owners (R > 1)
+  uint8_t* ws_stage_x_sf;  // T_max, H // 32: this rank's x_sf (R > 1)
+  float* ws_stage_weights;  // T_max, K: this rank's topk_weights (R > 1)
+  uint8_t* ws_pool_x;  // P, H: D4: pulled rows (E4M3)
+  uint8_t* ws_pool_x_sf;  // P, H // 32: D4: their scale bytes
+  float* ws_pool_weights;  // P: D4: their routing weights
+  int* ws_pool_meta;  // P, 3: D4: (source rank, token, slot)
+  int* ws_dst_rows;  // P: combine row s * K * T_max + k * T_max + t of each pool row
+  uint8_t* ws_l2_acts;  // P, I: D6: the E4M3 intermediate
+  uint8_t* ws_l2_sf;  // P, I // 32: D6: its scale bytes
+  uint16_t* ws_combine;  // K, T_max, H: D8: written by the experts' owners
+  int64_t* ws_recv_stats;  // E_l: D10: cumulative N_e
+  int* ws_snap_arrivals;  // B: debug build: arrivals before the cleanup
+  int* ws_snap_l1_done;  // B: debug build: l1_done before the cleanup
+  int32_t rank;  // this rank
+  int32_t num_ranks;  // R
+  int32_t num_tokens;  // T of this call on this rank
+  int32_t max_tokens;  // T_max
+  int32_t hidden;  // H
+  int32_t intermediate;  // I
+  int32_t num_experts;  // E
+  int32_t local_experts;  // E_l
+  int32_t top_k;  // K
+  int32_t block_m;  // pool rows per block (each expert starts on a multiple)
+  int32_t pool_rows;  // P
+  int32_t record_stats;  // add N_e to recv_stats (D10)
+};
+
+static_assert(offsetof(FusedParams, l1) == 0, "FusedParams layout");
+static_assert(offsetof(FusedParams, l2) == 512, "FusedParams layout");
+static_assert(offsetof(FusedParams, x) == 1024, "FusedParams layout");
+static_assert(offsetof(FusedParams, x_sf) == 1032, "FusedParams layout");
+static_assert(offsetof(FusedParams, topk_idx) == 1040, "FusedParams layout");
+static_assert(offsetof(FusedParams, topk_weights) == 1048, "FusedParams layout");
+static_assert(offsetof(FusedParams, y) == 1056, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_signals) == 1064, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_arrivals) == 1072, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_l1_done) == 1080, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_epoch) == 1088, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_peers) == 1096, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_send_counts) == 1104, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_recv_counts) == 1112, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_recv_totals) == 1120, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_expert_offsets) == 1128, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_source_lists) == 1136, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_stage_x) == 1144, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_stage_x_sf) == 1152, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_stage_weights) == 1160, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_x) == 1168, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_x_sf) == 1176, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_weights) == 1184, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_meta) == 1192, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_dst_rows) == 1200, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_l2_acts) == 1208, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_l2_sf) == 1216, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_combine) == 1224, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_recv_stats) == 1232, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_snap_arrivals) == 1240, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_snap_l1_done) == 1248, "FusedParams layout");
+static_assert(offsetof(FusedParams, rank) == 1256, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_ranks) == 1260, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_tokens) == 1264, "FusedParams layout");
+static_assert(offsetof(FusedParams, max_tokens) == 1268, "FusedParams layout");
+static_assert(offsetof(FusedParams, hidden) == 1272, "FusedParams layout");
+static_assert(offsetof(FusedParams, intermediate) == 1276, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_experts) == 1280, "FusedParams layout");
+static_assert(offsetof(FusedParams, local_experts) == 1284, "FusedParams layout");
+static_assert(offsetof(FusedParams, top_k) == 1288, "FusedParams layout");
+static_assert(offsetof(FusedParams, block_m) == 1292, "FusedParams layout");
+static_assert(offsetof(FusedParams, pool_rows) == 1296, "FusedParams layout");
+static_assert(offsetof(FusedParams, record_stats) == 1300, "FusedParams layout");
+static_assert(sizeof(FusedParams) == 1408, "FusedParams layout");
 
 }  // namespace megamoe

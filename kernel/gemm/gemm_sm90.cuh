@@ -41,17 +41,24 @@
 namespace megamoe {
 
 // Everything about a specialisation that follows from its template arguments: tile, stage ring,
-// register split and shared-memory layout. The host reads kSmemBytes from the cubin
-// (megamoe_smem_bytes, kernel/gemm/instantiate.cu.in), so nothing here is mirrored in Python.
-template <int kLayer, int kMaxN, bool kPerK32, int kWGs>
+// register split and shared-memory layout. kLayer 1 or 2 is a standalone GEMM of that layer; 0 is
+// the fused kernel, which runs both layers' items through one ring (its epilogue staging is the
+// larger of the two). The host reads kSmemBytes from the cubin (megamoe_smem_bytes), so nothing
+// here is mirrored in Python.
+template <int kLayer, int kMaxN, bool kPerK32, int kWGs_>
 struct GemmConfig {
+  static constexpr int kWGs = kWGs_;
   static_assert(kWGs == 2 || kWGs == 4, "consumer warpgroups");
   static constexpr int kThreads = 128 * (1 + kWGs);
   static constexpr int kRows = kRowsPerWg * kWGs;   // weight rows per CTA
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
-  static constexpr int kEpiPerWg = kEpilogueBytes<kLayer, kMaxN>;
-  // Besides the ring: the epilogue staging, the scaled tables, the schedule's tables.
-  static constexpr int kFixedBytes = kWGs * kEpiPerWg + kLutEntries * 8 + (2 * kMaxExperts + 1) * 4;
+  static constexpr int kEpiPerWg =
+      kLayer != 0
+          ? kEpilogueBytes<kLayer, kMaxN>
+          : (kEpilogueBytes<1, kMaxN> > kEpilogueBytes<2, kMaxN> ? kEpilogueBytes<1, kMaxN> : kEpilogueBytes<2, kMaxN>);
+  static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
+  // Besides the ring: the epilogue staging, the scaled tables, the schedule.
+  static constexpr int kFixedBytes = kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
@@ -68,12 +75,63 @@ struct GemmConfig {
   static_assert(kWGs == 2 || kMaxN == kSmallTile, "four consumer warpgroups hold 8-token tiles only");
 };
 
+// The kernels' dynamic shared memory. They have no static shared memory, so it starts the CTA's
+// window and is 1024-byte aligned (the 128-byte swizzle atoms need it; checked in gemm_setup).
+extern __shared__ __align__(1024) uint8_t dyn_smem[];
+
+// The CTA's shared memory, carved at compile-time offsets from dyn_smem: addresses are immediates,
+// not registers. Each role builds its own copy where it needs it, so no pointer is held (in
+// registers) across a role's work.
+template <typename Cfg>
+struct GemmSmem {
+  typename Cfg::Ring ring;
+  uint8_t* epi;     // [kWGs][kEpiPerWg] epilogue staging
+  uint2* lut;       // the fast mode's scaled tables
+  Schedule* sched;
+
+  __device__ __forceinline__ GemmSmem() {
+    uint8_t* smem = dyn_smem;
+    using Ring = typename Cfg::Ring;
+    constexpr int kStages = Cfg::kStages;
+    ring.x = smem;                                                     // [kStages][kMaxN * 128]
+    ring.w = ring.x + kStages * Ring::kX;                              // [kStages][rows * 64]
+    ring.wsf = ring.w + kStages * Ring::kW;                            // [kStages][rows * 4]
+    ring.sx = reinterpret_cast<float*>(ring.wsf + kStages * Ring::kWsf);   // [kStages][kSxWords]
+    ring.full = reinterpret_cast<uint64_t*>(ring.sx + kStages * Ring::kSxWords);
+    ring.empty = ring.full + kStages;
+    epi = reinterpret_cast<uint8_t*>(ring.empty + kStages);
+    lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
+    sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
+  }
+};
+
+// Before the roles split: the layout check, the ring's barriers and the fast mode's tables (the
+// schedule is the caller's). Thread 0 and warp 1 work here; the caller's __syncthreads publishes it.
+template <typename Cfg, bool kPerK32>
+__device__ __forceinline__ void gemm_setup(int* err) {
+  const GemmSmem<Cfg> sm;
+  const uint8_t* smem = dyn_smem;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(Cfg::kSmemBytes) || (ptx::smem_addr(smem) & 1023u) != 0)
+      ptx::report_trap(err, kLayoutCheck, static_cast<int>(ptx::smem_addr(smem) & 1023u), Cfg::kSmemBytes,
+                       static_cast<int>(ptx::dynamic_smem_size()));
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(&sm.ring.full[s], 2);               // the TMA thread (expect_tx) + the scale warp
+      ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
+    }
+    ptx::fence_mbar_init();
+  } else if (tid == 32 && !kPerK32) {
+#pragma unroll
+    for (int d = 0; d < kLutEntries; ++d) sm.lut[d] = make_uint2(scaled_lut_lo(d), scaled_lut_hi(d));
+  }
+}
+
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
-// epilogue.
-template <int N, int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kWGs, typename Ctx>
+// the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
+template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, typename Ctx>
 __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, uint8_t* s_epi_wg,
                                          int wg) {
-  using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
   float acc[N / 2];
   mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, acc);
   if constexpr (!kPerK32) {
@@ -90,80 +148,59 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   layer_epilogue<kLayer, N, Cfg::kRows, kFastMath, kDebug>(*ctx.p, wi, acc, s_epi_wg, wg);
 }
 
-// The kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__ per
-// specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its descriptor).
-template <int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kWGs>
-__device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
-  using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
-  using Ring = typename Cfg::Ring;
-  constexpr int kStages = Cfg::kStages;
-  constexpr int kRows = Cfg::kRows;
-
-  // The kernel has no static shared memory, so the dynamic array starts the CTA's window and is
-  // 1024-byte aligned (the 128-byte swizzle atoms need it; checked below). Every buffer is at a
-  // compile-time offset from it, so addresses are immediates, not registers.
-  extern __shared__ __align__(1024) uint8_t smem[];
-  Ring ring;
-  ring.x = smem;                                                     // [kStages][kMaxN * 128]
-  ring.w = ring.x + kStages * Ring::kX;                              // [kStages][rows * 64]
-  ring.wsf = ring.w + kStages * Ring::kW;                            // [kStages][rows * 4]
-  ring.sx = reinterpret_cast<float*>(ring.wsf + kStages * Ring::kWsf);   // [kStages][kSxWords]
-  ring.full = reinterpret_cast<uint64_t*>(ring.sx + kStages * Ring::kSxWords);
-  ring.empty = ring.full + kStages;
-  uint8_t* s_epi = reinterpret_cast<uint8_t*>(ring.empty + kStages);      // [kWGs][kEpiPerWg]
-  uint2* s_lut = reinterpret_cast<uint2*>(s_epi + kWGs * Cfg::kEpiPerWg);  // fast mode's scaled tables
-  int* s_prefix = reinterpret_cast<int*>(s_lut + kLutEntries);       // [E + 1] first item of each expert
-  int* s_nblk = s_prefix + kMaxExperts + 1;                          // [E] token blocks of each expert
-
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int n_row_blocks = p.n_rows / kRows;
-
-  if (tid == 0) {
-    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(Cfg::kSmemBytes) || (ptx::smem_addr(smem) & 1023u) != 0)
-      ptx::report_trap(p.err, kLayoutCheck, static_cast<int>(ptx::smem_addr(smem) & 1023u), Cfg::kSmemBytes,
-                       static_cast<int>(ptx::dynamic_smem_size()));
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbar_init(&ring.full[s], 2);          // the TMA thread (expect_tx) + the scale warp
-      ptx::mbar_init(&ring.empty[s], 4 * kWGs);  // one arrive per consumer warp
-    }
-    ptx::fence_mbar_init();
-    build_schedule<kMaxN>(p, n_row_blocks, s_prefix, s_nblk);
-  } else if (tid == 32 && !kPerK32) {
-#pragma unroll
-    for (int d = 0; d < kLutEntries; ++d) s_lut[d] = make_uint2(scaled_lut_lo(d), scaled_lut_hi(d));
-  }
-  __syncthreads();
-
-  // Each role reads what it needs after its setmaxnreg: a value held across it is spilled.
-  if (warp < 4) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    run_producer<kMaxN, kRows, kStages, kPerK32>(p, ring, s_prefix, s_nblk, s_prefix[p.num_experts]);
-    return;
-  }
-  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+// The consumer side of one layer's items (p: that layer's parameters; Cfg: the kernel's config,
+// kLayer 0 for the fused kernel). Each consumer thread calls it after its setmaxnreg.
+template <int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug>
+__device__ __forceinline__ void run_consumer(const GemmParams& p, RingCursor& cur) {
+  const GemmSmem<Cfg> sm;
   const int ctid = ptx::thread_idx();
   const int wg = ctid / 128 - 1;     // weight rows [64 wg, 64 wg + 64) of the CTA tile
   const int wq = ctid / 32 % 4;      // warp within the warpgroup: rows 16 wq .. 16 wq + 15
   const int clane = ctid % 32;
-  ConsumerCtx<kMaxN, kRows, kStages, kPerK32> ctx;
-  ctx.ring = ring;
-  ctx.lut = reinterpret_cast<const uint8_t*>(s_lut);
+  ConsumerCtx<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32> ctx;
+  ctx.ring = sm.ring;
+  ctx.lut = reinterpret_cast<const uint8_t*>(sm.lut);
   ctx.p = &p;
   ctx.rg = wg * 4 + wq;
   ctx.row_a = ctx.rg * 16 + clane / 4;
   ctx.lane = clane;
   ctx.t = clane % 4;
-  uint8_t* s_epi_wg = s_epi + wg * Cfg::kEpiPerWg;
-  RingCursor cur;
-  for (int item = blockIdx.x; item < s_prefix[p.num_experts]; item += gridDim.x) {
-    const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
+  uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
+  const int n_rb = p.n_rows / Cfg::kRows;
+  const int num_items = sm.sched->num_items(n_rb);
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const WorkItem wi = decode_item<kMaxN>(item, *sm.sched, n_rb);
     // One instantiation of the mainloop and epilogue per token tile; the branch is uniform.
     if (kMaxN == kSmallTile || wi.tile == kMaxN)
-      run_item<kMaxN, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
+      run_item<kMaxN, kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
     else
-      run_item<kSmallTile, kLayer, kMaxN, kPerK32, kFastMath, kDebug, kWGs>(ctx, cur, wi, s_epi_wg, wg);
+      run_item<kSmallTile, kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
   }
+}
+
+// The standalone kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__
+// per specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its
+// descriptor).
+template <int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kWGs>
+__device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
+  using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
+  gemm_setup<Cfg, kPerK32>(p.err);
+  if (threadIdx.x == 0)
+    build_schedule<kMaxN>(
+        *GemmSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
+        [&](int e) { return __ldg(p.num_tokens + e); });
+  __syncthreads();
+
+  // Each role reads what it needs after its setmaxnreg: a value held across it is spilled.
+  RingCursor cur;
+  if (threadIdx.x / 32 < 4) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    const GemmSmem<Cfg> sm;
+    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(p, sm.ring, *sm.sched, cur);
+    return;
+  }
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  run_consumer<kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(p, cur);
 }
 
 }  // namespace megamoe

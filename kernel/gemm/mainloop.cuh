@@ -38,12 +38,6 @@ __device__ __forceinline__ void static_for(F&& f) {
   }
 }
 
-// The consumers' position in the stage ring (which stage the next decode waits for).
-struct RingCursor {
-  int stage = 0;
-  uint32_t phase = 0;
-};
-
 // Everything a consumer thread needs about the CTA's shared memory and its own place in the tile.
 template <int kMaxN, int kRows, int kStages, bool kPerK32>
 struct ConsumerCtx {
@@ -94,10 +88,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // The descriptor of a stage is the same for every thread: computed once per warp and broadcast,
     // so it lives in uniform registers next to the wgmma.
     xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
-    if (++cur.stage == kStages) {
-      cur.stage = 0;
-      cur.phase ^= 1;
-    }
+    cur.advance<kStages>();
   };
 
   auto issue = [&](auto gi_c, auto tt_c, auto b_c) {

@@ -55,20 +55,36 @@ __device__ __forceinline__ float exp2_sat(int e) {
   return e < -149 ? 0.0f : exp2i(e > 127 ? 127 : e);
 }
 
+// A position in the stage ring: the stage a role fills (producer) or drains (consumers) next. Each
+// role keeps its own; a fused launch carries it from one layer's items to the next.
+struct RingCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+
+  template <int kStages>
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The producer warpgroup's part of one layer's items (n_rb blocks of kRows weight rows each).
 template <int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
-                                             const int* s_prefix, const int* s_nblk, int num_items) {
+                                             const Schedule& sched, RingCursor& cur) {
   using R = StageRing<kMaxN, kRows, kPerK32>;
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   const int num_kb = p.k / kBlockK;
-  int stage = 0;
-  uint32_t phase = 0;
+  const int n_rb = p.n_rows / kRows;
+  const int num_items = sched.num_items(n_rb);
   if (warp == 0 && lane == 0) {
     ptx::prefetch_tma_desc(&p.tmap_x8);
     ptx::prefetch_tma_desc(&p.tmap_x64);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
+      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
       wait_token_block(p, wi);
       const uint8_t* w_base =
           p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
@@ -78,7 +94,8 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       const int box = wide ? kChunkN : 8;
       const int boxes = wi.tile / box;
       for (int kb = 0; kb < num_kb; ++kb) {
-        ptx::mbar_wait(&r.empty[stage], phase ^ 1, kWaitEmpty, stage, p.err);
+        const int stage = cur.stage;
+        ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
         ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
         for (int b = 0; b < boxes; ++b)
           ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
@@ -86,10 +103,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        cur.advance<kStages>();
       }
     }
   } else if (warp == 1) {
@@ -100,7 +114,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<kMaxN>(item, s_prefix, s_nblk, p);
+      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
       // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
       // in the fused kernel other SMs write them.
       if (lane == 0) wait_token_block(p, wi);
@@ -110,7 +124,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
       const int first = (wi.row0 + lane) * words_per_row;
       int idx[kM];
-      uint32_t cur[kM], nxt[kM];
+      uint32_t word[kM], nxt[kM];
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         idx[m] = R::scale_index(lane + 32 * m, 0, wi.tile);
@@ -121,14 +135,14 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         for (int m = 0; m < kM; ++m) {
           const bool valid = lane + 32 * m < wi.valid;
           if constexpr (kPerK32) {
-            cur[m] = nxt[m];
+            word[m] = nxt[m];
             if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + 32 * m * words_per_row + kb + 1);
           } else if (kb % 4 == 0) {
-            cur[m] = valid ? __ldcg(words + first + 32 * m * words_per_row + kb / 4) : 0u;
+            word[m] = valid ? __ldcg(words + first + 32 * m * words_per_row + kb / 4) : 0u;
           }
         }
-        ptx::mbar_wait(&r.empty[stage], phase ^ 1, kWaitEmpty, stage, p.err);
-        float* sx = r.sx + stage * R::kSxWords;
+        ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
+        float* sx = r.sx + cur.stage * R::kSxWords;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           const int tok = lane + 32 * m;
@@ -137,18 +151,15 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
             if constexpr (kPerK32) {
 #pragma unroll
               for (int ks = 0; ks < 4; ++ks)
-                sx[idx[m] + ks * kMaxN] = valid ? ue8m0_to_float((cur[m] >> (8 * ks)) & 0xFFu) : 0.0f;
+                sx[idx[m] + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
             } else {
-              sx[idx[m]] = valid ? exp2_sat(static_cast<int>((cur[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+              sx[idx[m]] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
             }
           }
         }
         __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&r.full[stage]);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        if (lane == 0) ptx::mbar_arrive(&r.full[cur.stage]);
+        cur.advance<kStages>();
       }
     }
   }

@@ -7,6 +7,10 @@
 // with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
 // two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
 // third ptxas runs out of registers (measured: spills and serialised wgmmas).
+//
+// The pool layout (each expert's first row and row count) is copied into shared memory once per
+// CTA, before the roles split: in the fused kernel it is computed by the kernel itself, so nothing
+// reads it from global memory through the read-only path.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +25,7 @@ struct WorkItem {
   int n_block;     // block of weight rows (the CTA's tile height)
   int row0;        // first pool row of the token block
   int valid;       // valid pool rows in the token block (1..kMaxN)
+  int end;         // one past the expert's last valid pool row
   int tile;        // token tile of the item: kSmallTile or kMaxN (pick_tile)
 };
 
@@ -30,58 +35,80 @@ __device__ __forceinline__ int pick_tile(int valid) {
   return valid <= kSmallTile ? kSmallTile : kMaxN;
 }
 
-// Shared-memory tables of the schedule: s_prefix[E + 1] (first item of each expert) and
-// s_nblk[E] (token blocks of each expert). Called by one thread before the CTA's first barrier.
-template <int kMaxN>
-__device__ __forceinline__ void build_schedule(const GemmParams& p, int n_row_blocks, int* s_prefix, int* s_nblk) {
-  int acc = 0;
-  for (int e = 0; e < p.num_experts; ++e) {
-    const int nb = (__ldg(p.num_tokens + e) + kMaxN - 1) / kMaxN;
-    s_prefix[e] = acc;
-    s_nblk[e] = nb;
-    acc += nb * n_row_blocks;
+// The pool layout and the token blocks of each expert, in shared memory. One schedule serves every
+// layer over the same pool: a layer with n_rb blocks of weight rows has n_rb items per token block.
+struct Schedule {
+  int tb_prefix[kMaxExperts + 1];  // first token block of each expert; [E] = all token blocks
+  int offset[kMaxExperts];         // first pool row of each expert
+  int count[kMaxExperts];          // valid pool rows of each expert
+  int num_experts;
+
+  __device__ __forceinline__ int num_items(int n_rb) const {
+    return tb_prefix[num_experts] * n_rb;
   }
-  s_prefix[p.num_experts] = acc;
+};
+
+// Fills the schedule from the experts' first rows and row counts (any source: global memory for a
+// standalone launch, the fused kernel's own dispatch). One thread, before the CTA's first barrier.
+template <int kMaxN, typename Offset, typename Count>
+__device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Offset offset_of, Count count_of) {
+  int acc = 0;
+  for (int e = 0; e < num_experts; ++e) {
+    const int n = count_of(e);
+    s.tb_prefix[e] = acc;
+    s.offset[e] = offset_of(e);
+    s.count[e] = n;
+    acc += (n + kMaxN - 1) / kMaxN;
+  }
+  s.tb_prefix[num_experts] = acc;
+  s.num_experts = num_experts;
 }
 
+// Item `item` of a layer with n_rb blocks of weight rows: items of expert e are
+// [tb_prefix[e] n_rb, tb_prefix[e + 1] n_rb), N block outer, token block inner.
 template <int kMaxN>
-__device__ __forceinline__ WorkItem decode_item(int item, const int* s_prefix, const int* s_nblk, const GemmParams& p) {
-  // Binary search for the expert whose item range holds `item`.
-  int lo = 0, hi = p.num_experts - 1;
+__device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int n_rb) {
+  int lo = 0, hi = s.num_experts - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (s_prefix[mid] <= item)
+    if (s.tb_prefix[mid] * n_rb <= item)
       lo = mid;
     else
       hi = mid - 1;
   }
   WorkItem w;
   w.expert = lo;
-  const int local = item - s_prefix[lo];
-  const int nb = s_nblk[lo];
+  const int local = item - s.tb_prefix[lo] * n_rb;
+  const int nb = s.tb_prefix[lo + 1] - s.tb_prefix[lo];
   w.n_block = local / nb;
   const int tb = local - w.n_block * nb;
-  w.row0 = __ldg(p.expert_offsets + lo) + tb * kMaxN;
-  w.valid = min(kMaxN, __ldg(p.num_tokens + lo) - tb * kMaxN);
+  w.row0 = s.offset[lo] + tb * kMaxN;
+  w.valid = min(kMaxN, s.count[lo] - tb * kMaxN);
+  w.end = s.offset[lo] + s.count[lo];
   w.tile = pick_tile<kMaxN>(w.valid);
   return w;
 }
 
-// Fused kernel: wait until every pool block under the token block has all its rows (counters count
-// the valid rows of each pool block; blocks start at expert starts). Standalone launches pass no
-// counters. Ends with a proxy fence: the rows were written by other CTAs' generic stores and are
-// read next by TMA.
+// Fused kernel: wait until every pool block under the token block is complete. L1 (arrival_need
+// 0): the block's counter counts its pulled rows and must reach its valid rows (blocks start at
+// expert starts). L2 (arrival_need > 0): the counter counts the block's finished L1 tiles and must
+// reach arrival_need. Standalone launches pass no counters. One relaxed spin, then an acquire on
+// success, then a proxy fence: the rows were written by other CTAs' generic stores and are read
+// next by TMA.
 __device__ __forceinline__ void wait_token_block(const GemmParams& p, const WorkItem& wi) {
   if (p.arrival == nullptr) return;
   const int blk = p.arrival_block;
-  const int end = __ldg(p.expert_offsets + wi.expert) + __ldg(p.num_tokens + wi.expert);
+  const int what = p.arrival_need > 0 ? kWaitL1Done : kWaitArrival;
   for (int b = wi.row0 / blk; b <= (wi.row0 + wi.valid - 1) / blk; ++b) {
-    const int need = min(blk, end - b * blk);
-    const long long start = clock64();
-    while (ptx::ld_acquire_gpu(p.arrival + b) < need) {
-      if (clock64() - start > ptx::kSpinTimeoutCycles)
-        ptx::report_trap(p.err, kWaitArrival, b, need, ptx::ld_acquire_gpu(p.arrival + b));
+    const int need = p.arrival_need > 0 ? p.arrival_need : min(blk, wi.end - b * blk);
+    if (ptx::ld_relaxed_gpu(p.arrival + b) < need) {
+      const long long start = clock64();
+      while (ptx::ld_relaxed_gpu(p.arrival + b) < need) {
+        if (clock64() - start > ptx::kSpinTimeoutCycles)
+          ptx::report_trap(p.err, what, b, need, ptx::ld_relaxed_gpu(p.arrival + b));
+      }
     }
+    (void)ptx::ld_acquire_gpu(p.arrival + b);
   }
   ptx::fence_proxy_async_global();
 }

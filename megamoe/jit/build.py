@@ -69,6 +69,7 @@ class GemmSpec:
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # dump the fp32 accumulators (D5 / D7)
     wgs: int = 2  # consumer warpgroups (64 weight rows each): 2, or 4 for max_tile 8
+    kernel = "megamoe_gemm"  # the cubin's entry point
 
     def __post_init__(self):
         if self.max_tile not in contract.TOKEN_TILES:
@@ -112,6 +113,29 @@ class GemmSpec:
         return tmpl
 
 
+@dataclasses.dataclass(frozen=True)
+class FusedSpec:
+    """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh): the exact
+    promotion at the token tile contract.FUSED_MAX_TILE, two consumer warpgroups."""
+
+    fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
+    debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
+    kernel = "megamoe_fused"  # the cubin's entry point
+
+    @property
+    def name(self) -> str:
+        return f"megamoe_fused_{'fsilu' if self.fast_math else 'psilu'}{'_dbg' if self.debug else ''}"
+
+    @property
+    def threads(self) -> int:
+        return 128 * 3
+
+    def source(self) -> str:
+        tmpl = (KERNEL_DIR / "fused" / "instantiate.cu.in").read_text()
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        return tmpl.replace("@FAST_MATH@", b(self.fast_math)).replace("@DEBUG@", b(self.debug))
+
+
 @dataclasses.dataclass
 class Built:
     cubin: Path
@@ -134,16 +158,16 @@ def flags() -> list[str]:
     return [*NVCC_FLAGS, *EXTRA_FLAGS]
 
 
-def spec_key(spec: GemmSpec) -> str:
+def spec_key(spec: GemmSpec | FusedSpec) -> str:
     kdir = KERNEL_DIR
     h = hashlib.sha256()
     h.update(_sources_digest(kdir))
     h.update(" ".join(flags()).encode())
-    h.update(repr(dataclasses.astuple(spec)).encode())
+    h.update(f"{type(spec).__name__}{dataclasses.astuple(spec)!r}".encode())
     return h.hexdigest()[:16]
 
 
-def build(spec: GemmSpec, *, force: bool = False) -> Built:
+def build(spec: GemmSpec | FusedSpec, *, force: bool = False) -> Built:
     """The cubin of `spec`, compiled now or taken from the cache."""
     key = spec_key(spec)
     out = cache_dir() / f"{spec.name}-{key}.cubin"
@@ -159,7 +183,7 @@ def build(spec: GemmSpec, *, force: bool = False) -> Built:
         return _compile(spec, out, log)
 
 
-def _compile(spec: GemmSpec, out: Path, log: Path) -> Built:
+def _compile(spec: GemmSpec | FusedSpec, out: Path, log: Path) -> Built:
     kdir = KERNEL_DIR
     nvcc = shutil.which("nvcc") or (
         os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None

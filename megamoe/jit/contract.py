@@ -25,7 +25,16 @@ MAX_STAGES = 12
 ROWS_PER_WG = 64  # weight rows per consumer warpgroup (wgmma M)
 
 # Trap record codes (kernel/common/ptx.cuh report_trap; megamoe.gemm.timeout_message words them).
-WAITS = {1: "full stage barrier", 2: "empty stage barrier", 3: "arrival counter of pool block"}
+WAITS = {
+    1: "full stage barrier",
+    2: "empty stage barrier",
+    3: "arrival counter of pool block",
+    5: "L1 completion counter of pool block",
+    6: "dispatch counter (source ranks' CTAs that staged their tokens and posted their counts)",
+    7: "L2 completion counter (CTAs of every rank that finished their L2 tiles)",
+}
+# Their C++ names (kWait<name>).
+WAIT_NAMES = {1: "Full", 2: "Empty", 3: "Arrival", 5: "L1Done", 6: "Dispatch", 7: "L2Done"}
 LAYOUT_CHECK = 4  # the launch's dynamic shared memory is smaller than the kernel's layout
 
 # The fast mode's scaled FP4 -> E4M3 tables: one definition, in the reference.
@@ -36,7 +45,7 @@ LUT_HEADROOM = Q.FAST_LUT_HEADROOM
 @dataclasses.dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # "tmap" (CUtensorMap, 128 B), "ptr", "i32", "f32"
+    kind: str  # "tmap" (CUtensorMap, 128 B), "ptr", "i32", "f32", "struct" (ctype names a Struct)
     ctype: str
     doc: str
 
@@ -61,15 +70,29 @@ PARAMS = (
     Field("w_route", "ptr", "const float*", "L1: [P] routing weight of each pool row"),
     Field("out", "ptr", "void*", "L1: l2_acts e4m3 [P, I]; L2: combine rows bf16 [*, H]"),
     Field("out_sf", "ptr", "uint8_t*", "L1: l2_sf [P, I/32]"),
-    Field("dst_rows", "ptr", "const int*", "L2: [P] combine row of each pool row, < 0 = none"),
+    Field(
+        "dst_rows",
+        "ptr",
+        "const int*",
+        "L2: [P] combine row of each pool row (s * combine_rows + row with peer_offsets), < 0 = none",
+    ),
+    Field(
+        "peer_offsets",
+        "ptr",
+        "const int64_t*",
+        "L2: [R] byte offset from out to rank r's copy of it (symmetric memory), nullptr = one rank",
+    ),
     Field("dump", "ptr", "float*", "debug build: fp32 accumulators [P, R], canonical channel order"),
     Field("arrival", "ptr", "const int*", "per pool block arrival counters, nullptr = all rows present"),
+    Field("signal", "ptr", "int*", "L1 (fused): per pool block L1-completion counters, +1 per warpgroup tile"),
     Field("err", "ptr", "int*", "trap record (host-mapped), nullptr = trap without a record"),
     Field("num_experts", "i32", "int32_t", "E"),
     Field("num_pool_rows", "i32", "int32_t", "P"),
     Field("k", "i32", "int32_t", "reduction length: H (L1) or I (L2)"),
     Field("n_rows", "i32", "int32_t", "weight rows R: 2I (L1) or H (L2)"),
     Field("arrival_block", "i32", "int32_t", "pool rows per arrival counter"),
+    Field("arrival_need", "i32", "int32_t", "0: a counter must reach its block's valid rows; > 0: this count"),
+    Field("combine_rows", "i32", "int32_t", "L2 with peer_offsets: combine rows per rank (K * T_max)"),
     Field("has_clamp", "i32", "int32_t", "L1: apply clamp_value"),
     Field("clamp_value", "f32", "float", "L1: bf16-representable activation clamp c"),
 )
@@ -79,34 +102,223 @@ _ALIGN = {"tmap": 128, "ptr": 8, "i32": 4, "f32": 4}  # CUtensorMap is 128-byte 
 _FMT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}
 
 
-def _layout() -> tuple[dict[str, int], int]:
-    offsets, off = {}, 0
-    for f in PARAMS:
-        off = -(-off // _ALIGN[f.kind]) * _ALIGN[f.kind]
-        offsets[f.name] = off
-        off += _SIZE[f.kind]
-    return offsets, -(-off // 128) * 128
+@dataclasses.dataclass(frozen=True)
+class Struct:
+    """A C struct passed by value to a kernel: its fields in layout order. A field of kind "struct"
+    nests another Struct (its ctype is that struct's name)."""
+
+    name: str
+    fields: tuple
+
+    def _member(self, f: Field) -> tuple[int, int]:
+        if f.kind == "struct":
+            inner = STRUCTS[f.ctype]
+            return inner.size, 128
+        return _SIZE[f.kind], _ALIGN[f.kind]
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        return self._layout()[0]
+
+    @property
+    def size(self) -> int:
+        return self._layout()[1]
+
+    def _layout(self) -> tuple[dict[str, int], int]:
+        offsets, off = {}, 0
+        for f in self.fields:
+            size, align = self._member(f)
+            off = -(-off // align) * align
+            offsets[f.name] = off
+            off += size
+        return offsets, -(-off // 128) * 128
+
+    def pack(self, **values) -> bytes:
+        """The struct's bytes: every field by name (tensor maps as their 128 bytes, nested structs as
+        their packed bytes, pointers as ints, 0 for nullptr)."""
+        names = {f.name for f in self.fields}
+        missing, extra = names - values.keys(), values.keys() - names
+        if missing or extra:
+            raise KeyError(f"{self.name} fields: missing {sorted(missing)}, unknown {sorted(extra)}")
+        offsets = self.offsets
+        buf = bytearray(self.size)
+        for f in self.fields:
+            v, o = values[f.name], offsets[f.name]
+            if f.kind in ("tmap", "struct"):
+                size = self._member(f)[0]
+                assert len(v) == size, f.name
+                buf[o : o + size] = v
+            else:
+                struct.pack_into(_FMT[f.kind], buf, o, v)
+        return bytes(buf)
+
+    def cpp(self) -> list[str]:
+        """The C++ definition with every offset pinned by a static_assert."""
+        lines = [f"struct {self.name} {{"]
+        lines += [f"  {f.ctype} {f.name};  // {f.doc}" for f in self.fields]
+        lines += ["};", ""]
+        offsets = self.offsets
+        lines += [
+            f'static_assert(offsetof({self.name}, {f.name}) == {offsets[f.name]}, "{self.name} layout");'
+            for f in self.fields
+        ]
+        lines.append(f'static_assert(sizeof({self.name}) == {self.size}, "{self.name} layout");')
+        return lines
 
 
-OFFSETS, PARAMS_BYTES = _layout()
+GEMM_PARAMS = Struct("GemmParams", PARAMS)
+STRUCTS = {"GemmParams": GEMM_PARAMS}
+OFFSETS, PARAMS_BYTES = GEMM_PARAMS.offsets, GEMM_PARAMS.size
 
 
 def pack_params(**values) -> bytes:
     """The bytes of GemmParams: every field by name (tensor maps as their 128 bytes, pointers as ints,
     0 for nullptr)."""
-    missing = {f.name for f in PARAMS} - values.keys()
-    extra = values.keys() - {f.name for f in PARAMS}
-    if missing or extra:
-        raise KeyError(f"GemmParams fields: missing {sorted(missing)}, unknown {sorted(extra)}")
-    buf = bytearray(PARAMS_BYTES)
-    for f in PARAMS:
-        v = values[f.name]
-        if f.kind == "tmap":
-            assert len(v) == 128, f.name
-            buf[OFFSETS[f.name] : OFFSETS[f.name] + 128] = v
-        else:
-            struct.pack_into(_FMT[f.kind], buf, OFFSETS[f.name], v)
-    return bytes(buf)
+    return GEMM_PARAMS.pack(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused kernel (kernel/fused/): its workspace and its argument
+# ---------------------------------------------------------------------------------------------
+FUSED_MAX_TILE = 64  # the fused kernel's token tile: one pool block (BLOCK_M 64) per token block
+FUSED_BLOCK_M = 64
+SIGNAL_WORDS = 4  # per call parity: dispatch posts, L2 completions, CTAs done, unused
+SIGNAL_POSTED, SIGNAL_L2_DONE, SIGNAL_EXIT = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One region of a rank's workspace. `shape` is in SPEC's notation (H, I, E, E_l, K, R, T_max)
+    plus P (pool rows, sized for the worst case any peer can cause) and B = P / BLOCK_M.
+    kind: "counter" (back to zero after every call: D10), "peer" (other ranks write or read it
+    through symmetric memory), "local"."""
+
+    name: str
+    dtype: str
+    shape: str
+    kind: str
+    doc: str
+
+
+_CTYPE = {"int32": "int*", "int64": "int64_t*", "uint8": "uint8_t*", "float32": "float*", "bfloat16": "uint16_t*"}
+_ITEMSIZE = {"int32": 4, "int64": 8, "uint8": 1, "float32": 4, "bfloat16": 2}
+
+WORKSPACE = (
+    Region(
+        "signals",
+        "int32",
+        f"2, {SIGNAL_WORDS}",
+        "counter",
+        "per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), "
+        "CTAs done; the last CTA of a call clears its parity",
+    ),
+    Region("arrivals", "int32", "B", "counter", "D4: rows pulled into each pool block"),
+    Region("l1_done", "int32", "B", "counter", "D6: L1 warpgroup tiles written of each pool block (I/32 = complete)"),
+    Region("epoch", "int32", "4", "local", "word 0: calls made on this workspace (selects the signals' parity)"),
+    Region("peers", "int64", "R", "local", "byte offset from this rank's workspace to rank r's"),
+    Region("send_counts", "int32", "E", "local", "D1"),
+    Region("recv_counts", "int32", "R, E_l", "peer", "D2: row s written by source rank s"),
+    Region("recv_totals", "int32", "E_l", "local", "D2: N_e"),
+    Region("expert_offsets", "int32", "E_l + 1", "local", "D4: first pool row of each local expert, then P"),
+    Region("source_lists", "int32", "E_l, R, T_max", "peer", "D3: t*K+k per (local expert, source), ascending"),
+    Region("stage_x", "uint8", "T_max, H", "peer", "this rank's x, read by the experts' owners (R > 1)"),
+    Region("stage_x_sf", "uint8", "T_max, H // 32", "peer", "this rank's x_sf (R > 1)"),
+    Region("stage_weights", "float32", "T_max, K", "peer", "this rank's topk_weights (R > 1)"),
+    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)"),
+    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes"),
+    Region("pool_weights", "float32", "P", "local", "D4: their routing weights"),
+    Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)"),
+    Region("dst_rows", "int32", "P", "local", "combine row s * K * T_max + k * T_max + t of each pool row"),
+    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate"),
+    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes"),
+    Region("combine", "bfloat16", "K, T_max, H", "peer", "D8: written by the experts' owners"),
+    Region("recv_stats", "int64", "E_l", "local", "D10: cumulative N_e"),
+    Region("snap_arrivals", "int32", "B", "local", "debug build: arrivals before the cleanup"),
+    Region("snap_l1_done", "int32", "B", "local", "debug build: l1_done before the cleanup"),
+)
+REGIONS = {r.name: r for r in WORKSPACE}
+COUNTERS = tuple(r.name for r in WORKSPACE if r.kind == "counter")
+
+
+def pool_rows(max_tokens: int, top_k: int, local_experts: int, num_ranks: int, block_m: int) -> int:
+    """P: the pool's rows in the worst case over every routing of every rank (all their tokens sent
+    here, each to min(K, E_l) of this rank's experts), each expert padded to BLOCK_M."""
+    rows = num_ranks * max_tokens * min(top_k, local_experts) + local_experts * (block_m - 1)
+    return max(block_m, -(-rows // block_m) * block_m)
+
+
+def workspace_dims(cfg) -> dict[str, int]:
+    """The sizes the regions' shapes are written in, for a MoEConfig."""
+    e_l = cfg.num_experts // cfg.num_ranks
+    p = pool_rows(cfg.max_tokens_per_rank, cfg.top_k, e_l, cfg.num_ranks, cfg.block_m)
+    return {
+        "H": cfg.hidden,
+        "I": cfg.intermediate,
+        "E": cfg.num_experts,
+        "E_l": e_l,
+        "K": cfg.top_k,
+        "R": cfg.num_ranks,
+        "T_max": cfg.max_tokens_per_rank,
+        "P": p,
+        "B": p // cfg.block_m,
+    }
+
+
+def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], int]:
+    """{region: (byte offset, dtype, shape)} and the total bytes; every region 128-byte aligned
+    (TMA reads the pool and the intermediate)."""
+    dims = workspace_dims(cfg)
+    out, off = {}, 0
+    for r in WORKSPACE:
+        shape = tuple(int(eval(d, {"__builtins__": {}}, dims)) for d in r.shape.split(","))  # noqa: S307
+        out[r.name] = (off, r.dtype, shape)
+        n = _ITEMSIZE[r.dtype]
+        for d in shape:
+            n *= d
+        off += -(-n // 128) * 128
+    return out, off
+
+
+FUSED_PARAMS = Struct(
+    "FusedParams",
+    (
+        Field("l1", "struct", "GemmParams", "L1 over the pool (gate: arrivals; signals l1_done)"),
+        Field("l2", "struct", "GemmParams", "L2 over l2_acts (gate: l1_done; rows to the tokens' ranks)"),
+        Field("x", "ptr", "const uint8_t*", "this call's x [T, H] e4m3"),
+        Field("x_sf", "ptr", "const uint8_t*", "x_sf [T, H/32]"),
+        Field("topk_idx", "ptr", "const int64_t*", "[T, K], -1 = no expert"),
+        Field("topk_weights", "ptr", "const float*", "[T, K]"),
+        Field("y", "ptr", "uint16_t*", "bf16 [T, H] (D9)"),
+        *(Field(f"ws_{r.name}", "ptr", _CTYPE[r.dtype], f"{r.shape}: {r.doc}") for r in WORKSPACE),
+        Field("rank", "i32", "int32_t", "this rank"),
+        Field("num_ranks", "i32", "int32_t", "R"),
+        Field("num_tokens", "i32", "int32_t", "T of this call on this rank"),
+        Field("max_tokens", "i32", "int32_t", "T_max"),
+        Field("hidden", "i32", "int32_t", "H"),
+        Field("intermediate", "i32", "int32_t", "I"),
+        Field("num_experts", "i32", "int32_t", "E"),
+        Field("local_experts", "i32", "int32_t", "E_l"),
+        Field("top_k", "i32", "int32_t", "K"),
+        Field("block_m", "i32", "int32_t", "pool rows per block (each expert starts on a multiple)"),
+        Field("pool_rows", "i32", "int32_t", "P"),
+        Field("record_stats", "i32", "int32_t", "add N_e to recv_stats (D10)"),
+    ),
+)
+STRUCTS["FusedParams"] = FUSED_PARAMS
+
+
+def fused_header_lines() -> list[str]:
+    return [
+        "// The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and",
+        "// its argument (one pointer per workspace region, megamoe/jit/contract.py WORKSPACE).",
+        f"constexpr int kFusedMaxN = {FUSED_MAX_TILE};",
+        f"constexpr int kSignalWords = {SIGNAL_WORDS};",
+        f"constexpr int kSignalPosted = {SIGNAL_POSTED};   // + 1 by every CTA of every rank after its dispatch",
+        f"constexpr int kSignalL2Done = {SIGNAL_L2_DONE};   // + 1 by every CTA of every rank after its L2 tiles",
+        f"constexpr int kSignalExit = {SIGNAL_EXIT};     // + 1 by every CTA of this rank at its end",
+        "",
+        *FUSED_PARAMS.cpp(),
+    ]
 
 
 def header() -> str:
@@ -137,10 +349,7 @@ def header() -> str:
         "",
         "// Trap record codes (megamoe.gemm.timeout_message).",
         "enum WaitKind : int {",
-        *[
-            f"  kWait{''.join(w.title() for w in name.split()[:1])} = {code},  // {name}"
-            for code, name in WAITS.items()
-        ],
+        *[f"  kWait{WAIT_NAMES[code]} = {code},  // {name}" for code, name in WAITS.items()],
         f"  kLayoutCheck = {LAYOUT_CHECK},  // the launch's dynamic shared memory is smaller than the layout",
         "};",
         "",
@@ -150,17 +359,14 @@ def header() -> str:
         _table("uint32_t", "scaled_lut_lo", [_word(lut[d, :4]) for d in range(LUT_ENTRIES)]),
         _table("uint32_t", "scaled_lut_hi", [_word(lut[d, 4:]) for d in range(LUT_ENTRIES)]),
         "",
-        "// The kernel argument, passed by value as one __grid_constant__ struct.",
-        "struct GemmParams {",
+        "// The GEMM's argument, passed by value as one __grid_constant__ struct.",
+        *GEMM_PARAMS.cpp(),
+        "",
+        *fused_header_lines(),
+        "",
+        "}  // namespace megamoe",
+        "",
     ]
-    for f in PARAMS:
-        lines.append(f"  {f.ctype} {f.name};  // {f.doc}")
-    lines.append("};")
-    lines.append("")
-    for f in PARAMS:
-        lines.append(f'static_assert(offsetof(GemmParams, {f.name}) == {OFFSETS[f.name]}, "GemmParams layout");')
-    lines.append(f'static_assert(sizeof(GemmParams) == {PARAMS_BYTES}, "GemmParams layout");')
-    lines += ["", "}  // namespace megamoe", ""]
     return "\n".join(lines)
 
 

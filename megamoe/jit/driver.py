@@ -8,6 +8,7 @@ error name.
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from pathlib import Path
 
@@ -51,6 +52,18 @@ def lib():
                     ctypes.c_void_p,
                     ctypes.POINTER(ctypes.c_void_p),
                     ctypes.c_void_p,
+                ]
+                cu.cuLaunchCooperativeKernel.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_void_p),
                 ]
                 cu.cuTensorMapEncodeTiled.argtypes = [
                     ctypes.c_void_p,
@@ -153,18 +166,28 @@ def num_sms(device: int) -> int:
 
 class Launch:
     """A kernel with its grid, block, shared memory and the bytes of its one by-value struct
-    parameter, ready to be launched on any stream (again and again: the argument buffer is kept)."""
+    parameter, ready to be launched on any stream (again and again: the argument buffer is kept).
+    A cooperative launch guarantees that every CTA is resident at once (or fails), which kernels
+    whose CTAs wait on each other need."""
 
-    def __init__(self, fn, grid: int, block: int, dyn_smem: int, params: bytes):
+    def __init__(self, fn, grid: int, block: int, dyn_smem: int, params: bytes, *, cooperative: bool = False):
         self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
         self._pbuf = ctypes.create_string_buffer(params, len(params))
         self._args = (ctypes.c_void_p * 1)(ctypes.cast(self._pbuf, ctypes.c_void_p))
-        self._launch = lib().cuLaunchKernel
+        self.cooperative = cooperative
+        self._launch = lib().cuLaunchCooperativeKernel if cooperative else lib().cuLaunchKernel
+
+    def patch(self, offset: int, fmt: str, value) -> None:
+        """Rewrites one field of the parameter bytes (struct format `fmt`) for the next launches."""
+        struct.pack_into(fmt, self._pbuf, offset, value)
 
     def __call__(self, stream: int) -> None:
-        res = self._launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, stream, self._args, None)
+        if self.cooperative:
+            res = self._launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, stream, self._args)
+        else:
+            res = self._launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, stream, self._args, None)
         if res:
-            check(res, "cuLaunchKernel")
+            check(res, "cuLaunchCooperativeKernel" if self.cooperative else "cuLaunchKernel")
 
 
 def tma_2d_u8(ptr: int, inner: int, outer: int, row_stride: int, box_inner: int, box_outer: int) -> bytes:

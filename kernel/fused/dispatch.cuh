@@ -1,0 +1,168 @@
+// The dispatch half of the fused kernel (SPEC D1-D4), run by every thread of every CTA before the
+// GEMM roles split:
+//   stage     (R > 1) this rank's x, x_sf and routing weights into its workspace, where the owners
+//             of its experts read them;
+//   count     D1 / D2 / D3: CTA b scans the routing for experts b, b + G, ... in token order, so each
+//             (expert, source) list is ascending t * K + k, written into the owner's workspace with
+//             the count;
+//   layout    after every rank's CTAs posted: the pool layout (D4 offsets, BLOCK_M aligned) and the
+//             GEMM schedule, computed by every CTA from the receive counts;
+//   pull      D4: one warp per routed pair copies the row, its scales, its routing weight and its
+//             metadata into the pool, then adds 1 to the arrival counter of the row's pool block
+//             (the L1 TMA waits on those counters).
+// Pool order is deterministic: expert-major, then source rank, then t * K + k (as the reference).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/ptx.cuh"
+#include "../gemm/contract.cuh"
+#include "../gemm/scheduler.cuh"
+#include "sync.cuh"
+
+namespace megamoe {
+
+// Grid-strided copy of n 4-byte words (16 bytes at a time where both ends allow).
+__device__ __forceinline__ void copy_words(uint32_t* dst, const uint32_t* src, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t n4 = n / 4;
+  for (int64_t i = tid; i < n4; i += stride) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  for (int64_t i = n4 * 4 + tid; i < n; i += stride) dst[i] = src[i];
+}
+
+// R > 1: this rank's inputs into its workspace (peers cannot read a plain allocation).
+__device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
+  if (fp.num_ranks == 1) return;
+  const int64_t t = fp.num_tokens;
+  copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_x), reinterpret_cast<const uint32_t*>(fp.x), t * fp.hidden / 4);
+  copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_x_sf), reinterpret_cast<const uint32_t*>(fp.x_sf),
+             t * fp.hidden / 128);
+  copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_weights), reinterpret_cast<const uint32_t*>(fp.topk_weights),
+             t * fp.top_k);
+}
+
+// D1-D3 for the experts of this CTA. scratch: blockDim / 32 + 1 ints of shared memory.
+__device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scratch) {
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int nwarps = blockDim.x / 32;
+  const int n = fp.num_tokens * fp.top_k;
+  for (int e = blockIdx.x; e < fp.num_experts; e += gridDim.x) {
+    const int owner = e / fp.local_experts;
+    const int le = e - owner * fp.local_experts;
+    int* list =
+        peer_ptr(fp, owner, fp.ws_source_lists) + (static_cast<int64_t>(le) * fp.num_ranks + fp.rank) * fp.max_tokens;
+    int base = 0;
+    for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+      const int j = j0 + tid;
+      const bool hit = j < n && __ldg(fp.topk_idx + j) == e;
+      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, hit);
+      if (lane == 0) scratch[warp] = __popc(ballot);
+      __syncthreads();
+      int before = base;
+      for (int w = 0; w < warp; ++w) before += scratch[w];
+      if (hit) list[before + __popc(ballot & ((1u << lane) - 1u))] = j;   // j = t * K + k
+      int total = 0;
+      for (int w = 0; w < nwarps; ++w) total += scratch[w];
+      base += total;
+      __syncthreads();   // scratch is rewritten by the next chunk
+    }
+    if (tid == 0) {
+      fp.ws_send_counts[e] = base;
+      peer_ptr(fp, owner, fp.ws_recv_counts)[fp.rank * fp.local_experts + le] = base;
+    }
+  }
+}
+
+// Shared-memory tables of the pull, beside the GEMM schedule: for (local expert e, source s) in
+// e-major order, the first pair index (pair_prefix, [E_l R + 1]) and the first pool row (row_start).
+struct PullTables {
+  int* pair_prefix;
+  int* row_start;
+};
+
+// After every rank posted: the pool layout and the GEMM schedule from the receive counts (read
+// with plain loads: the peers' writes are ordered by the CTA's acquire and barrier). One thread.
+__device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t) {
+  const int el = fp.local_experts;
+  const int R = fp.num_ranks;
+  int row = 0, pairs = 0;
+  for (int e = 0; e < el; ++e) {
+    int total = 0;
+    for (int s = 0; s < R; ++s) {
+      const int c = fp.ws_recv_counts[s * el + e];
+      t.pair_prefix[e * R + s] = pairs;
+      t.row_start[e * R + s] = row + total;
+      pairs += c;
+      total += c;
+    }
+    sched.tb_prefix[e] = 0;   // filled below by build_schedule
+    sched.offset[e] = row;
+    sched.count[e] = total;
+    row += (total + fp.block_m - 1) / fp.block_m * fp.block_m;
+  }
+  t.pair_prefix[el * R] = pairs;
+  build_schedule<kFusedMaxN>(sched, el, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
+  if (blockIdx.x == 0) {   // D2 totals and D4 offsets, for the dumps and the next stages' readers
+    for (int e = 0; e < el; ++e) {
+      fp.ws_recv_totals[e] = sched.count[e];
+      fp.ws_expert_offsets[e] = sched.offset[e];
+    }
+    fp.ws_expert_offsets[el] = row;
+  }
+}
+
+// D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
+__device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
+  const int lane = threadIdx.x % 32;
+  const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int nwarps = gridDim.x * blockDim.x / 32;
+  const int R = fp.num_ranks;
+  const int K = fp.top_k;
+  const int H = fp.hidden;
+  const int groups = fp.local_experts * R;
+  const int total = t.pair_prefix[groups];
+  for (int j = gwarp; j < total; j += nwarps) {
+    int lo = 0, hi = groups - 1;   // the (expert, source) group holding pair j
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (t.pair_prefix[mid] <= j)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int e = lo / R;
+    const int s = lo - e * R;
+    const int i = j - t.pair_prefix[lo];
+    const int64_t row = t.row_start[lo] + i;
+    const int entry = fp.ws_source_lists[(static_cast<int64_t>(e) * R + s) * fp.max_tokens + i];
+    const int tok = entry / K;
+    const int k = entry - tok * K;
+    // The source's rows: its own inputs when it is this rank, else its staged copy.
+    const uint8_t* sx = s == fp.rank ? fp.x : peer_ptr(fp, s, fp.ws_stage_x);
+    const uint8_t* ssf = s == fp.rank ? fp.x_sf : peer_ptr(fp, s, fp.ws_stage_x_sf);
+    const float* sw = s == fp.rank ? fp.topk_weights : peer_ptr(fp, s, fp.ws_stage_weights);
+    const uint4* src = reinterpret_cast<const uint4*>(sx + static_cast<int64_t>(tok) * H);
+    uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + row * H);
+    for (int v = lane; v < H / 16; v += 32) dst[v] = src[v];
+    const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + static_cast<int64_t>(tok) * (H / 32));
+    uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + row * (H / 32));
+    for (int v = lane; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
+    if (lane == 0) {
+      fp.ws_pool_weights[row] = sw[entry];
+      fp.ws_pool_meta[row * 3 + 0] = s;
+      fp.ws_pool_meta[row * 3 + 1] = tok;
+      fp.ws_pool_meta[row * 3 + 2] = k;
+      fp.ws_dst_rows[row] = (s * K + k) * fp.max_tokens + tok;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence();
+      ptx::red_release_gpu_add(fp.ws_arrivals + row / fp.block_m, 1);
+    }
+  }
+}
+
+}  // namespace megamoe

@@ -1,0 +1,51 @@
+// Cross-rank plumbing of the fused kernel: pointers into a peer's workspace, and the counters that
+// CTAs of every rank raise and wait on (SPEC §6: release / acquire at system scope).
+#pragma once
+
+#include <cstdint>
+
+#include "../common/ptx.cuh"
+#include "../gemm/contract.cuh"
+
+namespace megamoe {
+
+// Rank r's copy of a region of this rank's workspace (symmetric memory: one per-rank byte offset).
+template <typename T>
+__device__ __forceinline__ T* peer_ptr(const FusedParams& fp, int r, T* local) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(local) + __ldg(fp.ws_peers + r));
+}
+
+// The calls made on this workspace before this one. Read where it is needed (not held across the
+// GEMM roles' setmaxnreg): it changes only when this call's last CTA leaves.
+__device__ __forceinline__ int call_epoch(const FusedParams& fp) {
+  return *reinterpret_cast<volatile const int*>(fp.ws_epoch);
+}
+
+// The signal words of this call: parity epoch & 1. A peer's next call uses the other parity, so a
+// peer that runs ahead never adds into words this call still waits on or clears.
+__device__ __forceinline__ int* call_signals(const FusedParams& fp, int epoch) {
+  return fp.ws_signals + (epoch & 1) * kSignalWords;
+}
+
+// One thread per CTA, after a __syncthreads that follows the CTA's writes: publish them to every
+// rank by adding 1 to word `word` of each rank's signals (release at system scope; the fence makes
+// the whole CTA's writes, ordered before it by the barrier, part of the release).
+__device__ __forceinline__ void signal_all_ranks(const FusedParams& fp, int* sig, int word) {
+  ptx::fence_acq_rel_sys();
+  for (int r = 0; r < fp.num_ranks; ++r) ptx::red_release_sys_add(peer_ptr(fp, r, sig + word), 1);
+}
+
+// One thread per CTA: wait until `counter` reaches `need` (relaxed spin, one acquire on success),
+// or record the wait and trap (SPEC §5).
+__device__ __forceinline__ void wait_counter_sys(const int* counter, int need, int what, int index, int* err) {
+  if (ptx::ld_relaxed_sys(counter) < need) {
+    const long long start = clock64();
+    while (ptx::ld_relaxed_sys(counter) < need) {
+      if (clock64() - start > ptx::kSpinTimeoutCycles)
+        ptx::report_trap(err, what, index, need, ptx::ld_relaxed_sys(counter));
+    }
+  }
+  (void)ptx::ld_acquire_sys(counter);
+}
+
+}  // namespace megamoe

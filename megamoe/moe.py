@@ -1,0 +1,331 @@
+"""The fused MegaMoE layer: one persistent launch per call does SPEC §3 from dispatch to combine.
+
+    layer = MegaMoE(cfg, weights)                     # once per layer configuration
+    y = layer(x, x_sf, topk_idx, topk_weights)        # bf16 [T, H]
+    y, dumps = layer(x, x_sf, topk_idx, topk_weights, debug=True)   # + every dump point D1-D10
+
+`MegaMoE` owns this rank's workspace (megamoe/jit/contract.py WORKSPACE: every region's offset,
+dtype and shape, sized for the worst case any peer can cause), the compiled kernel
+(kernel/fused/megamoe_sm90.cuh) and the weights in the kernel layout. A call checks its inputs
+(SPEC §7: MegaMoEInputError before anything is launched), patches the call's pointers into the
+kept kernel argument and launches on the current stream, without synchronising; calls with the
+same tensors can be captured in a CUDA graph.
+
+The kernel runs the exact GEMM mode (promotion "k32") at token tile 64 (= BLOCK_M, which the layer
+requires). Expert parallelism (several ranks through symmetric memory) is written into the kernel
+(every peer access goes through a per-rank offset) but not yet offered here: `group` must be None.
+
+Debug calls (`debug=True`) run the debug build, which keeps the fp32 accumulators (D5, D7) and
+snapshots the counters before its cleanup; the dumps come back as `megamoe.conformance.dump.Dump`
+objects for `megamoe.conformance.suite.check`. Before a debug call the pool, the intermediate and
+the combine buffer are poisoned (NaN / 0xFF), so a stage that writes nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from megamoe import gemm as G
+from megamoe import reference as ref
+from megamoe.reference.errors import fail
+from megamoe.reference.validate import check_rank_inputs, check_weights
+
+from .jit import build as jb
+from .jit import contract as C
+from .jit import driver
+from .jit.layout import transform_weights
+
+PROMOTION = "k32"
+TAU = {"D5": G.TAU[PROMOTION], "D7": G.TAU[PROMOTION]}
+_PTR = "<Q"
+_I32 = "<i"
+
+
+@dataclasses.dataclass
+class _Workspace:
+    """This rank's workspace: one allocation, a view per region."""
+
+    buffer: torch.Tensor
+    layout: dict[str, tuple[int, str, tuple[int, ...]]]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        off, dtype, shape = self.layout[name]
+        n = 1
+        for d in shape:
+            n *= d
+        dt = getattr(torch, dtype)
+        size = torch.empty(0, dtype=dt).element_size()
+        return self.buffer[off : off + n * size].view(dt).view(shape)
+
+    def ptr(self, name: str) -> int:
+        return self.buffer.data_ptr() + self.layout[name][0]
+
+
+class MegaMoE:
+    """The fused layer of one rank. `weights`: canonical `ExpertWeights` of all E experts (this
+    rank's E_l are taken) or of this rank's E_l experts only, on the GPU the layer runs on."""
+
+    def __init__(
+        self,
+        cfg: ref.MoEConfig,
+        weights: ref.ExpertWeights,
+        *,
+        group=None,
+        device: torch.device | int | None = None,
+        num_sms: int | None = None,
+    ):
+        if group is not None:
+            raise NotImplementedError(
+                "MegaMoE: expert parallelism over a process group is not offered yet (group=None)"
+            )
+        if cfg.num_ranks != 1:
+            fail("cfg.num_ranks", "1 (one rank per process group; group=None)", cfg.num_ranks)
+        if cfg.block_m != C.FUSED_BLOCK_M:
+            fail("cfg.block_m", f"{C.FUSED_BLOCK_M} (the fused kernel's token tile)", cfg.block_m)
+        if cfg.local_experts > C.MAX_EXPERTS:
+            fail("cfg.num_experts", f"at most {C.MAX_EXPERTS} local experts", cfg.local_experts)
+        if cfg.hidden % 128 or cfg.intermediate % 128:
+            fail("cfg.hidden / cfg.intermediate", "multiples of 128", (cfg.hidden, cfg.intermediate))
+        self.cfg = cfg
+        self.rank = 0
+        dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
+        if isinstance(device, int):
+            dev = torch.device("cuda", device)
+        self.device = dev
+        e_l = cfg.local_experts
+        if weights.w1.shape[0] == cfg.num_experts:
+            local = weights.slice(self.rank * e_l, (self.rank + 1) * e_l)
+        else:
+            local = weights
+        check_weights(cfg, local, e_l)
+        if local.w1.device != dev:
+            fail("weights", f"tensors on {dev}", local.w1.device)
+        self.weights = local  # canonical, for the dumps
+        self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
+        layout, total = C.workspace_layout(cfg)
+        self.ws = _Workspace(torch.zeros(total, dtype=torch.uint8, device=dev), layout)
+        self.ws["peers"].zero_()  # one rank: its own copy at offset 0
+        self.dims = C.workspace_dims(cfg)
+        self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
+        self._launches: dict[tuple[bool, bool], driver.Launch] = {}
+        self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # -----------------------------------------------------------------------------------------
+    @property
+    def recv_stats(self) -> torch.Tensor:
+        """int64 [E_l]: the tokens each local expert received over the calls made with record_stats."""
+        return self.ws["recv_stats"]
+
+    def _gemm_fields(self, layer: int, clamp: float, has_clamp: int, debug: bool) -> bytes:
+        cfg, d, ws = self.cfg, self.dims, self.ws
+        P, H, inter = d["P"], cfg.hidden, cfg.intermediate
+        k, n_rows = (H, 2 * inter) if layer == 1 else (inter, H)
+        x_ptr = ws.ptr("pool_x") if layer == 1 else ws.ptr("l2_acts")
+        acc = self._debug_buffers[layer - 1].data_ptr() if debug else 0
+        fields = dict(
+            tmap_x8=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, 8),
+            tmap_x64=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, C.CHUNK_N),
+            **G._weight_fields(self.kw, layer, PROMOTION),
+            x_sf=ws.ptr("pool_x_sf") if layer == 1 else ws.ptr("l2_sf"),
+            expert_offsets=ws.ptr("expert_offsets"),
+            num_tokens=ws.ptr("recv_totals"),
+            w_route=ws.ptr("pool_weights") if layer == 1 else 0,
+            out=ws.ptr("l2_acts") if layer == 1 else ws.ptr("combine"),
+            out_sf=ws.ptr("l2_sf") if layer == 1 else 0,
+            dst_rows=ws.ptr("dst_rows") if layer == 2 else 0,
+            peer_offsets=ws.ptr("peers") if layer == 2 else 0,
+            dump=acc,
+            arrival=ws.ptr("arrivals") if layer == 1 else ws.ptr("l1_done"),
+            signal=ws.ptr("l1_done") if layer == 1 else 0,
+            err=G._err_record(self.device.index).data_ptr(),
+            num_experts=cfg.local_experts,
+            num_pool_rows=P,
+            k=k,
+            n_rows=n_rows,
+            arrival_block=cfg.block_m,
+            arrival_need=0 if layer == 1 else inter // 32,
+            combine_rows=cfg.top_k * cfg.max_tokens_per_rank,
+            has_clamp=has_clamp if layer == 1 else 0,
+            clamp_value=clamp if layer == 1 else 0.0,
+        )
+        return C.GEMM_PARAMS.pack(**fields)
+
+    def _launch(self, fast_math: bool, debug: bool, clamp: float, has_clamp: int) -> driver.Launch:
+        key = (fast_math, debug, clamp, has_clamp)
+        launch = self._launches.get(key)
+        if launch is None:
+            if debug and self._debug_buffers is None:
+                P = self.dims["P"]
+                self._debug_buffers = (
+                    torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
+                    torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
+                )
+            kern = G.kernel(jb.FusedSpec(fast_math=fast_math, debug=debug), self.device.index)
+            cfg, d = self.cfg, self.dims
+            params = C.FUSED_PARAMS.pack(
+                l1=self._gemm_fields(1, clamp, has_clamp, debug),
+                l2=self._gemm_fields(2, clamp, has_clamp, debug),
+                x=0,
+                x_sf=0,
+                topk_idx=0,
+                topk_weights=0,
+                y=0,
+                **{f"ws_{r.name}": self.ws.ptr(r.name) for r in C.WORKSPACE},
+                rank=self.rank,
+                num_ranks=cfg.num_ranks,
+                num_tokens=0,
+                max_tokens=cfg.max_tokens_per_rank,
+                hidden=cfg.hidden,
+                intermediate=cfg.intermediate,
+                num_experts=cfg.num_experts,
+                local_experts=cfg.local_experts,
+                top_k=cfg.top_k,
+                block_m=cfg.block_m,
+                pool_rows=d["P"],
+                record_stats=0,
+            )
+            grid = min(self._sms, kern.num_sms)
+            launch = self._launches[key] = driver.Launch(
+                kern.fn, grid, kern.threads, kern.smem_bytes, params, cooperative=True
+            )
+        return launch
+
+    # -----------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        x: torch.Tensor,
+        x_sf: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        *,
+        activation_clamp: float | None | str = "config",
+        fast_math: bool | None = None,
+        record_stats: bool = True,
+        debug: bool = False,
+        check_inputs: bool = True,
+        out: torch.Tensor | None = None,
+    ):
+        """y = the layer on this rank's tokens (bf16 [T, H]); with debug=True, (y, dumps).
+
+        activation_clamp / fast_math default to the config's. record_stats adds each local
+        expert's received tokens to `recv_stats` (D10; False leaves them as they are).
+        check_inputs=False skips the SPEC §7 checks that read the inputs' values (a duplicate
+        expert, an expert id out of range, a NaN scale byte: they synchronise with the GPU, so they
+        are also skipped while a CUDA graph is being captured); shapes, dtypes and devices are
+        always checked. out: a bf16 [T, H] tensor to write y into (else a new one)."""
+        cfg = self.cfg
+        clamp_arg = cfg.activation_clamp if activation_clamp == "config" else activation_clamp
+        fm = cfg.fast_math if fast_math is None else bool(fast_math)
+        clamp, has_clamp = G._clamp(clamp_arg)
+        if x_sf.dtype == torch.int32 and x_sf.dim() == 2:  # the packed form of the same bytes
+            x_sf = x_sf.view(torch.uint8)
+        inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
+        if check_inputs and not torch.cuda.is_current_stream_capturing():
+            check_rank_inputs(cfg, inputs, self.rank)
+        else:
+            _check_shapes(cfg, inputs)
+        if x.device != self.device:
+            fail("x", f"a tensor on {self.device}", x.device)
+        T = x.shape[0]
+        if out is None:
+            y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device)
+        else:
+            from megamoe.reference.validate import _check_tensor
+
+            _check_tensor("out", out, torch.bfloat16, (T, cfg.hidden), self.device)
+            y = out
+        if debug:
+            self._poison()
+            stats_before = self.ws["recv_stats"].clone()
+        launch = self._launch(fm, debug, clamp, has_clamp)
+        off = C.FUSED_PARAMS.offsets
+        launch.patch(off["x"], _PTR, x.data_ptr())
+        launch.patch(off["x_sf"], _PTR, x_sf.data_ptr())
+        launch.patch(off["topk_idx"], _PTR, topk_idx.data_ptr())
+        launch.patch(off["topk_weights"], _PTR, topk_weights.data_ptr())
+        launch.patch(off["y"], _PTR, y.data_ptr())
+        launch.patch(off["num_tokens"], _I32, T)
+        launch.patch(off["record_stats"], _I32, int(record_stats))
+        launch(G._stream(x))
+        if not debug:
+            return y
+        dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
+        return y, self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
+
+    def _poison(self) -> None:
+        ws = self.ws
+        for name in ("pool_x", "pool_x_sf", "l2_acts", "l2_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):
+            ws[name].view(torch.uint8).fill_(0xFF)
+        ws["pool_weights"].fill_(float("nan"))
+        ws["combine"].fill_(float("nan"))
+        for b in self._debug_buffers or ():
+            b.fill_(float("nan"))
+
+    def _dumps(self, cfg, inputs: ref.RankInputs, y: torch.Tensor, stats_before, fast_math: bool, recorded: bool):
+        """This call's dump points D1-D10, read back from the workspace in canonical layouts."""
+        from megamoe.conformance.dump import make_dumps
+
+        ws, e_l, R = self.ws, cfg.local_experts, cfg.num_ranks
+        counts = ws["recv_counts"].clone()
+        offsets = ws["expert_offsets"].clone()
+        p_used = int(offsets[-1])
+        b_used = p_used // cfg.block_m
+        lists = ws["source_lists"].clone()
+        pos = torch.arange(cfg.max_tokens_per_rank, device=lists.device)
+        lists = torch.where(pos[None, None, :] < counts.T[:, :, None], lists, -1)  # [E_l, R, T_max]
+        acc1, acc2 = self._debug_buffers
+        points = {
+            "D1.send_counts": ws["send_counts"].clone(),
+            "D2.recv_counts": counts,
+            "D2.recv_totals": ws["recv_totals"].clone(),
+            "D3.source_lists": lists,
+            "D4.pool_x": ws["pool_x"][:p_used].clone(),
+            "D4.pool_x_sf": ws["pool_x_sf"][:p_used].clone(),
+            "D4.pool_weights": ws["pool_weights"][:p_used].clone(),
+            "D4.pool_meta": ws["pool_meta"][:p_used].clone(),
+            "D4.expert_offsets": offsets,
+            "D4.block_arrivals": ws["snap_arrivals"][:b_used].clone(),
+            "D5.acc1": acc1[:p_used].clone(),
+            "D6.l2_acts": ws["l2_acts"][:p_used].clone(),
+            "D6.l2_sf": ws["l2_sf"][:p_used].clone(),
+            "D6.l1_done": ws["snap_l1_done"][:b_used].clone(),
+            "D7.acc2": acc2[:p_used].clone(),
+            "D8.combine": ws["combine"].clone(),
+            "D9.y": y.clone(),
+            "D10.recv_stats": ws["recv_stats"].clone(),
+            "D10.counters": torch.cat([ws[n].reshape(-1) for n in C.COUNTERS]),
+        }
+        del R, e_l
+        dumps = make_dumps(
+            cfg,
+            [inputs],
+            self.weights,
+            [points],
+            kernel_mode=f"sm90-fused-{PROMOTION}",
+            build_id=jb.FusedSpec(fast_math=fast_math, debug=True).name,
+            tau=TAU,
+            recv_stats_before=[stats_before],
+        )
+        for d in dumps:
+            d.meta["recv_stats_recorded"] = bool(recorded)
+        return dumps
+
+
+def _check_shapes(cfg: ref.MoEConfig, inp: ref.RankInputs) -> None:
+    """The SPEC §7 checks that do not read tensor values (no device synchronisation)."""
+    from megamoe.reference.validate import _check_alignment, _check_tensor
+
+    x = inp.x
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        fail("x", "a 2-D tensor [T, H]", getattr(x, "shape", type(x).__name__))
+    t = x.shape[0]
+    if t > cfg.max_tokens_per_rank:
+        fail("x", f"at most T_max = {cfg.max_tokens_per_rank} tokens", t)
+    _check_tensor("x", x, torch.float8_e4m3fn, (t, cfg.hidden), x.device)
+    _check_tensor("x_sf", inp.x_sf, torch.uint8, (t, cfg.hidden // 32), x.device)
+    _check_tensor("topk_idx", inp.topk_idx, torch.int64, (t, cfg.top_k), x.device)
+    _check_tensor("topk_weights", inp.topk_weights, torch.float32, (t, cfg.top_k), x.device)
+    _check_alignment("x", x)
+    _check_alignment("x_sf", inp.x_sf)
