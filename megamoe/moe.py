@@ -254,6 +254,13 @@ class MegaMoE:
         dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
         return y, self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
 
+    def timeout_message(self) -> str | None:
+        """After a call failed with a CUDA error: which wait of this rank's kernel timed out, in
+        words ("rank 0, SM block 17 thread 0: waited for arrival counter of pool block 9: expected 64,
+        observed 40"), or None when no wait of this device recorded one (SPEC §5)."""
+        msg = G.timeout_message(self.device.index)
+        return None if msg is None else f"rank {self.rank}, {msg}"
+
     def _poison(self) -> None:
         ws = self.ws
         for name in ("pool_x", "pool_x_sf", "l2_acts", "l2_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):

@@ -32,7 +32,7 @@ namespace megamoe {
 // Exact promotion (k32), two consumer warpgroups, token tile kFusedMaxN = BLOCK_M, so a token block
 // is one pool block and its L1-completion count is I / 32 whatever the tile of its items.
 using FusedConfig = GemmConfig<0, kFusedMaxN, true, 2>;
-constexpr int kTailBarrier = 3;   // named barrier of the consumers' tail (1 + wg are the epilogues')
+constexpr int kTailBarrier = 3;   // named barrier of the producers' tail (1 + wg are the epilogues')
 
 template <bool kFastMath, bool kDebug>
 __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
@@ -57,23 +57,27 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
   __syncthreads();
 
-  // The GEMM roles, L1 items then L2 items. The producer warpgroup is done when its last stage is
-  // filled; the consumers (256 threads, named barrier kTailBarrier) finish the call: ptxas keeps
-  // the two register budgets apart only while the roles' paths never join again.
+  // The GEMM roles, L1 items then L2 items. The consumers end with their item loop (see
+  // run_consumer: a region that does anything after it loses its registers); the producer
+  // warpgroup finishes the call once the consumers' last item is written.
   RingCursor cur;
-  if (threadIdx.x / 32 < 4) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l1, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
-    run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l2, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
+  if (threadIdx.x / 32 >= 4) {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    run_consumer<Cfg, kFusedMaxN, true, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur, GemmSmem<Cfg>().done);
     return;
   }
-  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  run_consumer<1, Cfg, kFusedMaxN, true, kFastMath, kDebug>(fp.l1, cur);
-  run_consumer<2, Cfg, kFusedMaxN, true, kFastMath, kDebug>(fp.l2, cur);
+  ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l1, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
+  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l2, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
 
-  constexpr int kTail = 128 * Cfg::kWGs;
-  const int tail_tid = ptx::thread_idx() - 128;
-  ptx::named_barrier(kTailBarrier, kTail);
+  constexpr int kTail = 128;
+  const int tail_tid = ptx::thread_idx();
+  {
+    const GemmSmem<Cfg> sm;
+    const int b = blockIdx.x;
+    if (b < sm.sched->num_items(fp.l1.n_rows / Cfg::kRows) || b < sm.sched->num_items(fp.l2.n_rows / Cfg::kRows))
+      ptx::mbar_wait(sm.done, 0, kWaitL2Done, -1, fp.l1.err);
+  }
   if (tail_tid == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/ptx.cuh"
 #include "../common/ue8m0.cuh"
@@ -57,8 +58,9 @@ struct GemmConfig {
           ? kEpilogueBytes<kLayer, kMaxN>
           : (kEpilogueBytes<1, kMaxN> > kEpilogueBytes<2, kMaxN> ? kEpilogueBytes<1, kMaxN> : kEpilogueBytes<2, kMaxN>);
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
-  // Besides the ring: the epilogue staging, the scaled tables, the schedule.
-  static constexpr int kFixedBytes = kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes;
+  // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
+  // the epilogue staging, the scaled tables, the schedule.
+  static constexpr int kFixedBytes = 16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
@@ -85,6 +87,7 @@ extern __shared__ __align__(1024) uint8_t dyn_smem[];
 template <typename Cfg>
 struct GemmSmem {
   typename Cfg::Ring ring;
+  uint64_t* done;   // the consumers' last item is written (fused kernel; run_consumer)
   uint8_t* epi;     // [kWGs][kEpiPerWg] epilogue staging
   uint2* lut;       // the fast mode's scaled tables
   Schedule* sched;
@@ -99,7 +102,8 @@ struct GemmSmem {
     ring.sx = reinterpret_cast<float*>(ring.wsf + kStages * Ring::kWsf);   // [kStages][kSxWords]
     ring.full = reinterpret_cast<uint64_t*>(ring.sx + kStages * Ring::kSxWords);
     ring.empty = ring.full + kStages;
-    epi = reinterpret_cast<uint8_t*>(ring.empty + kStages);
+    done = ring.empty + kStages;
+    epi = reinterpret_cast<uint8_t*>(done + 2);
     lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
     sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
   }
@@ -120,6 +124,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.full[s], 2);               // the TMA thread (expect_tx) + the scale warp
       ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
     }
+    ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
     ptx::fence_mbar_init();
   } else if (tid == 32 && !kPerK32) {
 #pragma unroll
@@ -148,10 +153,16 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   layer_epilogue<kLayer, N, Cfg::kRows, kFastMath, kDebug>(*ctx.p, wi, acc, s_epi_wg, wg);
 }
 
-// The consumer side of one layer's items (p: that layer's parameters; Cfg: the kernel's config,
-// kLayer 0 for the fused kernel). Each consumer thread calls it after its setmaxnreg.
-template <int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug>
-__device__ __forceinline__ void run_consumer(const GemmParams& p, RingCursor& cur) {
+// The consumer side of a kernel's items, as one loop: the items of layer kLayerA (standalone), or
+// those of kLayerA and then those of kLayerB (the fused kernel: L1, then L2), in the order the
+// producer fills them. One loop and nothing after it: ptxas gives the consumers' setmaxnreg budget
+// only to a region that ends there (a second loop or any code after the loop made it fall back to
+// the launch's 168 registers and spill; measured on the fused kernel). So the work that follows
+// the items is signalled from inside the loop: after its last item each consumer warp arrives on
+// `done` (nullptr: nobody waits).
+template <typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kLayerA, int kLayerB = 0>
+__device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur,
+                                             uint64_t* done) {
   const GemmSmem<Cfg> sm;
   const int ctid = ptx::thread_idx();
   const int wg = ctid / 128 - 1;     // weight rows [64 wg, 64 wg + 64) of the CTA tile
@@ -160,21 +171,44 @@ __device__ __forceinline__ void run_consumer(const GemmParams& p, RingCursor& cu
   ConsumerCtx<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32> ctx;
   ctx.ring = sm.ring;
   ctx.lut = reinterpret_cast<const uint8_t*>(sm.lut);
-  ctx.p = &p;
   ctx.rg = wg * 4 + wq;
   ctx.row_a = ctx.rg * 16 + clane / 4;
   ctx.lane = clane;
   ctx.t = clane % 4;
   uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
-  const int n_rb = p.n_rows / Cfg::kRows;
-  const int num_items = sm.sched->num_items(n_rb);
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const WorkItem wi = decode_item<kMaxN>(item, *sm.sched, n_rb);
-    // One instantiation of the mainloop and epilogue per token tile; the branch is uniform.
-    if (kMaxN == kSmallTile || wi.tile == kMaxN)
-      run_item<kMaxN, kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
+  const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows);
+  const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows) : 0;
+  bool second = false;
+  int item = blockIdx.x;
+  if (item >= na) {
+    second = true;
+    item = kLayerB != 0 ? item : nb;
+  }
+  while (item < (second ? nb : na)) {
+    const GemmParams& p = second ? pb : pa;
+    ctx.p = &p;
+    const WorkItem wi = decode_item<kMaxN>(item, *sm.sched, p.n_rows / Cfg::kRows);
+    // One instantiation of the mainloop and epilogue per (layer, token tile); the branches are uniform.
+    auto run = [&](auto layer_c) {
+      constexpr int L = decltype(layer_c)::value;
+      if (kMaxN == kSmallTile || wi.tile == kMaxN)
+        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
+      else
+        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
+    };
+    if (kLayerB == 0 || !second)
+      run(std::integral_constant<int, kLayerA>{});
     else
-      run_item<kSmallTile, kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
+      run(std::integral_constant<int, (kLayerB != 0 ? kLayerB : kLayerA)>{});
+    item += gridDim.x;
+    if (!second && item >= na && kLayerB != 0) {
+      second = true;
+      item = blockIdx.x;
+    }
+    if (done != nullptr && item >= (second ? nb : na)) {   // this CTA's last item is written
+      __syncwarp();
+      if (clane == 0) ptx::mbar_arrive(done);
+    }
   }
 }
 
@@ -200,7 +234,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  run_consumer<kLayer, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(p, cur);
+  run_consumer<Cfg, kMaxN, kPerK32, kFastMath, kDebug, kLayer>(p, p, cur, nullptr);
 }
 
 }  // namespace megamoe

@@ -185,3 +185,35 @@ def test_bad_input_is_refused_before_any_launch():
         layer(big.x, big.x_sf, big.topk_idx, big.topk_weights)
     torch.cuda.synchronize()
     assert torch.equal(layer.ws.buffer, before)
+
+
+_HANG = """
+import torch
+from megamoe import reference as ref
+from megamoe.jit import contract as C
+from megamoe.moe import MegaMoE
+cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=16)
+layer = MegaMoE(cfg, ref.random_weights(4, 256, 128, seed=1, device="cuda"))
+inp = ref.make_inputs(cfg, 16, seed=1, device="cuda")[0]
+layer.ws["signals"][0, C.SIGNAL_POSTED] = -(10**6)  # this call's dispatch counter can never fill
+try:
+    layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    torch.cuda.synchronize()
+    print("NO ERROR")
+except Exception as exc:
+    print("ERROR", type(exc).__name__)
+print("RECORD", layer.timeout_message())
+"""
+
+
+def test_a_wait_that_never_completes_traps_with_a_record_naming_rank_wait_and_counts():
+    # In a subprocess: the trap ends the CUDA context (about 10 s of spinning first).
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _HANG], capture_output=True, text=True, timeout=600)
+    out = run.stdout + run.stderr
+    assert "NO ERROR" not in out, out
+    record = next((line for line in out.splitlines() if line.startswith("RECORD ")), "")
+    assert "rank 0" in record and "dispatch counter" in record, out
+    assert "observed -" in record and "expected" in record, out
