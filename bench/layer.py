@@ -40,7 +40,7 @@ import torch.nn.functional as TF
 from megamoe import reference as ref
 from megamoe.reference import formats as F
 
-from .gemm import ALIGN, E, HBM, PEAK, SHAPES, graph_us
+from .gemm import ALIGN, E, HBM, PEAK, SHAPES, eager_us, graph_us
 
 # bench/gemm.py times the GEMMs alone and names no top-k; DeepSeek-V3 routes top-8, and the V4-Flash
 # slice is given the same so that the two rows differ only in H.
@@ -48,7 +48,7 @@ TOP_K = {"dsv3": 8, "v4flash": 8}
 DEFAULT_TOKENS = "1,8,64,512,4096,8192"
 QUICK_SHAPES, QUICK_TOKENS = "dsv3", "8,512"
 SEED = 0
-COLUMNS = ("fused", "unfused", "unfused-k128", "torch")
+COLUMNS = ("fused", "fused-k128", "unfused", "unfused-k128", "torch")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +354,7 @@ class Column:
     us: float | None = None
     y: torch.Tensor | None = None
     error: str | None = None
+    host_us: float | None = None  # Python time per eager call (launches queue behind the GPU)
 
 
 def launches_for(tokens: int) -> int:
@@ -371,9 +372,10 @@ def measure(make, inputs, launches: int) -> Column:
             return layer(*inputs)
 
         us = graph_us(call, launches=launches)
+        _, host = eager_us(call)
         y = call().clone()
         torch.cuda.synchronize()
-        return Column(us, y)
+        return Column(us, y, host_us=host)
     except Exception as exc:  # one column's failure must not end the table
         try:
             torch.cuda.synchronize()
@@ -389,10 +391,10 @@ def built(obj):
     return obj
 
 
-def make_fused(cfg, weights):
+def make_fused(cfg, weights, promotion: str = "k32"):
     from megamoe.moe import MegaMoE  # written alongside this benchmark; imported late on purpose
 
-    layer = MegaMoE(cfg, weights)
+    layer = MegaMoE(cfg, weights, promotion=promotion)
     # The value checks of SPEC §7 read the inputs (a device sync); the benchmark's inputs are valid.
     return lambda *inputs: layer(*inputs, check_inputs=False)
 
@@ -411,6 +413,7 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
 
     makes = {
         "fused": lambda: make_fused(cfg, weights),
+        "fused-k128": lambda: make_fused(cfg, weights, "k128"),
         "unfused": lambda: UnfusedLayer(cfg, built(kw), "k32", "cuda"),
         "unfused-k128": lambda: UnfusedLayer(cfg, built(kw), "k128", "cuda"),
         "torch": lambda: built(torch_layer),
@@ -418,7 +421,7 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
     cols = {}
     # The fused layer runs last: a device fault in a kernel under development then cannot take the
     # baselines of its own row with it.
-    for name in ("unfused", "unfused-k128", "torch", "fused"):
+    for name in ("unfused", "unfused-k128", "torch", "fused", "fused-k128"):
         progress(f"{shape} T={tokens}: {name}")
         cols[name] = measure(makes[name], inputs, launches)
         if cols[name].error:
@@ -444,14 +447,18 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
         active_experts=active,
         launches_per_graph=launches,
         **{f"{name}_us": cols[name].us for name in COLUMNS},
+        fused_host_us=cols["fused"].host_us,
         floor_us=floor.us,
         floor_bytes=floor.hbm_bytes,
         flops=floor.flops,
         fused_over_floor=ratio(fused, floor.us),
+        fused_k128_over_floor=ratio(cols["fused-k128"].us, floor.us),
+        fused_k128_tflops=ratio(floor.flops / 1e6, cols["fused-k128"].us),
         speedup_vs_unfused=ratio(cols["unfused"].us, fused),
         speedup_vs_torch=ratio(cols["torch"].us, fused),
         fused_tflops=ratio(floor.flops / 1e6, fused),
         diff_fused=diff("fused"),
+        diff_fused_k128=diff("fused-k128"),
         diff_unfused_k128=diff("unfused-k128"),
         diff_torch=diff("torch"),
         errors={name: cols[name].error for name in COLUMNS if cols[name].error},
@@ -467,18 +474,29 @@ TABLE = (  # (header, row key, format)
     ("slots", "slots", "{}"),
     ("experts", "active_experts", "{}"),
     ("fused", "fused_us", "{:.1f}"),
+    ("fused-k128", "fused-k128_us", "{:.1f}"),
     ("unfused", "unfused_us", "{:.1f}"),
     ("unf-k128", "unfused-k128_us", "{:.1f}"),
     ("torch", "torch_us", "{:.1f}"),
     ("floor", "floor_us", "{:.1f}"),
     ("fused/floor", "fused_over_floor", "{:.2f}"),
+    ("k128/floor", "fused_k128_over_floor", "{:.2f}"),
     ("x_unf", "speedup_vs_unfused", "{:.2f}"),
     ("x_torch", "speedup_vs_torch", "{:.2f}"),
     ("TF/s", "fused_tflops", "{:.1f}"),
+    ("k128 TF/s", "fused_k128_tflops", "{:.1f}"),
+    ("host", "fused_host_us", "{:.1f}"),
     ("d_fused", "diff_fused", "{:.1e}"),
+    ("d_k128", "diff_fused_k128", "{:.1e}"),
     ("d_torch", "diff_torch", "{:.1e}"),
 )
-ERROR_CELL = {"fused_us": "fused", "unfused_us": "unfused", "unfused-k128_us": "unfused-k128", "torch_us": "torch"}
+ERROR_CELL = {
+    "fused_us": "fused",
+    "fused-k128_us": "fused-k128",
+    "unfused_us": "unfused",
+    "unfused-k128_us": "unfused-k128",
+    "torch_us": "torch",
+}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -508,8 +526,10 @@ def format_table(rows: list[dict]) -> str:
 
 LEGEND = (
     "times in us per layer call, median of CUDA-graph replays;\n"
+    "fused = the fused layer, exact GEMM mode (k32); fused-k128 = its fast mode;\n"
     "floor = max(bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s); fused/floor = fused time / floor;\n"
-    "x_unf / x_torch = unfused k32 / torch time over fused; d_* = calc_diff of y against unfused k32's y"
+    "x_unf / x_torch = unfused k32 / torch time over fused; d_* = calc_diff of y against unfused k32's y;\n"
+    "host = Python time per eager fused call (no input value checks), us"
 )
 
 

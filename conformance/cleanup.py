@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .compare import exact
 from .dump import Dump
@@ -15,25 +16,25 @@ def check_d10(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     # A call may leave the statistics alone (the kernel's record_stats=False; the dump says so).
     if d.meta.get("recv_stats_recorded", True):
-        stats = ref.updated_recv_stats(d["inputs.recv_stats_before"], d["D2.recv_totals"])
+        stats = ref.updated_recv_stats(d["inputs.recv_stats_before"], d[P.D2_RECV_TOTALS])
     else:
         stats = d["inputs.recv_stats_before"].to(torch.int64)
     out = [
         exact(
-            "D10",
-            "D10.recv_stats",
+            P.D10,
+            P.D10_RECV_STATS,
             rank,
-            d["D10.recv_stats"],
+            d[P.D10_RECV_STATS],
             stats,
             kind="int",
             locate=lambda c: f"local expert {c[0]}",
         )
     ]
-    counters = d["D10.counters"]
+    counters = d[P.D10_COUNTERS]
     out.append(
         exact(
-            "D10",
-            "D10.counters",
+            P.D10,
+            P.D10_COUNTERS,
             rank,
             counters,
             torch.zeros_like(counters),

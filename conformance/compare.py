@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, NA, PASS, CheckResult
 
@@ -57,8 +58,8 @@ def decoder(kind: str) -> Callable[[int], str]:
 
 def pool_locator(dump, point_rank: int) -> Locator:
     """Coordinates [p, ...] of a pool-shaped tensor -> 'pool row p (source rank s, token t, slot k, expert e)'."""
-    meta = dump["D4.pool_meta"]
-    offs = dump["D4.expert_offsets"].tolist()
+    meta = dump[P.D4_POOL_META]
+    offs = dump[P.D4_EXPERT_OFFSETS].tolist()
     e_l = len(offs) - 1
 
     def locate(coord):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .compare import exact, multiset
 from .dump import Dump
@@ -15,30 +16,30 @@ def check_d1(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     want = ref.send_counts(d["inputs.topk_idx"], d.config.num_experts)
     return [
-        exact("D1", "D1.send_counts", rank, d["D1.send_counts"], want, kind="int", locate=lambda c: f"expert {c[0]}")
+        exact(P.D1, P.D1_SEND_COUNTS, rank, d[P.D1_SEND_COUNTS], want, kind="int", locate=lambda c: f"expert {c[0]}")
     ]
 
 
 def check_d2(dumps: list[Dump], rank: int) -> list[CheckResult]:
     """Stage-local: the owner's receive counts from the *dumped* send counts of every rank."""
     d, cfg = dumps[rank], dumps[rank].config
-    all_d1 = torch.stack([x["D1.send_counts"] for x in dumps])
+    all_d1 = torch.stack([x[P.D1_SEND_COUNTS] for x in dumps])
     counts, totals = ref.receive_counts(all_d1, rank, cfg)
     return [
         exact(
-            "D2",
-            "D2.recv_counts",
+            P.D2,
+            P.D2_RECV_COUNTS,
             rank,
-            d["D2.recv_counts"],
+            d[P.D2_RECV_COUNTS],
             counts,
             kind="int",
             locate=lambda c: f"source rank {c[0]}, local expert {c[1]}",
         ),
         exact(
-            "D2",
-            "D2.recv_totals",
+            P.D2,
+            P.D2_RECV_TOTALS,
             rank,
-            d["D2.recv_totals"],
+            d[P.D2_RECV_TOTALS],
             totals,
             kind="int",
             locate=lambda c: f"local expert {c[0]}",
@@ -57,10 +58,10 @@ def check_d3(dumps: list[Dump], rank: int) -> list[CheckResult]:
     want = ref.source_lists([x["inputs.topk_idx"] for x in dumps], rank, cfg)
     return [
         multiset(
-            "D3",
-            "D3.source_lists",
+            P.D3,
+            P.D3_SOURCE_LISTS,
             rank,
-            _entries(d["D3.source_lists"]),
+            _entries(d[P.D3_SOURCE_LISTS]),
             _entries(want),
             what="(local expert, source rank, t*K+k) entries",
         )

@@ -2,7 +2,8 @@
 layouts, the inputs needed to recompute each expectation, and metadata (SPEC §5).
 
 Tensor names:
-    D1.* ... D10.*      the dump points (see megamoe.reference.pipeline for the list)
+    D1.* ... D10.*      the dump points: every name, dtype and shape is in the dump-point table,
+                        megamoe.reference.points (P.check_dump_tensors checks a dict against it)
     inputs.*            this rank's x (uint8 E4M3 codes), x_sf, topk_idx, topk_weights,
                         recv_stats_before
     weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf)
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 FORMAT = "megamoe-dump"
 VERSION = 1
@@ -270,7 +272,7 @@ def reference_dumps(
         result.dumps,
         kernel_mode="reference",
         build_id="reference",
-        tau={"D5": REFERENCE_TAU, "D7": REFERENCE_TAU},
+        tau={P.D5: REFERENCE_TAU, P.D7: REFERENCE_TAU},
         grid_snapped=grid_snapped,
         recv_stats_before=recv_stats_before,
     )

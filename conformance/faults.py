@@ -16,6 +16,7 @@ import torch
 
 from megamoe import reference as ref
 from megamoe.reference import formats as F
+from megamoe.reference import points as P
 from megamoe.reference.pipeline import StageContext
 
 from .dump import Dump, reference_dumps
@@ -92,14 +93,14 @@ def _first_valid_row(d, skip: int = 0) -> int:
 
 
 def _gemm(d, codes, sf, w, w_sf):
-    return ref.grouped_gemm(codes, sf, d["D4.expert_offsets"], w, w_sf, valid=_valid(d))
+    return ref.grouped_gemm(codes, sf, d[P.D4_EXPERT_OFFSETS], w, w_sf, valid=_valid(d))
 
 
 def _l1(d, ctx, **kw):
     return _gemm(
         d,
-        kw.get("x", d["D4.pool_x"]),
-        kw.get("x_sf", d["D4.pool_x_sf"]),
+        kw.get("x", d[P.D4_POOL_X]),
+        kw.get("x_sf", d[P.D4_POOL_X_SF]),
         kw.get("w", ctx.weights.w1),
         kw.get("w_sf", ctx.weights.w1_sf),
     )
@@ -118,7 +119,7 @@ def _deinterleave(rows: torch.Tensor, g: int) -> torch.Tensor:
 
 def _activation(d, ctx, *, bf16=True, clamp="cfg", both_sides=False, weight=True):
     cfg = ctx.cfg
-    acc, i = d["D5.acc1"], cfg.intermediate
+    acc, i = d[P.D5_ACC1], cfg.intermediate
     g = F.round_bf16(acc[:, :i])
     u = F.round_bf16(acc[:, i:]) if bf16 else acc[:, i:]
     c = cfg.activation_clamp if clamp == "cfg" else clamp
@@ -127,13 +128,13 @@ def _activation(d, ctx, *, bf16=True, clamp="cfg", both_sides=False, weight=True
         g = torch.clamp(g, -c, c) if both_sides else torch.minimum(g, c)
         u = torch.clamp(u, -c, c)
     s = ref.silu_table(cfg.fast_math)[F.encode_bf16(g).long()]
-    w = d["D4.pool_weights"][:, None] if weight else torch.ones_like(d["D4.pool_weights"])[:, None]
+    w = d[P.D4_POOL_WEIGHTS][:, None] if weight else torch.ones_like(d[P.D4_POOL_WEIGHTS])[:, None]
     a = (s * u) * w
     return torch.where(_valid(d)[:, None], a, torch.zeros_like(a))
 
 
 def _set_d6(d, codes, sf):
-    d["D6.l2_acts"], d["D6.l2_sf"] = codes, sf
+    d[P.D6_L2_ACTS], d[P.D6_L2_SF] = codes, sf
 
 
 def _requant(a: torch.Tensor, *, group=32, rule="rceil", cast="rne", overflow="saturate"):
@@ -163,209 +164,209 @@ def _requant(a: torch.Tensor, *, group=32, rule="rceil", cast="rne", overflow="s
 # ------------------------------------------------------------------------------------ dispatch
 
 
-@fault("D1", "a send count off by one")
+@fault(P.D1, "a send count off by one")
 def send_count_off_by_one(d, ctx):
-    e = int(d["D1.send_counts"].argmax())
-    d["D1.send_counts"][e] += 1
+    e = int(d[P.D1_SEND_COUNTS].argmax())
+    d[P.D1_SEND_COUNTS][e] += 1
 
 
-@fault("D1", "a -1 slot treated as expert 0")
+@fault(P.D1, "a -1 slot treated as expert 0")
 def minus_one_slot_counted_as_expert_0(d, ctx):
-    d["D1.send_counts"][0] += int((ctx.inputs[ctx.rank].topk_idx < 0).sum())
+    d[P.D1_SEND_COUNTS][0] += int((ctx.inputs[ctx.rank].topk_idx < 0).sum())
 
 
-@fault("D2", "receive counts of two source ranks swapped")
+@fault(P.D2, "receive counts of two source ranks swapped")
 def recv_counts_sources_swapped(d, ctx):
-    c = d["D2.recv_counts"]
-    d["D2.recv_counts"] = torch.stack([c[1], c[0]]) if not torch.equal(c[0], c[1]) else c + 1
+    c = d[P.D2_RECV_COUNTS]
+    d[P.D2_RECV_COUNTS] = torch.stack([c[1], c[0]]) if not torch.equal(c[0], c[1]) else c + 1
 
 
-@fault("D2", "N_e missing one source rank")
+@fault(P.D2, "N_e missing one source rank")
 def recv_totals_missing_a_source(d, ctx):
-    d["D2.recv_totals"] = d["D2.recv_totals"] - d["D2.recv_counts"][1]
+    d[P.D2_RECV_TOTALS] = d[P.D2_RECV_TOTALS] - d[P.D2_RECV_COUNTS][1]
 
 
-@fault("D3", "an entry dropped from a source list")
+@fault(P.D3, "an entry dropped from a source list")
 def source_list_entry_dropped(d, ctx):
-    lists = d["D3.source_lists"]
+    lists = d[P.D3_SOURCE_LISTS]
     lists[tuple((lists >= 0).nonzero()[0])] = -1
 
 
-@fault("D3", "a source-list entry names another token")
+@fault(P.D3, "a source-list entry names another token")
 def source_list_wrong_token(d, ctx):
-    lists = d["D3.source_lists"]
+    lists = d[P.D3_SOURCE_LISTS]
     lists[tuple((lists >= 0).nonzero()[0])] += ctx.cfg.top_k
 
 
 # ------------------------------------------------------------------------------------ pool
 
 
-@fault("D4", "a token dropped from the pool (its row marked empty)")
+@fault(P.D4, "a token dropped from the pool (its row marked empty)")
 def token_dropped(d, ctx):
-    d["D4.pool_meta"][_first_valid_row(d)] = -1
+    d[P.D4_POOL_META][_first_valid_row(d)] = -1
 
 
-@fault("D4", "a token duplicated over its neighbour's row")
+@fault(P.D4, "a token duplicated over its neighbour's row")
 def token_duplicated(d, ctx):
     p = _first_valid_row(d)
-    for name in ("D4.pool_x", "D4.pool_x_sf", "D4.pool_weights", "D4.pool_meta"):
+    for name in (P.D4_POOL_X, P.D4_POOL_X_SF, P.D4_POOL_WEIGHTS, P.D4_POOL_META):
         d[name][p + 1] = d[name][p]
 
 
-@fault("D4", "two slots swapped across tokens (metadata only)")
+@fault(P.D4, "two slots swapped across tokens (metadata only)")
 def slots_swapped_across_tokens(d, ctx):
-    m = d["D4.pool_meta"]
+    m = d[P.D4_POOL_META]
     p = _first_valid_row(d)
     q = next(r for r in _valid(d).nonzero().flatten().tolist() if m[r, 1] != m[p, 1])
     m[[p, q]] = m[[q, p]]
 
 
-@fault("D4", "a wrong source rank in the metadata")
+@fault(P.D4, "a wrong source rank in the metadata")
 def wrong_metadata_rank(d, ctx):
     p = _first_valid_row(d)
-    d["D4.pool_meta"][p, 0] = (d["D4.pool_meta"][p, 0] + 1) % ctx.cfg.num_ranks
+    d[P.D4_POOL_META][p, 0] = (d[P.D4_POOL_META][p, 0] + 1) % ctx.cfg.num_ranks
 
 
-@fault("D4", "a stale row left from the previous call")
+@fault(P.D4, "a stale row left from the previous call")
 def stale_row_from_previous_call(d, ctx):
     p = _first_valid_row(d)
-    d["D4.pool_x"][p] = torch.roll(d["D4.pool_x"][p], 1)
+    d[P.D4_POOL_X][p] = torch.roll(d[P.D4_POOL_X][p], 1)
 
 
-@fault("D4", "scale bytes not pulled with the row")
+@fault(P.D4, "scale bytes not pulled with the row")
 def scale_bytes_not_pulled(d, ctx):
-    d["D4.pool_x_sf"][_first_valid_row(d)] = 0
+    d[P.D4_POOL_X_SF][_first_valid_row(d)] = 0
 
 
-@fault("D4", "routing weight taken from the next slot")
+@fault(P.D4, "routing weight taken from the next slot")
 def routing_weight_from_wrong_slot(d, ctx):
     for p in _valid(d).nonzero().flatten().tolist():
-        s, t, k = d["D4.pool_meta"][p].tolist()
+        s, t, k = d[P.D4_POOL_META][p].tolist()
         other = ctx.inputs[s].topk_weights[t, (k + 1) % ctx.cfg.top_k]
-        if other != d["D4.pool_weights"][p]:
-            d["D4.pool_weights"][p] = other
+        if other != d[P.D4_POOL_WEIGHTS][p]:
+            d[P.D4_POOL_WEIGHTS][p] = other
             return
 
 
-@fault("D4", "an arrival counter off by one")
+@fault(P.D4, "an arrival counter off by one")
 def arrival_counter_off_by_one(d, ctx):
-    d["D4.block_arrivals"][0] -= 1
+    d[P.D4_BLOCK_ARRIVALS][0] -= 1
 
 
-@fault("D4", "an expert region not BLOCK_M-aligned")
+@fault(P.D4, "an expert region not BLOCK_M-aligned")
 def expert_region_misaligned(d, ctx):
-    d["D4.expert_offsets"][1:-1] += 1
+    d[P.D4_EXPERT_OFFSETS][1:-1] += 1
 
 
 # ------------------------------------------------------------------------------------ L1
 
 
-@fault("D5", "gate and up swapped")
+@fault(P.D5, "gate and up swapped")
 def gate_up_swapped(d, ctx):
     i = ctx.cfg.intermediate
-    d["D5.acc1"] = torch.cat([d["D5.acc1"][:, i:], d["D5.acc1"][:, :i]], dim=1)
+    d[P.D5_ACC1] = torch.cat([d[P.D5_ACC1][:, i:], d[P.D5_ACC1][:, :i]], dim=1)
 
 
-@fault("D5", "gate/up de-interleaved with granularity 4 instead of 8")
+@fault(P.D5, "gate/up de-interleaved with granularity 4 instead of 8")
 def interleave_4_instead_of_8(d, ctx):
-    d["D5.acc1"] = _deinterleave(_interleave(d["D5.acc1"].T, 8), 4).T.contiguous()
+    d[P.D5_ACC1] = _deinterleave(_interleave(d[P.D5_ACC1].T, 8), 4).T.contiguous()
 
 
-@fault("D5", "FP4 nibble order swapped")
+@fault(P.D5, "FP4 nibble order swapped")
 def fp4_nibbles_swapped(d, ctx):
     w = ctx.weights.w1
-    d["D5.acc1"] = _l1(d, ctx, w=(w >> 4) | (w << 4))
+    d[P.D5_ACC1] = _l1(d, ctx, w=(w >> 4) | (w << 4))
 
 
-@fault("D5", "a weight scale byte off by one")
+@fault(P.D5, "a weight scale byte off by one")
 def weight_scale_byte_off_by_one(d, ctx):
     sf = ctx.weights.w1_sf.clone()
     sf[:, 0, 0] += 1
-    d["D5.acc1"] = _l1(d, ctx, w_sf=sf)
+    d[P.D5_ACC1] = _l1(d, ctx, w_sf=sf)
 
 
-@fault("D5", "activation scales shifted by one group")
+@fault(P.D5, "activation scales shifted by one group")
 def activation_scales_shifted(d, ctx):
-    d["D5.acc1"] = _l1(d, ctx, x_sf=torch.roll(d["D4.pool_x_sf"], 1, dims=1))
+    d[P.D5_ACC1] = _l1(d, ctx, x_sf=torch.roll(d[P.D4_POOL_X_SF], 1, dims=1))
 
 
-@fault("D5", "an accumulator perturbed beyond tau")
+@fault(P.D5, "an accumulator perturbed beyond tau")
 def l1_accumulator_perturbed(d, ctx):
     p = _first_valid_row(d)
-    d["D5.acc1"][p, 3] += 2**-8 * (d["D5.acc1"][p, 3].abs() + 1)
+    d[P.D5_ACC1][p, 3] += 2**-8 * (d[P.D5_ACC1][p, 3].abs() + 1)
 
 
 # ------------------------------------------------------------------------------------ SwiGLU/requant
 
 
-@fault("D6", "accumulators not rounded to bf16 before SwiGLU")
+@fault(P.D6, "accumulators not rounded to bf16 before SwiGLU")
 def no_bf16_rounding(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx, bf16=False)))
 
 
-@fault("D6", "clamp skipped")
+@fault(P.D6, "clamp skipped")
 def clamp_skipped(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx, clamp=None)))
 
 
-@fault("D6", "clamp applied to both sides of gate")
+@fault(P.D6, "clamp applied to both sides of gate")
 def clamp_both_sides_of_gate(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx, both_sides=True)))
 
 
-@fault("D6", "routing weight left for combine instead of applied before requant")
+@fault(P.D6, "routing weight left for combine instead of applied before requant")
 def routing_weight_at_combine(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx, weight=False)))
 
 
-@fault("D6", "a requant scale byte off by one")
+@fault(P.D6, "a requant scale byte off by one")
 def requant_scale_byte_off_by_one(d, ctx):
-    d["D6.l2_sf"][_first_valid_row(d), 1] += 1
+    d[P.D6_L2_SF][_first_valid_row(d), 1] += 1
 
 
-@fault("D6", "requant scales shifted by one group")
+@fault(P.D6, "requant scales shifted by one group")
 def requant_scales_shifted(d, ctx):
-    d["D6.l2_sf"] = torch.roll(d["D6.l2_sf"], 1, dims=1)
+    d[P.D6_L2_SF] = torch.roll(d[P.D6_L2_SF], 1, dims=1)
 
 
-@fault("D6", "amax over 128 channels instead of 32")
+@fault(P.D6, "amax over 128 channels instead of 32")
 def per_128_amax(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx), group=128))
 
 
-@fault("D6", "floor (OCP) scale instead of RCEIL")
+@fault(P.D6, "floor (OCP) scale instead of RCEIL")
 def floor_instead_of_rceil(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx), rule="floor"))
 
 
-@fault("D6", "truncation instead of RNE in the FP8 cast")
+@fault(P.D6, "truncation instead of RNE in the FP8 cast")
 def truncation_instead_of_rne(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx), cast="trunc"))
 
 
-@fault("D6", "NaN instead of saturation in the FP8 cast", scenario="overflow")
+@fault(P.D6, "NaN instead of saturation in the FP8 cast", scenario="overflow")
 def nan_instead_of_saturation(d, ctx):
     _set_d6(d, *_requant(_activation(d, ctx), overflow="nan"))
 
 
-@fault("D6", "an L1-completion count off by one")
+@fault(P.D6, "an L1-completion count off by one")
 def l1_done_off_by_one(d, ctx):
-    d["D6.l1_done"][0] -= 1
+    d[P.D6_L1_DONE][0] -= 1
 
 
 # ------------------------------------------------------------------------------------ L2
 
 
-@fault("D7", "an L2 accumulator perturbed beyond tau")
+@fault(P.D7, "an L2 accumulator perturbed beyond tau")
 def l2_accumulator_perturbed(d, ctx):
     p = _first_valid_row(d)
-    d["D7.acc2"][p, 7] += 2**-8 * (d["D7.acc2"][p, 7].abs() + 1)
+    d[P.D7_ACC2][p, 7] += 2**-8 * (d[P.D7_ACC2][p, 7].abs() + 1)
 
 
-@fault("D7", "the next expert's L2 weights")
+@fault(P.D7, "the next expert's L2 weights")
 def l2_wrong_expert_weights(d, ctx):
     w, sf = torch.roll(ctx.weights.w2, 1, dims=0), torch.roll(ctx.weights.w2_sf, 1, dims=0)
-    d["D7.acc2"] = _gemm(d, d["D6.l2_acts"], d["D6.l2_sf"], w, sf)
+    d[P.D7_ACC2] = _gemm(d, d[P.D6_L2_ACTS], d[P.D6_L2_SF], w, sf)
 
 
 def _first_slot(ctx) -> tuple[int, int]:
@@ -373,32 +374,32 @@ def _first_slot(ctx) -> tuple[int, int]:
     return k, t
 
 
-@fault("D8", "a padding row written into a combine slot")
+@fault(P.D8, "a padding row written into a combine slot")
 def padding_row_leaks(d, ctx):
     k, t = _first_slot(ctx)
-    d["D8.combine"][k, t] = 0  # a padding row's accumulator is zero
+    d[P.D8_COMBINE][k, t] = 0  # a padding row's accumulator is zero
 
 
-@fault("D8", "a combine row truncated to bf16 instead of RNE")
+@fault(P.D8, "a combine row truncated to bf16 instead of RNE")
 def combine_row_truncated(d, ctx):
     k, t = _first_slot(ctx)
-    row = d["D8.combine"][k, t]
+    row = d[P.D8_COMBINE][k, t]
     acc = row.float() + row.float().abs() * 2**-9  # a value between bf16 neighbours ...
-    d["D8.combine"][k, t] = F.bf16_tensor(F.f32_bits(acc) >> 16)  # ... cut, not rounded
+    d[P.D8_COMBINE][k, t] = F.bf16_tensor(F.f32_bits(acc) >> 16)  # ... cut, not rounded
 
 
-@fault("D8", "half of an output row left unwritten")
+@fault(P.D8, "half of an output row left unwritten")
 def half_written_row(d, ctx):
     k, t = _first_slot(ctx)
-    d["D8.combine"][k, t, ctx.cfg.hidden // 2 :] = float("nan")
+    d[P.D8_COMBINE][k, t, ctx.cfg.hidden // 2 :] = float("nan")
 
 
-@fault("D8", "a row written to the wrong slot")
+@fault(P.D8, "a row written to the wrong slot")
 def combine_row_wrong_slot(d, ctx):
     idx = ctx.inputs[ctx.rank].topk_idx
     t = int(((idx >= 0).sum(1) >= 2).nonzero()[0])
     k0, k1 = (idx[t] >= 0).nonzero().flatten()[:2].tolist()
-    d["D8.combine"][k0, t] = d["D8.combine"][k1, t]
+    d[P.D8_COMBINE][k0, t] = d[P.D8_COMBINE][k1, t]
 
 
 # ------------------------------------------------------------------------------------ combine
@@ -406,7 +407,7 @@ def combine_row_wrong_slot(d, ctx):
 
 def _combine_variant(d, ctx, order=None, dtype=torch.float32, weighted=False, skip_masked=True):
     idx = ctx.inputs[ctx.rank].topk_idx
-    buf = d["D8.combine"]
+    buf = d[P.D8_COMBINE]
     t, k = idx.shape
     acc = torch.zeros(t, buf.shape[2], dtype=dtype)
     for slot in order or range(k):
@@ -415,50 +416,50 @@ def _combine_variant(d, ctx, order=None, dtype=torch.float32, weighted=False, sk
             v = v * ctx.inputs[ctx.rank].topk_weights[:, slot, None].to(dtype)
         ok = (idx[:, slot] >= 0)[:, None] if skip_masked else torch.ones(t, 1, dtype=torch.bool)
         acc = torch.where(ok, acc + v, acc)
-    d["D9.y"] = F.bf16_tensor(F.encode_bf16(acc.float()))
+    d[P.D9_Y] = F.bf16_tensor(F.encode_bf16(acc.float()))
 
 
-@fault("D9", "combine summed in reverse slot order")
+@fault(P.D9, "combine summed in reverse slot order")
 def combine_reverse_order(d, ctx):
     _combine_variant(d, ctx, order=list(reversed(range(ctx.cfg.top_k))))
 
 
-@fault("D9", "combine accumulated in bf16")
+@fault(P.D9, "combine accumulated in bf16")
 def combine_in_bf16(d, ctx):
     _combine_variant(d, ctx, dtype=torch.bfloat16)
 
 
-@fault("D9", "routing weight applied (again) at combine")
+@fault(P.D9, "routing weight applied (again) at combine")
 def routing_weight_applied_at_combine(d, ctx):
     _combine_variant(d, ctx, weighted=True)
 
 
-@fault("D9", "a -1 slot summed")
+@fault(P.D9, "a -1 slot summed")
 def masked_slot_summed(d, ctx):
     _combine_variant(d, ctx, skip_masked=False)
 
 
-@fault("D9", "half of an output row of y unwritten")
+@fault(P.D9, "half of an output row of y unwritten")
 def y_half_written(d, ctx):
-    d["D9.y"][0, ctx.cfg.hidden // 2 :] = 0
+    d[P.D9_Y][0, ctx.cfg.hidden // 2 :] = 0
 
 
 # ------------------------------------------------------------------------------------ cleanup
 
 
-@fault("D10", "counters not reset after the call")
+@fault(P.D10, "counters not reset after the call")
 def counters_not_reset(d, ctx):
-    d["D10.counters"] = torch.tensor([0, 3, 0], dtype=torch.int32)
+    d[P.D10_COUNTERS] = torch.tensor([0, 3, 0], dtype=torch.int32)
 
 
-@fault("D10", "cumulative statistics not added")
+@fault(P.D10, "cumulative statistics not added")
 def stats_not_added(d, ctx):
-    d["D10.recv_stats"] = d["D10.recv_stats"] - d["D2.recv_totals"].long()
+    d[P.D10_RECV_STATS] = d[P.D10_RECV_STATS] - d[P.D2_RECV_TOTALS].long()
 
 
-@fault("D10", "cumulative statistics added twice")
+@fault(P.D10, "cumulative statistics added twice")
 def stats_added_twice(d, ctx):
-    d["D10.recv_stats"] = d["D10.recv_stats"] + d["D2.recv_totals"].long()
+    d[P.D10_RECV_STATS] = d[P.D10_RECV_STATS] + d[P.D2_RECV_TOTALS].long()
 
 
 # ------------------------------------------------------------------------------------ running it

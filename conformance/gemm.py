@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .compare import gemm_bound, gemm_exact, guard, pool_locator
 from .dump import Dump
@@ -13,8 +14,8 @@ from .result import CheckResult
 
 # dump point -> (accumulator, activation codes, activation scales, weights, weight scales)
 GEMMS = {
-    "D5": ("D5.acc1", "D4.pool_x", "D4.pool_x_sf", "weights.w1", "weights.w1_sf"),
-    "D7": ("D7.acc2", "D6.l2_acts", "D6.l2_sf", "weights.w2", "weights.w2_sf"),
+    P.D5: (P.D5_ACC1, P.D4_POOL_X, P.D4_POOL_X_SF, "weights.w1", "weights.w1_sf"),
+    P.D7: (P.D7_ACC2, P.D6_L2_ACTS, P.D6_L2_SF, "weights.w2", "weights.w2_sf"),
 }
 
 
@@ -23,7 +24,7 @@ def exact_sums(d: Dump, point: str, *, absolute: bool = False) -> torch.Tensor:
     _, a, a_sf, w, w_sf = GEMMS[point]
     fn = (lambda *args: ref.block_scaled_gemm_f64(*args, absolute=True)) if absolute else ref.block_scaled_gemm_f64
     return ref.grouped_gemm(
-        d[a], d[a_sf], d["D4.expert_offsets"], d[w], d[w_sf], valid=ref.valid_rows(d.tensors), fn=fn
+        d[a], d[a_sf], d[P.D4_EXPERT_OFFSETS], d[w], d[w_sf], valid=ref.valid_rows(d.tensors), fn=fn
     )
 
 
@@ -41,7 +42,7 @@ def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     tensor = GEMMS[point][0]
     acc, valid = d[tensor], ref.valid_rows(d.tensors)
-    g = guard(point, tensor, rank, bool(valid.any()) or int(d["D2.recv_totals"].sum()) == 0, "no valid pool row")
+    g = guard(point, tensor, rank, bool(valid.any()) or int(d[P.D2_RECV_TOTALS].sum()) == 0, "no valid pool row")
     if g:
         return [g]
     if not valid.any():

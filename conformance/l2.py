@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .compare import exact
 from .dump import Dump
@@ -13,31 +14,31 @@ from .result import CheckResult
 
 
 def check_d7(dumps: list[Dump], rank: int) -> list[CheckResult]:
-    return check_gemm("D7", dumps, rank)
+    return check_gemm(P.D7, dumps, rank)
 
 
 def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     """The combine buffer of source rank `rank`: every valid slot holds bf16(acc2) of the pool row
     (on whichever owner) whose metadata names it; rows are given by every owner's dump."""
     d = dumps[rank]
-    buf = d["D8.combine"]
+    buf = d[P.D8_COMBINE]
     want = buf.clone()
     written = torch.zeros(buf.shape[:2], dtype=torch.bool)
     for owner in dumps:
         valid = ref.valid_rows(owner.tensors)
-        meta = owner["D4.pool_meta"].long()
+        meta = owner[P.D4_POOL_META].long()
         in_range = (meta[:, 1] >= 0) & (meta[:, 1] < buf.shape[1]) & (meta[:, 2] >= 0) & (meta[:, 2] < buf.shape[0])
         rows = (valid & in_range & (meta[:, 0] == rank)).nonzero().flatten()
         if rows.numel():
             k, t = meta[rows, 2], meta[rows, 1]
-            want[k, t] = ref.bf16_tensor(ref.encode_bf16(owner["D7.acc2"][rows]))
+            want[k, t] = ref.bf16_tensor(ref.encode_bf16(owner[P.D7_ACC2][rows]))
             written[k, t] = True
     idx = d["inputs.topk_idx"]
     slots = torch.zeros_like(written)
     slots[:, : idx.shape[0]] = (idx >= 0).T
     cover = exact(
-        "D8",
-        "D8.combine (slots written)",
+        P.D8,
+        f"{P.D8_COMBINE} (slots written)",
         rank,
         written,
         slots,
@@ -47,8 +48,8 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     mask = (slots & written).reshape(-1)
     k_t = buf.reshape(-1, buf.shape[2])
     check = exact(
-        "D8",
-        "D8.combine",
+        P.D8,
+        P.D8_COMBINE,
         rank,
         k_t,
         want.reshape(-1, buf.shape[2]),

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .dump import Dump, global_weights
 from .gemm import GEMMS, error_ratios
@@ -69,7 +70,7 @@ def end_to_end_plot(dumps: list[Dump], path: Path) -> Path:
     oracle = ref.run_oracle(cfg, [d.inputs() for d in dumps], global_weights(dumps))
     fig, ax = plt.subplots(figsize=(7, 4))
     for d, orc in zip(dumps, oracle):
-        y = d["D9.y"].to(torch.float64)
+        y = d[P.D9_Y].to(torch.float64)
         _, e = torch.frexp(orc.y)
         ulp = torch.exp2(torch.clamp(e.to(torch.float64) - 1, min=-126) - 7)
         err = ((y - orc.y).abs() / ulp)[torch.isfinite(y) & torch.isfinite(orc.y)]
@@ -82,7 +83,7 @@ def write_plots(dumps: list[Dump], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [
-        gemm_plot(dumps, "D5", out / "d5_acc1_error.png"),
-        gemm_plot(dumps, "D7", out / "d7_acc2_error.png"),
+        gemm_plot(dumps, P.D5, out / "d5_acc1_error.png"),
+        gemm_plot(dumps, P.D7, out / "d7_acc2_error.png"),
         end_to_end_plot(dumps, out / "y_end_to_end_error.png"),
     ]

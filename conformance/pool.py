@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .compare import exact, guard, multiset, pool_locator
 from .dump import Dump
@@ -14,13 +15,13 @@ from .result import CheckResult
 def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d, cfg = dumps[rank], dumps[rank].config
     out = []
-    offsets = ref.pool_offsets(d["D2.recv_totals"].tolist(), cfg.block_m)
+    offsets = ref.pool_offsets(d[P.D2_RECV_TOTALS].tolist(), cfg.block_m)
     out.append(
         exact(
-            "D4",
-            "D4.expert_offsets",
+            P.D4,
+            P.D4_EXPERT_OFFSETS,
             rank,
-            d["D4.expert_offsets"],
+            d[P.D4_EXPERT_OFFSETS],
             offsets,
             kind="int",
             locate=lambda c: f"local expert {c[0]}",
@@ -29,19 +30,19 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     if out[-1].failed:
         return out  # nothing below can be located without the layout
     valid = ref.valid_rows(d.tensors)
-    meta = d["D4.pool_meta"].long()
+    meta = d[P.D4_POOL_META].long()
     g = guard(
-        "D4",
-        "D4.pool_meta",
+        P.D4,
+        P.D4_POOL_META,
         rank,
-        int(valid.sum()) == int(d["D2.recv_totals"].sum()) and (valid.any() or int(d["D2.recv_totals"].sum()) == 0),
+        int(valid.sum()) == int(d[P.D2_RECV_TOTALS].sum()) and (valid.any() or int(d[P.D2_RECV_TOTALS].sum()) == 0),
         "no valid pool row to check",
     )
     if g:
         return out + [g]
     # which (s, t, k) each local expert must hold, from the inputs of every rank
     e_l = cfg.local_experts
-    row_expert = torch.bucketize(torch.arange(valid.numel()), d["D4.expert_offsets"][1:].long(), right=True)
+    row_expert = torch.bucketize(torch.arange(valid.numel()), d[P.D4_EXPERT_OFFSETS][1:].long(), right=True)
     got_rows = torch.cat([row_expert[valid, None], meta[valid]], dim=1)
     want_rows = []
     for le in range(e_l):
@@ -50,10 +51,10 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
             want_rows.append(torch.stack([torch.full_like(t, le), torch.full_like(t, s), t, k], dim=1))
     want_rows = torch.cat(want_rows) if want_rows else torch.zeros(0, 4, dtype=torch.long)
     out.append(
-        multiset("D4", "D4.pool_meta", rank, got_rows, want_rows, what="(local expert, source rank, token, slot) rows")
+        multiset(P.D4, P.D4_POOL_META, rank, got_rows, want_rows, what="(local expert, source rank, token, slot) rows")
     )
     # every valid row is a byte copy of its source row, scales and routing weight
-    want_x, want_sf, want_w = d["D4.pool_x"].clone(), d["D4.pool_x_sf"].clone(), d["D4.pool_weights"].clone()
+    want_x, want_sf, want_w = d[P.D4_POOL_X].clone(), d[P.D4_POOL_X_SF].clone(), d[P.D4_POOL_WEIGHTS].clone()
     in_range = valid & (meta[:, 0] >= 0) & (meta[:, 0] < len(dumps))
     for p in in_range.nonzero().flatten().tolist():
         s, t, k = meta[p].tolist()
@@ -67,8 +68,8 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
         p = int(bad_meta.nonzero()[0])
         out.append(
             multiset(
-                "D4",
-                "D4.pool_meta",
+                P.D4,
+                P.D4_POOL_META,
                 rank,
                 meta[bad_meta],
                 torch.zeros(0, 3, dtype=torch.long),
@@ -76,12 +77,12 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
             )
         )
     locate = pool_locator(d, rank)
-    out.append(exact("D4", "D4.pool_x", rank, d["D4.pool_x"], want_x, kind="e4m3", rows=in_range, locate=locate))
+    out.append(exact(P.D4, P.D4_POOL_X, rank, d[P.D4_POOL_X], want_x, kind="e4m3", rows=in_range, locate=locate))
     out.append(
-        exact("D4", "D4.pool_x_sf", rank, d["D4.pool_x_sf"], want_sf, kind="ue8m0", rows=in_range, locate=locate)
+        exact(P.D4, P.D4_POOL_X_SF, rank, d[P.D4_POOL_X_SF], want_sf, kind="ue8m0", rows=in_range, locate=locate)
     )
     out.append(
-        exact("D4", "D4.pool_weights", rank, d["D4.pool_weights"], want_w, kind="fp32", rows=in_range, locate=locate)
+        exact(P.D4, P.D4_POOL_WEIGHTS, rank, d[P.D4_POOL_WEIGHTS], want_w, kind="fp32", rows=in_range, locate=locate)
     )
     arrivals = (
         valid.reshape(-1, cfg.block_m).sum(dim=1).to(torch.int32)
@@ -90,10 +91,10 @@ def check_d4(dumps: list[Dump], rank: int) -> list[CheckResult]:
     )
     out.append(
         exact(
-            "D4",
-            "D4.block_arrivals",
+            P.D4,
+            P.D4_BLOCK_ARRIVALS,
             rank,
-            d["D4.block_arrivals"],
+            d[P.D4_BLOCK_ARRIVALS],
             arrivals,
             kind="int",
             locate=lambda c: f"pool block {c[0]} (rows {c[0] * cfg.block_m}..{(c[0] + 1) * cfg.block_m - 1})",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 from .cleanup import check_d10
 from .combine import check_d9
@@ -27,18 +28,21 @@ from .pool import check_d4
 from .result import END_TO_END, FAIL, GUARD, INFO, NA, PASS, CheckResult
 from .swiglu import check_d6
 
-STAGES: tuple[tuple[str, str, Callable], ...] = (
-    ("D1", "dispatch", check_d1),
-    ("D2", "dispatch", check_d2),
-    ("D3", "dispatch", check_d3),
-    ("D4", "pool", check_d4),
-    ("D5", "L1", check_d5),
-    ("D6", "SwiGLU/requant", check_d6),
-    ("D7", "L2", check_d7),
-    ("D8", "L2", check_d8),
-    ("D9", "combine", check_d9),
-    ("D10", "cleanup", check_d10),
-)
+# The checker of each dump point; the points, their order and their stage names are the table's
+# (megamoe.reference.points), so a point without a checker fails here, at import.
+CHECKERS: dict[str, Callable] = {
+    P.D1: check_d1,
+    P.D2: check_d2,
+    P.D3: check_d3,
+    P.D4: check_d4,
+    P.D5: check_d5,
+    P.D6: check_d6,
+    P.D7: check_d7,
+    P.D8: check_d8,
+    P.D9: check_d9,
+    P.D10: check_d10,
+}
+STAGES: tuple[tuple[str, str, Callable], ...] = tuple((p, P.stage_of(p), CHECKERS[p]) for p in P.POINTS)
 
 
 # What the table's columns mean; printed under it by `megamoe check`, and in the README.
@@ -113,13 +117,13 @@ def _end_to_end(dumps: list[Dump]) -> list[CheckResult]:
     oracle = ref.run_oracle(cfg, inputs, global_weights(dumps))
     out = []
     for d, orc in zip(dumps, oracle):
-        y = d["D9.y"].float()
+        y = d[P.D9_Y].float()
         diff = ref.calc_diff(y, orc.y)
         err = (y.double() - orc.y).abs()
         peak = float(orc.y.abs().max()) if orc.y.numel() else 0.0
         out.append(
             CheckResult(
-                "D9",
+                P.D9,
                 "y vs float64 oracle",
                 END_TO_END,
                 d.rank,

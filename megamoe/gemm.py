@@ -406,7 +406,16 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
         kern = kernel(spec, dev)
         # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer
         # buffers, a fixed arrival count).
-        fields = {"signal": 0, "peer_offsets": 0, "arrival_need": 0, "combine_rows": 0, **fields}
+        fields = {
+            "signal": 0,
+            "rebase_x": 0,
+            "rebase_sf": 0,
+            "rebase_count": 0,
+            "peer_offsets": 0,
+            "arrival_need": 0,
+            "combine_rows": 0,
+            **fields,
+        }
         params = contract.pack_params(
             tmap_x8=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, 8),
             tmap_x64=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, contract.CHUNK_N),

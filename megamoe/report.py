@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 
 ULP_EDGES = (0.5, 1, 2, 4, 8, 16, 64)
 ULP_LABELS = ("0",) + tuple(f"<={e:g}" for e in ULP_EDGES) + (f">{ULP_EDGES[-1]:g}",)
@@ -102,27 +103,27 @@ def tolerance_report(
 
     for rank, (dump, orc) in enumerate(zip(result.dumps, oracle)):
         v = orc.valid
-        meta = dump["D4.pool_meta"]
+        meta = dump[P.D4_POOL_META]
         local = weights.slice(rank * e_l, (rank + 1) * e_l)
-        add("D5", dump["D5.acc1"][v], orc.acc1[v])
-        deq = ref.dequantize_e4m3(dump["D6.l2_acts"], dump["D6.l2_sf"])
-        scale_exp = (dump["D6.l2_sf"].to(torch.int64) - 127).repeat_interleave(32, dim=1)
-        local_act = ref.swiglu_f64(dump["D5.acc1"], dump["D4.pool_weights"], v, cfg.activation_clamp)
+        add("D5", dump[P.D5_ACC1][v], orc.acc1[v])
+        deq = ref.dequantize_e4m3(dump[P.D6_L2_ACTS], dump[P.D6_L2_SF])
+        scale_exp = (dump[P.D6_L2_SF].to(torch.int64) - 127).repeat_interleave(32, dim=1)
+        local_act = ref.swiglu_f64(dump[P.D5_ACC1], dump[P.D4_POOL_WEIGHTS], v, cfg.activation_clamp)
         add("D6 local", deq[v], local_act[v], scale_exp[v])
         add("D6", deq[v], orc.activation[v])
         local_acc2 = ref.grouped_gemm(
-            dump["D6.l2_acts"],
-            dump["D6.l2_sf"],
-            dump["D4.expert_offsets"],
+            dump[P.D6_L2_ACTS],
+            dump[P.D6_L2_SF],
+            dump[P.D4_EXPERT_OFFSETS],
             local.w2,
             local.w2_sf,
             valid=meta[:, 0] >= 0,
             fn=ref.block_scaled_gemm_f64,
         )
-        add("D7 local", dump["D7.acc2"][v], local_acc2[v])
-        add("D7", dump["D7.acc2"][v], orc.acc2[v])
+        add("D7 local", dump[P.D7_ACC2][v], local_acc2[v])
+        add("D7", dump[P.D7_ACC2][v], orc.acc2[v])
         y = result.y[rank].to(torch.float32)
-        add("D9 local", y, ref.combine_f64(dump["D8.combine"], inputs[rank].topk_idx))
+        add("D9 local", y, ref.combine_f64(dump[P.D8_COMBINE], inputs[rank].topk_idx))
         add("D9", y, orc.y)
 
     def stage(name: str, key: str, fmt: OutputFormat) -> dict:

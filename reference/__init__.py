@@ -8,7 +8,8 @@ Runs on CPU or CUDA tensors alike. Stages, in the project's vocabulary:
     L2 (D7, D8)       l2_gemm, l2_epilogue
     combine (D9)      combine
     cleanup (D10)     updated_recv_stats
-and `run_reference` runs them all for R ranks in one process.
+and `run_reference` runs them all for R ranks in one process. `points` is the dump-point table:
+every dump tensor's name, stage, dtype, shape and check class, and `check_dump_tensors`.
 """
 
 from megamoe.threads import limit_torch_threads as _limit_torch_threads
@@ -43,6 +44,8 @@ from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
 from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
 from .pipeline import POINTS, ReferenceResult, StageContext, run_reference, valid_rows
+from . import points
+from .points import DumpPoint, DumpTensor, check_dump_tensors, dump_dims, dump_problems
 from .quantize import (
     Quantized,
     dequantize_e4m3,
@@ -110,6 +113,12 @@ __all__ = [
     "run_oracle",
     "swiglu_f64",
     "POINTS",
+    "points",
+    "DumpPoint",
+    "DumpTensor",
+    "check_dump_tensors",
+    "dump_dims",
+    "dump_problems",
     "ReferenceResult",
     "StageContext",
     "run_reference",

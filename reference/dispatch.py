@@ -18,6 +18,7 @@ import torch
 from .config import MoEConfig
 from .inputs import RankInputs
 from . import formats as F
+from . import points as P
 
 
 def send_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -74,22 +75,22 @@ class Pool:
     @classmethod
     def from_dump(cls, dump: dict) -> "Pool":
         return cls(
-            dump["D4.pool_x"],
-            dump["D4.pool_x_sf"],
-            dump["D4.pool_weights"],
-            dump["D4.pool_meta"],
-            dump["D4.expert_offsets"],
-            dump["D4.block_arrivals"],
+            dump[P.D4_POOL_X],
+            dump[P.D4_POOL_X_SF],
+            dump[P.D4_POOL_WEIGHTS],
+            dump[P.D4_POOL_META],
+            dump[P.D4_EXPERT_OFFSETS],
+            dump[P.D4_BLOCK_ARRIVALS],
         )
 
     def to_dump(self) -> dict:
         return {
-            "D4.pool_x": self.x,
-            "D4.pool_x_sf": self.x_sf,
-            "D4.pool_weights": self.weights,
-            "D4.pool_meta": self.meta,
-            "D4.expert_offsets": self.expert_offsets,
-            "D4.block_arrivals": self.block_arrivals,
+            P.D4_POOL_X: self.x,
+            P.D4_POOL_X_SF: self.x_sf,
+            P.D4_POOL_WEIGHTS: self.weights,
+            P.D4_POOL_META: self.meta,
+            P.D4_EXPERT_OFFSETS: self.expert_offsets,
+            P.D4_BLOCK_ARRIVALS: self.block_arrivals,
         }
 
     @property

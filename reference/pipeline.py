@@ -1,10 +1,11 @@
 """The whole layer as one call: y for every rank plus every expected dump point D1-D10.
 
-Dump names are "<point>.<tensor>" (for example "D6.l2_acts"). Every stage reads its input from
-the dump entries of the stages before it, exactly as a stage checker does with a kernel dump; a
-`tamper` hook may change a stage's entries after it ran (the conformance suite plants its faults
-this way), and the later stages then work on the changed values, like a kernel with one broken
-stage.
+Dump names are "<point>.<tensor>" (for example "D6.l2_acts"); the dump-point table
+(megamoe.reference.points) defines every one, and this file names them through it (P.D6_L2_ACTS).
+Every stage reads its input from the dump entries of the stages before it, exactly as a stage
+checker does with a kernel dump; a `tamper` hook may change a stage's entries after it ran (the
+conformance suite plants its faults this way), and the later stages then work on the changed
+values, like a kernel with one broken stage.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from .dispatch import Pool, build_pool, receive_counts, region_valid, send_count
 from .inputs import RankInputs
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
+from . import points as P
 from .swiglu import l1_done, l1_epilogue
 from .validate import check_call
 from .weights import ExpertWeights
 
-POINTS = ("D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10")
+POINTS = P.POINTS  # D1-D10, in pipeline order: the table's
 
 
 @dataclass
@@ -51,7 +53,7 @@ class ReferenceResult:
 
 def valid_rows(dump: dict[str, torch.Tensor]) -> torch.Tensor:
     """The pool rows that hold tokens, by the layout contract (D4 offsets, D2 totals)."""
-    return region_valid(dump["D4.expert_offsets"], dump["D2.recv_totals"], dump["D4.pool_x"].shape[0])
+    return region_valid(dump[P.D4_EXPERT_OFFSETS], dump[P.D2_RECV_TOTALS], dump[P.D4_POOL_X].shape[0])
 
 
 def run_reference(
@@ -77,49 +79,49 @@ def run_reference(
 
     # dispatch: every rank counts its own slots (D1), then each owner reads all counts (D2)
     for rank, inp in enumerate(inputs):
-        stage("D1", rank, {"D1.send_counts": send_counts(inp.topk_idx, cfg.num_experts)})
-    all_d1 = torch.stack([d["D1.send_counts"] for d in dumps])
+        stage(P.D1, rank, {P.D1_SEND_COUNTS: send_counts(inp.topk_idx, cfg.num_experts)})
+    all_d1 = torch.stack([d[P.D1_SEND_COUNTS] for d in dumps])
     all_idx = [inp.topk_idx for inp in inputs]
     activations = []
     for rank in range(r):
         counts, totals = receive_counts(all_d1, rank, cfg)
-        stage("D2", rank, {"D2.recv_counts": counts, "D2.recv_totals": totals})
-        stage("D3", rank, {"D3.source_lists": source_lists(all_idx, rank, cfg)})
-        stage("D4", rank, build_pool(inputs, rank, cfg).to_dump())
+        stage(P.D2, rank, {P.D2_RECV_COUNTS: counts, P.D2_RECV_TOTALS: totals})
+        stage(P.D3, rank, {P.D3_SOURCE_LISTS: source_lists(all_idx, rank, cfg)})
+        stage(P.D4, rank, build_pool(inputs, rank, cfg).to_dump())
         d, local = dumps[rank], ctxs[rank].weights
         pool, valid = Pool.from_dump(d), valid_rows(d)
-        stage("D5", rank, {"D5.acc1": l1_gemm(pool, local, valid)})
+        stage(P.D5, rank, {P.D5_ACC1: l1_gemm(pool, local, valid)})
         l1 = l1_epilogue(
-            d["D5.acc1"], d["D4.pool_weights"], valid, activation_clamp=cfg.activation_clamp, fast_math=cfg.fast_math
+            d[P.D5_ACC1], d[P.D4_POOL_WEIGHTS], valid, activation_clamp=cfg.activation_clamp, fast_math=cfg.fast_math
         )
         activations.append(l1.activation)
         stage(
-            "D6",
+            P.D6,
             rank,
             {
-                "D6.l2_acts": l1.l2_acts,
-                "D6.l2_sf": l1.l2_sf,
-                "D6.l1_done": l1_done(d["D4.block_arrivals"], cfg.intermediate),
+                P.D6_L2_ACTS: l1.l2_acts,
+                P.D6_L2_SF: l1.l2_sf,
+                P.D6_L1_DONE: l1_done(d[P.D4_BLOCK_ARRIVALS], cfg.intermediate),
             },
         )
-        stage("D7", rank, {"D7.acc2": l2_gemm(d["D6.l2_acts"], d["D6.l2_sf"], pool, local, valid)})
+        stage(P.D7, rank, {P.D7_ACC2: l2_gemm(d[P.D6_L2_ACTS], d[P.D6_L2_SF], pool, local, valid)})
     # L2 epilogue: every owner writes into the combine buffers of the source ranks
     buffers = [empty_combine_buffer(cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden, device) for _ in range(r)]
     for d in dumps:
-        l2_epilogue(d["D7.acc2"], d["D4.pool_meta"], valid_rows(d), buffers)
+        l2_epilogue(d[P.D7_ACC2], d[P.D4_POOL_META], valid_rows(d), buffers)
     for rank in range(r):
-        stage("D8", rank, {"D8.combine": buffers[rank]})
+        stage(P.D8, rank, {P.D8_COMBINE: buffers[rank]})
     ys = []
     for rank, inp in enumerate(inputs):
-        stage("D9", rank, {"D9.y": combine(dumps[rank]["D8.combine"], inp.topk_idx)})
-        ys.append(dumps[rank]["D9.y"])
+        stage(P.D9, rank, {P.D9_Y: combine(dumps[rank][P.D8_COMBINE], inp.topk_idx)})
+        ys.append(dumps[rank][P.D9_Y])
         before = None if recv_stats is None else recv_stats[rank]
         stage(
-            "D10",
+            P.D10,
             rank,
             {
-                "D10.recv_stats": updated_recv_stats(before, dumps[rank]["D2.recv_totals"]),
-                "D10.counters": torch.zeros(0, dtype=torch.int32, device=device),
+                P.D10_RECV_STATS: updated_recv_stats(before, dumps[rank][P.D2_RECV_TOTALS]),
+                P.D10_COUNTERS: torch.zeros(0, dtype=torch.int32, device=device),
             },
         )
     return ReferenceResult(ys, dumps, activations)

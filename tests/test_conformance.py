@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import points as P
 from megamoe.cli import main
 from megamoe.conformance.dump import Dump, DumpFormatError, reference_dumps
 from megamoe.conformance.faults import CATALOG, planted, scenario_inputs
@@ -114,12 +115,12 @@ def test_cli_check_passes_a_reference_dump_and_names_the_stage_of_a_mutated_one(
     d = Dump.load(paths[1])
     valid = ref.valid_rows(d.tensors)
     p = int(valid.nonzero()[2])
-    d.tensors["D6.l2_acts"][p, 5] ^= 0x01  # one FP8 code, one bit
+    d.tensors[P.D6_L2_ACTS][p, 5] ^= 0x01  # one FP8 code, one bit
     d.save(paths[1])
     assert main(["check", *paths]) == 1
     out = capsys.readouterr().out
     assert "first failing dump point: D6; earlier stages clean: D1, D2, D3, D4, D5" in out
-    s, t, k = d["D4.pool_meta"][p].tolist()
+    s, t, k = d[P.D4_POOL_META][p].tolist()
     assert "FAIL D6.l2_acts (rank 1, EXACT): 1 of" in out
     assert f"pool row {p} (source rank {s}, token {t}, slot {k}" in out and "column 5]" in out
     assert "got 0x" in out and "expected 0x" in out
@@ -178,7 +179,7 @@ def test_gemm_exact_on_grid_snapped_inputs():
     assert {r.check for r in report.results if r.point in ("D5", "D7")} == {"GEMM_EXACT"}
     d = dumps[0]
     p = int(ref.valid_rows(d.tensors).nonzero()[0])
-    d.tensors["D5.acc1"][p, 0] = torch.nextafter(d["D5.acc1"][p, 0], torch.tensor(1e30))  # one ulp
+    d.tensors[P.D5_ACC1][p, 0] = torch.nextafter(d[P.D5_ACC1][p, 0], torch.tensor(1e30))  # one ulp
     assert check(dumps).first_failure == "D5"
 
 
@@ -216,8 +217,8 @@ def test_cli_check_writes_error_plots(tmp_path):
 def test_a_malformed_dump_is_reported_not_raised():
     cfg, inputs, weights = scenario_inputs("clamped", 0)
     dumps = reference_dumps(cfg, inputs, weights)
-    dumps[0].tensors["D7.acc2"] = dumps[0]["D7.acc2"][:, :7]  # wrong shape
-    dumps[1].tensors["D4.pool_meta"][0] = torch.tensor([1, 10_000, 99], dtype=torch.int32)  # out of range
+    dumps[0].tensors[P.D7_ACC2] = dumps[0][P.D7_ACC2][:, :7]  # wrong shape
+    dumps[1].tensors[P.D4_POOL_META][0] = torch.tensor([1, 10_000, 99], dtype=torch.int32)  # out of range
     report = check(dumps)
     assert report.first_failure == "D4"
     assert any(r.point == "D7" and r.failed for r in report.results)
@@ -230,5 +231,5 @@ def test_a_dump_that_left_the_statistics_alone_is_judged_by_that():
     dumps = reference_dumps(cfg, inputs, weights)
     dumps[0].meta["recv_stats_recorded"] = False  # the reference accumulated: now that is wrong
     assert check(dumps).first_failure == "D10"
-    dumps[0].tensors["D10.recv_stats"] = dumps[0]["inputs.recv_stats_before"].clone()
+    dumps[0].tensors[P.D10_RECV_STATS] = dumps[0]["inputs.recv_stats_before"].clone()
     assert check(dumps).ok

@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from megamoe.reference import points as P
 from megamoe.conformance.compare import exact, multiset
 from megamoe.conformance.dump import reference_dumps
 from megamoe.conformance.faults import scenario_inputs
@@ -55,7 +56,7 @@ def test_an_incomplete_set_of_ranks_is_refused_as_the_cli_refuses_it(tmp_path):
 
 def test_each_dump_point_and_rank_is_its_own_test_so_the_log_names_the_failing_rank(tmp_path):
     d = _write_dumps(tmp_path)[1]
-    d.tensors["D9.y"].view(torch.int16)[0, 0] ^= 0x0001  # the last stage: nothing after it reads y
+    d.tensors[P.D9_Y].view(torch.int16)[0, 0] ^= 0x0001  # the last stage: nothing after it reads y
     d.save(tmp_path / "rank1.pt")
     run = _gate(tmp_path, "--megamoe-dumps", str(tmp_path / "rank*.pt"), "-rA")
     assert run.returncode == 1, run.stdout
@@ -66,15 +67,15 @@ def test_each_dump_point_and_rank_is_its_own_test_so_the_log_names_the_failing_r
 
 def test_a_check_over_zero_elements_is_not_applicable_not_a_pass():
     empty = torch.zeros(0, dtype=torch.int32)
-    assert exact("D10", "D10.counters", 0, empty, empty, kind="int").status == NA
+    assert exact(P.D10, P.D10_COUNTERS, 0, empty, empty, kind="int").status == NA
     no_rows = torch.zeros(4, 3, dtype=torch.int32)
     assert (
-        exact("D6", "D6.l2_acts", 0, no_rows, no_rows, kind="int", rows=torch.zeros(4, dtype=torch.bool)).status == NA
+        exact(P.D6, P.D6_L2_ACTS, 0, no_rows, no_rows, kind="int", rows=torch.zeros(4, dtype=torch.bool)).status == NA
     )
-    assert multiset("D3", "D3.source_lists", 0, torch.zeros(0, 3), torch.zeros(0, 3), what="entries").status == NA
+    assert multiset(P.D3, P.D3_SOURCE_LISTS, 0, torch.zeros(0, 3), torch.zeros(0, 3), what="entries").status == NA
     cfg, inputs, weights = scenario_inputs("clamped", 0)
     report = check(reference_dumps(cfg, inputs, weights))  # the reference has no counters: D10.counters is empty
-    counters = [r for r in report.results if r.tensor == "D10.counters"]
+    counters = [r for r in report.results if r.tensor == P.D10_COUNTERS]
     assert counters and all(r.status == NA and r.elements == 0 for r in counters)
     assert all(r.status != PASS for r in report.results if r.elements == 0)
     assert "| D10.counters | cleanup | EXACT | 0 | n/a | 0 | 0 |  |" in report.table()

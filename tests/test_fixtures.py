@@ -1,13 +1,21 @@
 """Kernel dumps recorded on an H200 (tests/gpu/record_fixtures.py), checked on the CPU by the
-conformance suite on every CI run — and a fault planted in one is still caught at its stage."""
+conformance suite on every CI run — and a fault planted in one is still caught at its stage.
 
+sm90_<promotion>_rank<r>.pt: the standalone GEMM core (D5-D8 the kernel's). fused_<case>_rank<r>.pt:
+the fused kernel, every dump point D1-D10 its own, saved without weights (regenerated here from the
+seed the files name)."""
+
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from megamoe import reference as ref
-from megamoe.conformance.dump import Dump
-from megamoe.conformance.suite import check
+from megamoe.conformance.dump import Dump, DumpFormatError, with_weights
+from megamoe.conformance.suite import STAGES, check
+
+from .gpu.record_fixtures import FUSED_BUDGET, FUSED_CASES, FUSED_WEIGHTS_SEED, fused_size_estimate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -32,3 +40,122 @@ def test_a_flipped_code_in_a_recorded_dump_is_caught_at_d6():
     p = int(ref.valid_rows(d.tensors).nonzero()[0])
     d.tensors["D6.l2_acts"][p, 0] ^= 0x01
     assert check(dumps).first_failure == "D6"
+
+
+# ---- the fused kernel's dumps ----------------------------------------------------------------
+FUSED_RE = re.compile(r"fused_(?P<case>.+)_rank(?P<rank>\d+)\.pt")
+RECORD = (
+    "no fused-kernel fixture in tests/fixtures yet: record them on an H200 with "
+    "`MEGAMOE_CACHE_DIR=$PWD/.jitcache python -m tests.gpu.record_fixtures tests/fixtures --fused-only`"
+)
+
+
+def _fused_files() -> dict[str, list[Path]]:
+    """{case: its files, rank order} of every fused_<case>_rank<r>.pt present."""
+    calls: dict[str, list[Path]] = {}
+    for p in sorted(FIXTURES.glob("fused_*_rank*.pt")):
+        m = FUSED_RE.fullmatch(p.name)
+        if m:
+            calls.setdefault(m["case"], []).append(p)
+    return {c: sorted(ps, key=lambda p: int(FUSED_RE.fullmatch(p.name)["rank"])) for c, ps in sorted(calls.items())}
+
+
+FUSED = _fused_files()
+
+
+def _fused_params(only_with_tokens: bool = False):
+    cases = [c for c, ps in FUSED.items() if not only_with_tokens or _tokens(ps) > 0]
+    if not cases:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=RECORD), id="none-recorded")]
+    return cases
+
+
+def _tokens(paths: list[Path]) -> int:
+    try:
+        return sum(Dump.load(p)["inputs.x"].shape[0] for p in paths)
+    except DumpFormatError:
+        return 1  # collected all the same: the tests that load it say what is wrong
+
+
+def _load_fused(case: str) -> list[Dump]:
+    """One recorded fused call, every rank, with the weights regenerated from the seed it names
+    (with_weights checks them against the SHA-256 each file holds)."""
+    return with_weights([Dump.load(p) for p in FUSED[case]])
+
+
+@pytest.mark.parametrize("case", _fused_params())
+def test_the_fused_fixtures_are_the_fused_kernels_own_dumps_saved_without_their_weights(case):
+    for path in FUSED[case]:
+        d = Dump.load(path)
+        assert d.meta["kernel_mode"].startswith("sm90-fused"), (path.name, d.meta["kernel_mode"])
+        assert "sm90 fused kernel" in d.meta["build_id"], d.meta["build_id"]
+        assert not d.has_weights and d.meta["weights"]["random_weights_seed"] == FUSED_WEIGHTS_SEED
+        assert d.world_size == len(FUSED[case]) and path.name == f"fused_{case}_rank{d.rank}.pt"
+        # a kernel's dump holds its counter words (a reference dump has none)
+        assert d["D10.counters"].numel() > 0
+    want = FUSED_CASES.get(case)
+    if want is not None:  # the call record_fixtures makes under that name
+        d = Dump.load(FUSED[case][0])
+        assert d.config == want.config and d["inputs.x"].shape[0] == want.tokens
+
+
+@pytest.mark.parametrize("case", _fused_params())
+def test_every_dump_point_of_a_recorded_fused_call_passes_on_the_cpu(case):
+    dumps = _load_fused(case)
+    assert all(d.has_weights for d in dumps)
+    report = check(dumps)
+    assert report.ok, report.text()
+    tokens = sum(d["inputs.x"].shape[0] for d in dumps)
+    for point, _, _ in STAGES:
+        # a call without tokens has nothing to compare at the pool-shaped points (n/a or skip)
+        allowed = ("pass",) if tokens else ("pass", "n/a", "skip")
+        assert report.status(point) in allowed, (point, report.status(point), report.text())
+    assert report.status("D1") == report.status("D2") == report.status("D10") == "pass"
+    gemm = [r for r in report.results if r.point in ("D5", "D7") and r.status == "pass"]
+    assert all(r.max_error < 1 for r in gemm)
+
+
+def _flip_pool_x(d: Dump) -> None:
+    p = int(ref.valid_rows(d.tensors).nonzero()[0])
+    d.tensors["D4.pool_x"][p, 0] ^= 0x01
+
+
+def _flip_l2_act(d: Dump) -> None:
+    p = int(ref.valid_rows(d.tensors).nonzero()[-1])
+    d.tensors["D6.l2_acts"][p, 3] ^= 0x01
+
+
+def _change_y(d: Dump) -> None:
+    d.tensors["D9.y"].view(torch.int16)[-1, 5] ^= 0x01
+
+
+def _dirty_counter(d: Dump) -> None:
+    d.tensors["D10.counters"][0] = 1
+
+
+FAULTS = {"D4": _flip_pool_x, "D6": _flip_l2_act, "D9": _change_y, "D10": _dirty_counter}
+
+
+@pytest.mark.parametrize("point", list(FAULTS))
+@pytest.mark.parametrize("case", _fused_params(only_with_tokens=True))
+def test_a_fault_planted_in_a_recorded_fused_dump_is_caught_at_its_stage(case, point):
+    dumps = _load_fused(case)
+    planted = [d.copy() for d in dumps]
+    FAULTS[point](planted[0])
+    report = check(planted)
+    assert report.first_failure == point, report.text()
+    assert check(dumps).ok  # the copy took the fault, not the loaded fixture
+
+
+def test_the_recorded_fused_fixtures_together_take_under_2_mb():
+    files = [p for ps in FUSED.values() for p in ps]
+    if not files:
+        pytest.skip(RECORD)
+    total = sum(p.stat().st_size for p in files)
+    assert total < FUSED_BUDGET, f"{total:,} bytes in {len(files)} fused fixtures (budget {FUSED_BUDGET:,})"
+
+
+def test_the_planned_fused_fixtures_would_take_under_2_mb():
+    # record_fixtures' calls, estimated from the reference on the CPU, before any GPU records them
+    sizes = {case: fused_size_estimate(case) for case in FUSED_CASES}
+    assert sum(sizes.values()) < FUSED_BUDGET, sizes

@@ -12,11 +12,12 @@ template <int kLayer, int kMaxN>
 constexpr int kEpilogueBytes = kLayer == 1 ? kL1EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>
                                            : kL2EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>;
 
-template <int kLayer, int N, int kRows, bool kFastMath, bool kDebug>
+// kFused: the fused kernel's epilogue (the L1 tile also signals its pool block's L1 completion).
+template <int kLayer, int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>
 __device__ __forceinline__ void layer_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                                uint8_t* s_epi_wg, int wg) {
   if constexpr (kLayer == 1)
-    l1_epilogue<N, kRows, kFastMath, kDebug>(p, wi, acc, s_epi_wg, wg);
+    l1_epilogue<N, kRows, kPerK32, kFastMath, kDebug, kFused>(p, wi, acc, s_epi_wg, wg);
   else
     l2_epilogue<N, kRows, kDebug>(p, wi, acc, s_epi_wg, wg);
 }

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include "../common/ptx.cuh"
+#include "../common/rebase.cuh"
 #include "../common/ue8m0.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
@@ -25,9 +26,53 @@ namespace megamoe {
 template <int kCw>
 constexpr int kL1EpilogueBytes = kCw * 32 + 4 * kCw * 4;
 
+// The fast mode's L2 operand (fused kernel): L2 promotes once per 128 intermediate channels, which
+// four warpgroup tiles of L1 (two CTAs) write. Each tile counts itself in rebase_count of its (pool
+// block, 128 channels); the warpgroup that brings it to 4 rebases those 128 channels of the block's
+// rows (rebase_k128 of the canonical D6 output, which the others wrote and released) into
+// rebase_x / rebase_sf and adds their 4 scale groups to the block's L1-completion counter, so the
+// block is complete at I/32 in both modes.
+__device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkItem& wi, uint8_t* s_epi_wg, int wg,
+                                               int wtid, int64_t ch0) {
+  const int64_t inter = p.n_rows / 2;
+  const int blk = wi.row0 / p.arrival_block;
+  const int j = static_cast<int>(ch0 / 128);   // the 128 channels holding this warpgroup's 32
+  int* flag = reinterpret_cast<int*>(s_epi_wg);
+  if (wtid == 0) {
+    __threadfence();
+    const int before = atomicAdd(p.rebase_count + static_cast<int64_t>(blk) * (inter / 128) + j, 1);
+    __threadfence();
+    *flag = before;
+  }
+  ptx::named_barrier(1 + wg, 128);
+  const bool last = *flag == 3;
+  ptx::named_barrier(1 + wg, 128);   // the staging is rewritten by the next item only after this
+  if (!last) return;
+  // 8 vectors of 16 bytes per row (128 channels), over the warpgroup's 128 threads.
+  const int n_sf = static_cast<int>(inter / 32);
+  for (int idx = wtid; idx < wi.valid * 8; idx += 128) {
+    const int64_t row = wi.row0 + idx / 8;
+    const int v = idx % 8;   // 16-byte vector of the 128 channels; group v / 2
+    // L2 loads (ld.cg): the other warpgroups' tiles were written by other SMs during this launch.
+    const uint32_t sf = __ldcg(reinterpret_cast<const unsigned int*>(p.out_sf + row * n_sf + 4 * j));
+    const uint32_t smax = max_byte4(sf);
+    const int d = static_cast<int>(smax - ((sf >> (8 * (v / 2))) & 0xFFu));
+    const uint4 x = __ldcg(
+        reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * inter + 128 * j + 16 * v));
+    *reinterpret_cast<uint4*>(p.rebase_x + row * inter + 128 * j + 16 * v) = rebase_e4m3x16(x, d);
+    if (v == 0) p.rebase_sf[row * (inter / 128) + j] = static_cast<uint8_t>(smax);
+  }
+  ptx::named_barrier(1 + wg, 128);
+  if (wtid == 0) {
+    ptx::fence_proxy_async_global();
+    __threadfence();
+    ptx::red_release_gpu_add(p.signal + blk, 4);
+  }
+}
+
 // wg: the consumer warpgroup (weight rows 64 wg .. 64 wg + 63 of the CTA's kRows); s_epi_wg: its
 // staging; named barrier 1 + wg synchronises its 128 threads.
-template <int N, int kRows, bool kFastMath, bool kDebug>
+template <int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>
 __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
   constexpr int CW = N < kChunkN ? N : kChunkN;
@@ -126,15 +171,18 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
     // and st_q only after the barrier that follows its own first pass.
   }
   // Fused kernel: the warpgroup's tile (32 channels = one scale group of every row) is written;
-  // count it in the L1-completion counter of each pool block it covers. The L2 of a block reads
-  // l2_acts by TMA once its counter is full, hence the proxy fence before the release.
-  if (p.signal != nullptr) {
+  // count it in the L1-completion counter of its pool block (the item is one pool block). The L2
+  // of a block reads by TMA once its counter is full, hence the proxy fence before the release.
+  if constexpr (kFused) {  // compiled into the fused kernel only: the fast mode's branch costs registers
     ptx::named_barrier(1 + wg, 128);
-    if (wtid == 0) {
-      ptx::fence_proxy_async_global();
-      __threadfence();
-      for (int b = wi.row0 / p.arrival_block; b <= (wi.row0 + wi.valid - 1) / p.arrival_block; ++b)
-        ptx::red_release_gpu_add(p.signal + b, 1);
+    if constexpr (kPerK32) {
+      if (wtid == 0) {
+        ptx::fence_proxy_async_global();
+        __threadfence();
+        ptx::red_release_gpu_add(p.signal + wi.row0 / p.arrival_block, 1);
+      }
+    } else {  // the fast mode's L2 reads the intermediate rebased per 128 channels
+      rebase_l1_tile(p, wi, s_epi_wg, wg, wtid, ch0);
     }
   }
 }

@@ -63,6 +63,8 @@ __device__ __forceinline__ void cleanup_counters(const FusedParams& fp, const Sc
     fp.ws_arrivals[b] = 0;
     fp.ws_l1_done[b] = 0;
   }
+  const int per_block = fp.intermediate / 128;   // the fast mode's rebase counters (zero in exact mode)
+  for (int i = blockIdx.x * nthreads + tid; i < used * per_block; i += gridDim.x * nthreads) fp.ws_rebase_count[i] = 0;
   if (blockIdx.x == 0 && fp.record_stats) {
     for (int e = tid; e < sched.num_experts; e += nthreads) fp.ws_recv_stats[e] += sched.count[e];
   }

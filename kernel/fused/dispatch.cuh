@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "../common/ptx.cuh"
+#include "../common/rebase.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
 #include "sync.cuh"
@@ -115,6 +116,9 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
 }
 
 // D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
+// kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
+// operand; the pool itself stays the canonical byte copy that D4 checks.
+template <bool kRebase>
 __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
   const int lane = threadIdx.x % 32;
   const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -146,8 +150,18 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const float* sw = s == fp.rank ? fp.topk_weights : peer_ptr(fp, s, fp.ws_stage_weights);
     const uint4* src = reinterpret_cast<const uint4*>(sx + static_cast<int64_t>(tok) * H);
     uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + row * H);
-    for (int v = lane; v < H / 16; v += 32) dst[v] = src[v];
     const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + static_cast<int64_t>(tok) * (H / 32));
+    for (int v = lane; v < H / 16; v += 32) {
+      const uint4 x = src[v];
+      dst[v] = x;
+      if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
+        const uint32_t sf = src_sf[v / 8];
+        const uint32_t smax = max_byte4(sf);
+        const int d = static_cast<int>(smax - ((sf >> (8 * ((v / 2) % 4))) & 0xFFu));
+        reinterpret_cast<uint4*>(fp.ws_pool_x128 + row * H)[v] = rebase_e4m3x16(x, d);
+        if (v % 8 == 0) fp.ws_pool_sf128[row * (H / 128) + v / 8] = static_cast<uint8_t>(smax);
+      }
+    }
     uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + row * (H / 32));
     for (int v = lane; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
     if (lane == 0) {

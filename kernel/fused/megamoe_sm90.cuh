@@ -29,15 +29,18 @@
 
 namespace megamoe {
 
-// Exact promotion (k32), two consumer warpgroups, token tile kFusedMaxN = BLOCK_M, so a token block
-// is one pool block and its L1-completion count is I / 32 whatever the tile of its items.
-using FusedConfig = GemmConfig<0, kFusedMaxN, true, 2>;
+// Two consumer warpgroups at token tile kFusedMaxN = BLOCK_M, so a token block is one pool block
+// and its L1-completion count is I / 32 whatever the tile of its items. kPerK32: the exact
+// promotion (k32), else the fast one (k128: the pull and the L1 epilogue also write the operands
+// rebased per 128 channels, which the GEMMs read).
+template <bool kPerK32>
+using FusedConfig = GemmConfig<0, kFusedMaxN, kPerK32, 2>;
 constexpr int kTailBarrier = 3;   // named barrier of the producers' tail (1 + wg are the epilogues')
 
-template <bool kFastMath, bool kDebug>
+template <bool kPerK32, bool kFastMath, bool kDebug>
 __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
-  using Cfg = FusedConfig;
-  gemm_setup<Cfg, true>(fp.l1.err);
+  using Cfg = FusedConfig<kPerK32>;
+  gemm_setup<Cfg, kPerK32>(fp.l1.err);
   // Until the GEMM starts, the ring's activation buffers are the dispatch's scratch.
   int* scratch = reinterpret_cast<int*>(GemmSmem<Cfg>().ring.x);
   const int groups = fp.local_experts * fp.num_ranks;
@@ -53,7 +56,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     build_layout(fp, *GemmSmem<Cfg>().sched, tables);
   }
   __syncthreads();
-  pull_rows(fp, tables);
+  pull_rows<!kPerK32>(fp, tables);
   ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
   __syncthreads();
 
@@ -63,12 +66,12 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   RingCursor cur;
   if (threadIdx.x / 32 >= 4) {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    run_consumer<Cfg, kFusedMaxN, true, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur, GemmSmem<Cfg>().done);
+    run_consumer<Cfg, kFusedMaxN, kPerK32, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur, GemmSmem<Cfg>().done);
     return;
   }
   ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l1, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
-  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, true>(fp.l2, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
+  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(fp.l1, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
+  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(fp.l2, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
 
   constexpr int kTail = 128;
   const int tail_tid = ptx::thread_idx();

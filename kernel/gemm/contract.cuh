@@ -55,7 +55,10 @@ struct GemmParams {
   const int64_t* peer_offsets;  // L2: [R] byte offset from out to rank r's copy of it (symmetric memory), nullptr = one rank
   float* dump;  // debug build: fp32 accumulators [P, R], canonical channel order
   const int* arrival;  // per pool block arrival counters, nullptr = all rows present
-  int* signal;  // L1 (fused): per pool block L1-completion counters, +1 per warpgroup tile
+  int* signal;  // L1 (fused): per pool block L1-completion counters (complete at I/32)
+  uint8_t* rebase_x;  // L1 (fused, k128): [P, I] the intermediate rebased per 128 channels for L2 (nullptr = off)
+  uint8_t* rebase_sf;  // L1 (fused, k128): [P, I/128] its scale bytes
+  int* rebase_count;  // L1 (fused, k128): [B, I/128] warpgroup tiles written per 128 channels
   int* err;  // trap record (host-mapped), nullptr = trap without a record
   int32_t num_experts;  // E
   int32_t num_pool_rows;  // P
@@ -85,16 +88,19 @@ static_assert(offsetof(GemmParams, peer_offsets) == 344, "GemmParams layout");
 static_assert(offsetof(GemmParams, dump) == 352, "GemmParams layout");
 static_assert(offsetof(GemmParams, arrival) == 360, "GemmParams layout");
 static_assert(offsetof(GemmParams, signal) == 368, "GemmParams layout");
-static_assert(offsetof(GemmParams, err) == 376, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_experts) == 384, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_pool_rows) == 388, "GemmParams layout");
-static_assert(offsetof(GemmParams, k) == 392, "GemmParams layout");
-static_assert(offsetof(GemmParams, n_rows) == 396, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_block) == 400, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_need) == 404, "GemmParams layout");
-static_assert(offsetof(GemmParams, combine_rows) == 408, "GemmParams layout");
-static_assert(offsetof(GemmParams, has_clamp) == 412, "GemmParams layout");
-static_assert(offsetof(GemmParams, clamp_value) == 416, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_x) == 376, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_sf) == 384, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_count) == 392, "GemmParams layout");
+static_assert(offsetof(GemmParams, err) == 400, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_experts) == 408, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_pool_rows) == 412, "GemmParams layout");
+static_assert(offsetof(GemmParams, k) == 416, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_rows) == 420, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_block) == 424, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_need) == 428, "GemmParams layout");
+static_assert(offsetof(GemmParams, combine_rows) == 432, "GemmParams layout");
+static_assert(offsetof(GemmParams, has_clamp) == 436, "GemmParams layout");
+static_assert(offsetof(GemmParams, clamp_value) == 440, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and
@@ -133,6 +139,11 @@ struct FusedParams {
   int* ws_dst_rows;  // P: combine row s * K * T_max + k * T_max + t of each pool row
   uint8_t* ws_l2_acts;  // P, I: D6: the E4M3 intermediate
   uint8_t* ws_l2_sf;  // P, I // 32: D6: its scale bytes
+  uint8_t* ws_pool_x128;  // P, H: fast mode: the pool's rows rebased per 128 (rebase_k128)
+  uint8_t* ws_pool_sf128;  // P, H // 128: fast mode: their scale bytes
+  uint8_t* ws_l2_x128;  // P, I: fast mode: the intermediate rebased per 128, L2's operand
+  uint8_t* ws_l2_sf128;  // P, I // 128: fast mode: its scale bytes
+  int* ws_rebase_count;  // B, I // 128: fast mode: L1 warpgroup tiles written of each (pool block, 128 channels); the 4th rebases them
   uint16_t* ws_combine;  // K, T_max, H: D8: written by the experts' owners
   int64_t* ws_recv_stats;  // E_l: D10: cumulative N_e
   int* ws_snap_arrivals;  // B: debug build: arrivals before the cleanup
@@ -178,22 +189,27 @@ static_assert(offsetof(FusedParams, ws_pool_meta) == 1192, "FusedParams layout")
 static_assert(offsetof(FusedParams, ws_dst_rows) == 1200, "FusedParams layout");
 static_assert(offsetof(FusedParams, ws_l2_acts) == 1208, "FusedParams layout");
 static_assert(offsetof(FusedParams, ws_l2_sf) == 1216, "FusedParams layout");
-static_assert(offsetof(FusedParams, ws_combine) == 1224, "FusedParams layout");
-static_assert(offsetof(FusedParams, ws_recv_stats) == 1232, "FusedParams layout");
-static_assert(offsetof(FusedParams, ws_snap_arrivals) == 1240, "FusedParams layout");
-static_assert(offsetof(FusedParams, ws_snap_l1_done) == 1248, "FusedParams layout");
-static_assert(offsetof(FusedParams, rank) == 1256, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_ranks) == 1260, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_tokens) == 1264, "FusedParams layout");
-static_assert(offsetof(FusedParams, max_tokens) == 1268, "FusedParams layout");
-static_assert(offsetof(FusedParams, hidden) == 1272, "FusedParams layout");
-static_assert(offsetof(FusedParams, intermediate) == 1276, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_experts) == 1280, "FusedParams layout");
-static_assert(offsetof(FusedParams, local_experts) == 1284, "FusedParams layout");
-static_assert(offsetof(FusedParams, top_k) == 1288, "FusedParams layout");
-static_assert(offsetof(FusedParams, block_m) == 1292, "FusedParams layout");
-static_assert(offsetof(FusedParams, pool_rows) == 1296, "FusedParams layout");
-static_assert(offsetof(FusedParams, record_stats) == 1300, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_x128) == 1224, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_pool_sf128) == 1232, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_l2_x128) == 1240, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_l2_sf128) == 1248, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_rebase_count) == 1256, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_combine) == 1264, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_recv_stats) == 1272, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_snap_arrivals) == 1280, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_snap_l1_done) == 1288, "FusedParams layout");
+static_assert(offsetof(FusedParams, rank) == 1296, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_ranks) == 1300, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_tokens) == 1304, "FusedParams layout");
+static_assert(offsetof(FusedParams, max_tokens) == 1308, "FusedParams layout");
+static_assert(offsetof(FusedParams, hidden) == 1312, "FusedParams layout");
+static_assert(offsetof(FusedParams, intermediate) == 1316, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_experts) == 1320, "FusedParams layout");
+static_assert(offsetof(FusedParams, local_experts) == 1324, "FusedParams layout");
+static_assert(offsetof(FusedParams, top_k) == 1328, "FusedParams layout");
+static_assert(offsetof(FusedParams, block_m) == 1332, "FusedParams layout");
+static_assert(offsetof(FusedParams, pool_rows) == 1336, "FusedParams layout");
+static_assert(offsetof(FusedParams, record_stats) == 1340, "FusedParams layout");
 static_assert(sizeof(FusedParams) == 1408, "FusedParams layout");
 
 }  // namespace megamoe

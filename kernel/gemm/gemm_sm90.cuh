@@ -49,6 +49,7 @@ namespace megamoe {
 template <int kLayer, int kMaxN, bool kPerK32, int kWGs_>
 struct GemmConfig {
   static constexpr int kWGs = kWGs_;
+  static constexpr bool kFused = kLayer == 0;
   static_assert(kWGs == 2 || kWGs == 4, "consumer warpgroups");
   static constexpr int kThreads = 128 * (1 + kWGs);
   static constexpr int kRows = kRowsPerWg * kWGs;   // weight rows per CTA
@@ -150,7 +151,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = __fmul_rn(acc[i], (i & 2) ? fb : fa);
   }
-  layer_epilogue<kLayer, N, Cfg::kRows, kFastMath, kDebug>(*ctx.p, wi, acc, s_epi_wg, wg);
+  layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, kFastMath, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
 }
 
 // The consumer side of a kernel's items, as one loop: the items of layer kLayerA (standalone), or

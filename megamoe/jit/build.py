@@ -115,16 +115,22 @@ class GemmSpec:
 
 @dataclasses.dataclass(frozen=True)
 class FusedSpec:
-    """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh): the exact
-    promotion at the token tile contract.FUSED_MAX_TILE, two consumer warpgroups."""
+    """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh) at the token
+    tile contract.FUSED_MAX_TILE, two consumer warpgroups."""
 
     fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
+    promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
     kernel = "megamoe_fused"  # the cubin's entry point
+
+    def __post_init__(self):
+        if self.promotion not in PROMOTIONS:
+            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
 
     @property
     def name(self) -> str:
-        return f"megamoe_fused_{'fsilu' if self.fast_math else 'psilu'}{'_dbg' if self.debug else ''}"
+        silu = "fsilu" if self.fast_math else "psilu"
+        return f"megamoe_fused_{self.promotion}_{silu}{'_dbg' if self.debug else ''}"
 
     @property
     def threads(self) -> int:
@@ -133,7 +139,10 @@ class FusedSpec:
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "fused" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        return tmpl.replace("@FAST_MATH@", b(self.fast_math)).replace("@DEBUG@", b(self.debug))
+        fields = {"PER_K32": b(self.promotion == "k32"), "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug)}
+        for k, v in fields.items():
+            tmpl = tmpl.replace(f"@{k}@", v)
+        return tmpl
 
 
 @dataclasses.dataclass

@@ -1,20 +1,41 @@
-"""Record the kernel's dumps of two small calls on a GPU, as CI fixtures (SPEC §5: a dump captured on
-a GPU is checked later on a CPU).
+"""Record the kernel's dumps of a few small calls on a GPU, as CI fixtures (SPEC §5: a dump captured
+on a GPU is checked later on a CPU).
 
-    python -m tests.gpu.record_fixtures OUT_DIR
+    python -m tests.gpu.record_fixtures OUT_DIR                 # both sets below
+    python -m tests.gpu.record_fixtures OUT_DIR --fused-only    # the fused kernel's only
 
-writes OUT_DIR/sm90_<promotion>_rank<r>.pt for promotion k32 (H 256, I 128) and k128 (H 512, I 512).
+writes
+  OUT_DIR/sm90_<promotion>_rank<r>.pt   the standalone GEMM core (reference D1-D4, the kernel's
+                                        D5-D8) for promotion k32 (H 256, I 128) and k128 (H 512,
+                                        I 512), 2 ranks, weights included;
+  OUT_DIR/fused_<case>_rank0.pt         the fused kernel (megamoe.moe.MegaMoE, debug=True: every
+                                        dump point D1-D10 is the kernel's own), one rank, for the
+                                        calls in FUSED_CASES, saved WITHOUT weights: the file names
+                                        the random_weights seed and the weights' SHA-256, and the
+                                        checker regenerates them (conformance/dump.py with_weights).
 tests/test_fixtures.py checks them with the conformance suite on every CI run.
+
+Size of a fused fixture (torch.save stores the tensors uncompressed): the pool-shaped dump points
+hold p_used <= T*K + E_l*(BLOCK_M - 1) rows (every expert that receives a token pads to BLOCK_M =
+64), and per pool row D5.acc1 takes 2I * 4 bytes and D7.acc2 H * 4 bytes, fp32 accumulators that
+dominate; then D4.pool_x H, D6.l2_acts I, the scale bytes, plus D8.combine (K * T_max * H bf16)
+and D9.y (T * H bf16). At H 256, I 128 that is ~2.5 KB per pool row: with E 8, top-4 (p_used 512)
+one call alone is 1.36 MB, so the fused calls use E 4, top-2 (p_used 256): ~0.70 MB a call with
+tokens, ~0.04 MB without, ~1.44 MB for the three together (`fused_size_estimate` computes it on the
+CPU from the reference; tests/test_fixtures.py keeps the plan and the files under FUSED_BUDGET).
 """
 
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
 import sys
 from pathlib import Path
 
 import torch
 
 from megamoe import reference as ref
-
-from .test_gemm_conformance import kernel_dumps
 
 CALLS = {
     "k32": ref.MoEConfig(
@@ -42,10 +63,118 @@ CALLS = {
 }
 
 
-def main(out: Path) -> None:
-    if not torch.cuda.is_available():
-        sys.exit("record_fixtures needs a CUDA GPU (it records the kernel's own dumps)")
-    out.mkdir(parents=True, exist_ok=True)
+# ---- the fused kernel's calls ----------------------------------------------------------------
+FUSED_BUDGET = 2_000_000  # bytes: every fused_*.pt together (the issue: "under 2 MB in all")
+FUSED_WEIGHTS_SEED = 1  # random_weights(E, H, I, seed=1): what the checker regenerates
+FUSED_SHAPE = dict(
+    hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=32, block_m=64
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedCase:
+    """One recorded call of the fused layer: its tokens, routing and SiLU / clamp mode."""
+
+    tokens: int
+    distribution: str
+    masked_ratio: float
+    activation_clamp: float | None
+    fast_math: bool
+    seed: int  # of make_inputs
+
+    @property
+    def config(self) -> ref.MoEConfig:
+        return ref.MoEConfig(**FUSED_SHAPE, activation_clamp=self.activation_clamp, fast_math=self.fast_math)
+
+    def inputs(self, device="cpu") -> list[ref.RankInputs]:
+        return ref.make_inputs(
+            self.config,
+            [self.tokens],
+            seed=self.seed,
+            distribution=self.distribution,
+            masked_ratio=self.masked_ratio,
+            device=device,
+        )
+
+
+FUSED_CASES = {
+    # a Zipf-like routing with 10 % of the slots masked, fewer tokens than T_max, clamp, fast SiLU
+    "skewed": FusedCase(29, "skewed", 0.1, 1.5, True, seed=2),
+    # expert 0 in every token (one full-height expert, the others sharing the second slot),
+    # precise SiLU, no clamp
+    "one_hot": FusedCase(32, "one_hot", 0.0, None, False, seed=3),
+    # a call without tokens: every count 0, nothing pooled, y empty, the counters still clean
+    "no_tokens": FusedCase(0, "uniform", 0.0, 1.5, True, seed=4),
+}
+
+
+def fused_file(case: str, rank: int = 0) -> str:
+    return f"fused_{case}_rank{rank}.pt"
+
+
+def _saved_bytes(d) -> int:
+    """The bytes `Dump.save` writes for this dump (written into memory)."""
+    buf = io.BytesIO()
+    d.save(buf)
+    return len(buf.getvalue())
+
+
+def fused_size_estimate(case: str) -> int:
+    """The bytes of fused_<case>_rank0.pt, estimated on the CPU: the reference's dumps of the same
+    call (the kernel's dump points have the reference's shapes), without weights, plus the
+    kernel's counter words (D10.counters: arrivals and l1_done, one each per pool block)."""
+    from megamoe.conformance.dump import reference_dumps
+    from megamoe.jit import contract as C
+
+    c = FUSED_CASES[case]
+    cfg = c.config
+    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=FUSED_WEIGHTS_SEED)
+    d = reference_dumps(cfg, c.inputs(), weights)[0].without_weights(FUSED_WEIGHTS_SEED)
+    d.tensors["D10.counters"] = torch.zeros(len(C.COUNTERS) * C.workspace_dims(cfg)["B"], dtype=torch.int32)
+    d.meta.update(kernel_mode="sm90-fused-k32", recv_stats_recorded=True)
+    return _saved_bytes(d)
+
+
+def record_fused(out: Path) -> list[Path]:
+    """Run every FUSED_CASES call through the fused layer's debug build, check its dumps with the
+    suite here (a fixture that does not conform is not written), save them without weights."""
+    from megamoe.conformance.suite import check
+    from megamoe.moe import MegaMoE
+
+    written = []
+    for case, c in FUSED_CASES.items():
+        cfg = c.config
+        weights = ref.random_weights(
+            cfg.num_experts, cfg.hidden, cfg.intermediate, seed=FUSED_WEIGHTS_SEED, device="cuda"
+        )
+        layer = MegaMoE(cfg, weights)
+        (inp,) = c.inputs("cuda")
+        _, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+        torch.cuda.synchronize()
+        report = check(dumps)
+        if not report.ok:
+            sys.exit(f"fused case {case!r}: the kernel's dumps do not conform; not recorded\n{report.text()}")
+        for d in dumps:
+            spec = d.meta["build_id"]
+            d.meta["build_id"] = f"sm90 fused kernel {spec}, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+            path = out / fused_file(case, d.rank)
+            d.without_weights(FUSED_WEIGHTS_SEED).save(path)
+            written.append(path)
+    total = 0
+    for path in written:
+        size = path.stat().st_size
+        total += size
+        case = path.stem.removeprefix("fused_").rpartition("_rank")[0]
+        print(f"{path}  {size:,} bytes (estimated {fused_size_estimate(case):,})")
+    print(f"fused fixtures: {total:,} bytes in all (budget {FUSED_BUDGET:,})")
+    if total >= FUSED_BUDGET:
+        sys.exit(f"the fused fixtures take {total:,} bytes, over the {FUSED_BUDGET:,} budget: choose smaller calls")
+    return written
+
+
+def record_standalone(out: Path) -> None:
+    from .test_gemm_conformance import kernel_dumps
+
     for promotion, cfg in CALLS.items():
         inputs = [
             i.to("cuda")
@@ -64,5 +193,22 @@ def main(out: Path) -> None:
             print(out / f"sm90_{promotion}_rank{d.rank}.pt")
 
 
+def main(out: Path, fused_only: bool = False) -> None:
+    if not torch.cuda.is_available():
+        sys.exit("record_fixtures needs a CUDA GPU (it records the kernel's own dumps)")
+    out.mkdir(parents=True, exist_ok=True)
+    if not fused_only:
+        record_standalone(out)
+    record_fused(out)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.gpu.record_fixtures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("out_dir", type=Path, help="where the .pt files go (tests/fixtures to update CI's)")
+    parser.add_argument("--fused-only", action="store_true", help="record only the fused kernel's fused_*.pt")
+    args = parser.parse_args()
+    main(args.out_dir, fused_only=args.fused_only)

@@ -25,12 +25,12 @@ def _cfg(**kw) -> ref.MoEConfig:
 _LAYERS: dict = {}
 
 
-def _layer(cfg: ref.MoEConfig, seed: int = 3) -> tuple[MegaMoE, ref.ExpertWeights]:
-    """One layer per (shape, seed): making it compiles nothing new and allocates the workspace once."""
-    key = (cfg.hidden, cfg.intermediate, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, seed)
+def _layer(cfg: ref.MoEConfig, seed: int = 3, promotion: str = "k32") -> tuple[MegaMoE, ref.ExpertWeights]:
+    """One layer per (shape, seed, mode): making it compiles nothing new and allocates the workspace once."""
+    key = (cfg.hidden, cfg.intermediate, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, seed, promotion)
     if key not in _LAYERS:
         w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed, device="cuda")
-        _LAYERS[key] = (MegaMoE(cfg, w), w)
+        _LAYERS[key] = (MegaMoE(cfg, w, promotion=promotion), w)
     layer, w = _LAYERS[key]
     layer.cfg = cfg  # clamp / SiLU mode of this test (shape fields are the same)
     return layer, w
@@ -42,8 +42,8 @@ def _inputs(cfg, tokens, distribution="uniform", masked_ratio=0.0, seed=11):
     ]
 
 
-def _call(cfg, inp, **kw):
-    layer, _ = _layer(cfg)
+def _call(cfg, inp, promotion="k32", **kw):
+    layer, _ = _layer(cfg, promotion=promotion)
     return layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, **kw)
 
 
@@ -58,25 +58,49 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
-def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, masked, mode):
+def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, masked, mode, promotion):
     cfg = _cfg(**{k: v for k, v in mode.items()})
     inp = _inputs(cfg, tokens, distribution, masked)
-    y, dumps = _call(cfg, inp, debug=True)
+    y, dumps = _call(cfg, inp, promotion, debug=True)
     report = check(dumps, end_to_end=tokens > 0 and masked < 1.0)
     print(report.text())
     assert report.ok, report.text()
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
 
 
-def test_the_dsv3_slice_conforms():
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_the_dsv3_slice_conforms(promotion):
     cfg = ref.MoEConfig(
         hidden=7168, intermediate=2048, num_experts=32, top_k=8, num_ranks=1, max_tokens_per_rank=16, block_m=64
     )
     inp = _inputs(cfg, 16)
-    y, dumps = _call(cfg, inp, debug=True)
+    y, dumps = _call(cfg, inp, promotion, debug=True)
     report = check(dumps)
     assert report.ok, report.text()
+
+
+def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_bit():
+    # The transform is part of the contract (SPEC D4): the pool's rows for L1 and the intermediate
+    # for L2, each rebased per 128 channels, must be megamoe.reference.rebase_k128 of the canonical
+    # dumped operands, byte for byte, on every valid row.
+    cfg = _cfg(activation_clamp=1.5)
+    inp = _inputs(cfg, 128, "skewed", 0.1)
+    layer, _ = _layer(cfg, promotion="k128")
+    _, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+    torch.cuda.synchronize()
+    d = dumps[0]
+    valid = ref.valid_rows(d.tensors)
+    p = valid.numel()
+    assert valid.sum() > 0
+    for (x, sf), (got_x, got_sf) in (
+        ((d["D4.pool_x"], d["D4.pool_x_sf"]), ("pool_x128", "pool_sf128")),
+        ((d["D6.l2_acts"], d["D6.l2_sf"]), ("l2_x128", "l2_sf128")),
+    ):
+        want = ref.rebase_k128(x[valid], sf[valid])
+        assert torch.equal(layer.ws[got_x][:p][valid].cpu(), want.codes), got_x
+        assert torch.equal(layer.ws[got_sf][:p][valid].cpu(), want.scales), got_sf
 
 
 def test_y_equals_the_cpu_reference_bit_for_bit_on_grid_snapped_inputs():
