@@ -41,7 +41,7 @@ from .jit.layout import transform_weights
 
 PROMOTIONS = jb.PROMOTIONS
 _OFF = C.FUSED_PARAMS.offsets
-_PTR = "<Q"
+assert [_OFF[n] - _OFF["x"] for n in ("x", "x_sf", "topk_idx", "topk_weights", "y")] == [0, 8, 16, 24, 32]
 _I32 = "<i"
 
 
@@ -242,13 +242,11 @@ class MegaMoE:
         # The host path of a repeated call (same tensors, same mode) is a few dictionary lookups and
         # the pointer patches: what was checked once for these tensors' shapes, dtypes and devices,
         # and the mode's launch, are remembered.
-        key = (_tkey(x), _tkey(x_sf), _tkey(topk_idx), _tkey(topk_weights))
-        shapes_ok = key in self._checked
         if check_inputs and not torch.cuda.is_current_stream_capturing():
             check_rank_inputs(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights), self.rank)
-        elif not shapes_ok:
+        key = (_tkey(x), _tkey(x_sf), _tkey(topk_idx), _tkey(topk_weights))
+        if key not in self._checked:
             _check_shapes(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights))
-        if not shapes_ok:
             if x.device != self.device:
                 fail("x", f"a tensor on {self.device}", x.device)
             if len(self._checked) > 64:
@@ -266,20 +264,24 @@ class MegaMoE:
             self._poison()
             stats_before = self.ws["recv_stats"].clone()
         launch = self._launch(fm, debug, clamp_arg)
-        off = _OFF
-        launch.patch(off["x"], _PTR, x.data_ptr())
-        launch.patch(off["x_sf"], _PTR, x_sf.data_ptr())
-        launch.patch(off["topk_idx"], _PTR, topk_idx.data_ptr())
-        launch.patch(off["topk_weights"], _PTR, topk_weights.data_ptr())
-        launch.patch(off["y"], _PTR, y.data_ptr())
-        launch.patch(off["num_tokens"], _I32, T)
-        launch.patch(off["record_stats"], _I32, int(record_stats))
-        launch(G._stream(x))
+        # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
+        launch.patch(
+            _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
+        )
+        launch.patch(_OFF["num_tokens"], _I32, T)
+        launch.patch(_OFF["record_stats"], _I32, int(record_stats))
+        launch(self._stream())
         if not debug:
             return y
         dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
         inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
         return y, self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
+
+    def _stream(self) -> int:
+        """The current CUDA stream of the layer's device (torch's raw getter where it has one)."""
+        if G._raw_stream is not None:
+            return G._raw_stream(self.device.index)
+        return torch.cuda.current_stream(self.device).cuda_stream
 
     def timeout_message(self) -> str | None:
         """After a call failed with a CUDA error: which wait of this rank's kernel timed out, in
@@ -351,7 +353,8 @@ class MegaMoE:
 
 
 def _tkey(t) -> tuple:
-    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device) if isinstance(t, torch.Tensor) else (id(t),)
+    # The address names the device too (one unified address space per process).
+    return (t.data_ptr(), t.dtype, t.shape, t.stride()) if isinstance(t, torch.Tensor) else (id(t),)
 
 
 def _check_shapes(cfg: ref.MoEConfig, inp: ref.RankInputs) -> None:

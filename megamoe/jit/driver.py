@@ -177,9 +177,9 @@ class Launch:
         self.cooperative = cooperative
         self._launch = lib().cuLaunchCooperativeKernel if cooperative else lib().cuLaunchKernel
 
-    def patch(self, offset: int, fmt: str, value) -> None:
-        """Rewrites one field of the parameter bytes (struct format `fmt`) for the next launches."""
-        struct.pack_into(fmt, self._pbuf, offset, value)
+    def patch(self, offset: int, fmt: str, *values) -> None:
+        """Rewrites fields of the parameter bytes (struct format `fmt`) for the next launches."""
+        struct.pack_into(fmt, self._pbuf, offset, *values)
 
     def __call__(self, stream: int) -> None:
         if self.cooperative:

@@ -1,0 +1,51 @@
+"""Host time of one fused-layer call on a GPU, by part: `python -m bench.host_probe` (us per call,
+200 calls queued without synchronising; the small default-like shape at 8 tokens).
+
+What it answers: how much of a call is Python (checks, y's allocation, pointer patches) and how
+much is the driver's launch, cooperative or not."""
+
+import time
+
+import torch
+
+from megamoe import gemm as G
+from megamoe import reference as ref
+from megamoe.jit import driver
+from megamoe.moe import MegaMoE
+
+
+def per_call_us(f, n: int = 200) -> float:
+    f()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        f()
+    end = time.perf_counter()
+    torch.cuda.synchronize()
+    return (end - start) / n * 1e6
+
+
+def main() -> None:
+    cfg = ref.MoEConfig(hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=1, max_tokens_per_rank=8)
+    layer = MegaMoE(cfg, ref.random_weights(16, 1024, 512, seed=1, device="cuda"))
+    inp = ref.make_inputs(cfg, 8, seed=1, device="cuda")[0]
+    args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    y = layer(*args, check_inputs=False)
+    torch.cuda.synchronize()
+    launch = next(iter(layer._launches.values()))
+    stream = G._stream(inp.x)
+    plain = driver.Launch(launch.fn, launch.grid, launch.block, launch.dyn_smem, bytes(launch._pbuf))
+    rows = {
+        "call, no value checks": lambda: layer(*args, check_inputs=False),
+        "call, no value checks, out=": lambda: layer(*args, check_inputs=False, out=y),
+        "call with the value checks (device sync)": lambda: layer(*args),
+        "cooperative launch alone": lambda: launch(stream),
+        "plain launch alone": lambda: plain(stream),
+        "torch.empty of y": lambda: torch.empty(8, 1024, dtype=torch.bfloat16, device="cuda"),
+    }
+    for name, f in rows.items():
+        print(f"{name:42s} {per_call_us(f, 50 if 'sync' in name else 200):6.1f} us")
+
+
+if __name__ == "__main__":
+    main()
