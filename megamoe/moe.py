@@ -121,6 +121,7 @@ class MegaMoE:
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
         self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
         self._checked: set[tuple] = set()  # input tensors whose shapes, dtypes, devices passed
+        self._last: tuple | None = None  # the last call's checked input tensors and x's address
         self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -----------------------------------------------------------------------------------------
@@ -244,14 +245,26 @@ class MegaMoE:
         # and the mode's launch, are remembered.
         if check_inputs and not torch.cuda.is_current_stream_capturing():
             check_rank_inputs(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights), self.rank)
-        key = (_tkey(x), _tkey(x_sf), _tkey(topk_idx), _tkey(topk_weights))
-        if key not in self._checked:
+        # The same tensor objects at the same addresses as the last call: nothing to look up.
+        last = self._last
+        same = (
+            last is not None
+            and x is last[0]
+            and x_sf is last[1]
+            and topk_idx is last[2]
+            and topk_weights is last[3]
+            and x.data_ptr() == last[4]
+        )
+        key = None if same else (_tkey(x), _tkey(x_sf), _tkey(topk_idx), _tkey(topk_weights))
+        if not same and key not in self._checked:
             _check_shapes(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights))
             if x.device != self.device:
                 fail("x", f"a tensor on {self.device}", x.device)
             if len(self._checked) > 64:
                 self._checked.clear()
             self._checked.add(key)
+        if not same:
+            self._last = (x, x_sf, topk_idx, topk_weights, x.data_ptr())
         T = x.shape[0]
         if out is None:
             y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device)
