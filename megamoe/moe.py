@@ -26,6 +26,7 @@ the combine buffer are poisoned (NaN / 0xFF), so a stage that writes nothing can
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 
@@ -121,7 +122,10 @@ class MegaMoE:
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
         self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
         self._checked: set[tuple] = set()  # input tensors whose shapes, dtypes, devices passed
-        self._last: tuple | None = None  # the last call's checked input tensors and x's address
+        # The last call's checked input tensors (weak references: a strong one would keep a tensor
+        # of a CUDA graph tree's memory pool alive behind the tree's back, and its checkpointed
+        # allocator state would then hand that memory out twice) and x's address.
+        self._last: tuple | None = None
         self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -----------------------------------------------------------------------------------------
@@ -249,10 +253,10 @@ class MegaMoE:
         last = self._last
         same = (
             last is not None
-            and x is last[0]
-            and x_sf is last[1]
-            and topk_idx is last[2]
-            and topk_weights is last[3]
+            and x is last[0]()
+            and x_sf is last[1]()
+            and topk_idx is last[2]()
+            and topk_weights is last[3]()
             and x.data_ptr() == last[4]
         )
         key = None if same else (_tkey(x), _tkey(x_sf), _tkey(topk_idx), _tkey(topk_weights))
@@ -264,7 +268,7 @@ class MegaMoE:
                 self._checked.clear()
             self._checked.add(key)
         if not same:
-            self._last = (x, x_sf, topk_idx, topk_weights, x.data_ptr())
+            self._last = (*map(weakref.ref, (x, x_sf, topk_idx, topk_weights)), x.data_ptr())
         T = x.shape[0]
         if out is None:
             y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device)

@@ -3,7 +3,7 @@ an eager op call gives the layer call's bits and writes none of its inputs; bad 
 refused before a launch; a torch.compile'd function (fullgraph, inductor; and mode="reduce-overhead",
 which replays CUDA graphs) gives the eager bits; the op captured in a CUDA graph and replayed gives
 the eager bits, also after new inputs are copied into the captured tensors; the registry lets a
-dropped layer go; torch.library.opcheck on the real layer.
+dropped layer go; a call keeps none of its input tensors alive; torch.library.opcheck on the real layer.
 
 Run: pytest -s tests/gpu/test_fused_ops.py"""
 
@@ -151,6 +151,21 @@ def test_the_op_captured_in_a_cuda_graph_replays_to_the_eager_bits(layer):
     torch.cuda.synchronize()
     assert _same_bits(got_second, want_second)
     assert not _same_bits(want_second, want_first)
+
+
+def test_a_call_keeps_none_of_its_input_tensors_alive(layer):
+    # CUDA graph trees (mode="reduce-overhead") free the recording's input tensors inside the
+    # graph and checkpoint their pool's allocator state: a tensor the layer kept would be memory
+    # handed out twice. The repeated-call fast path holds weak references only.
+    inp = _inputs(64, seed=21)
+    args = [a.clone() for a in _args(inp)]
+    layer(*args)
+    layer(*args)  # the second call takes the same-tensors path
+    torch.cuda.synchronize()
+    refs = [weakref.ref(a) for a in args]
+    del args, inp
+    gc.collect()
+    assert [r() for r in refs] == [None] * 4
 
 
 def test_a_dropped_layer_is_freed_and_its_id_raises():
