@@ -217,16 +217,20 @@ def make_dumps(
     tau: dict[str, float],
     grid_snapped: bool = False,
     recv_stats_before: list[torch.Tensor] | None = None,
+    ranks: list[int] | None = None,
 ) -> list[Dump]:
-    """Wrap per-rank dump points (from the reference or a kernel) into Dump objects."""
+    """Wrap per-rank dump points (from the reference or a kernel) into Dump objects. ranks: the rank
+    of each entry (default 0, 1, ...: every rank of the call); `weights` are all E experts, or the
+    local experts of the listed ranks in that order (a kernel rank passes its own)."""
     e_l = cfg.local_experts
+    ranks = list(range(len(inputs))) if ranks is None else list(ranks)
+    local_only = weights.w1.shape[0] != cfg.num_experts
     dumps = []
-    for rank, (inp, pts) in enumerate(zip(inputs, points)):
-        local = weights.slice(rank * e_l, (rank + 1) * e_l)
+    for i, (rank, inp, pts) in enumerate(zip(ranks, inputs, points)):
+        first = (i if local_only else rank) * e_l
+        local = weights.slice(first, first + e_l)
         before = (
-            torch.zeros(e_l, dtype=torch.int64)
-            if recv_stats_before is None
-            else recv_stats_before[rank].to(torch.int64)
+            torch.zeros(e_l, dtype=torch.int64) if recv_stats_before is None else recv_stats_before[i].to(torch.int64)
         )
         tensors = {
             **{k: v.detach().cpu() for k, v in pts.items()},

@@ -14,8 +14,18 @@ same tensors can be captured in a CUDA graph.
 The GEMMs run in the exact mode (promotion "k32", the default) or the fast mode ("k128": the pull
 and the L1 epilogue also write the operands rebased per 128 channels, `megamoe.reference.rebase_k128`,
 and the GEMMs read those; H and I multiples of 512), at token tile 64 (= BLOCK_M, which the layer
-requires); megamoe.gemm.TAU is each mode's GEMM_BOUND tau. Expert parallelism (several ranks through symmetric memory) is written into the kernel
-(every peer access goes through a per-rank offset) but not yet offered here: `group` must be None.
+requires); megamoe.gemm.TAU is each mode's GEMM_BOUND tau.
+
+Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
+makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
+exchanged, and the configurations are compared) and every rank calls it the same number of times.
+Each rank owns experts [rank E_l, (rank + 1) E_l) and returns y for its own tokens (T may differ
+per rank, 0 included). Before each launch the ranks agree on their inputs with one collective
+(`megamoe.ranks.agree_on_inputs`): one rank's bad input is refused on every rank, so no rank waits
+for a peer that never launches. check_inputs=False skips that collective with the value checks: the
+caller vouches for every rank's inputs (a rank that still refuses leaves its peers to the kernel's
+wait timeouts, which raise instead of hanging). `megamoe.multirank.spawn` runs R ranks as processes,
+on one GPU when there is one.
 
 Debug calls (`debug=True`) run the debug build, which keeps the fp32 accumulators (D5, D7) and
 snapshots the counters before its cleanup; the dumps come back as `megamoe.conformance.dump.Dump`
@@ -32,8 +42,9 @@ import torch
 
 from megamoe import gemm as G
 from megamoe import reference as ref
-from megamoe.reference.errors import fail
-from megamoe.reference.validate import check_rank_inputs, check_weights
+from megamoe import ranks
+from megamoe.reference.errors import MegaMoEInputError, fail
+from megamoe.reference.validate import _check_tensor, check_rank_inputs, check_weights
 
 from .jit import build as jb
 from .jit import contract as C
@@ -80,12 +91,41 @@ class MegaMoE:
         num_sms: int | None = None,
         promotion: str = "k32",
     ):
-        if group is not None:
-            raise NotImplementedError(
-                "MegaMoE: expert parallelism over a process group is not offered yet (group=None)"
-            )
-        if cfg.num_ranks != 1:
-            fail("cfg.num_ranks", "1 (one rank per process group; group=None)", cfg.num_ranks)
+        rank, size = ranks.rank_and_size(group)
+        self.cfg, self.group, self.rank, self.promotion = cfg, group, rank, promotion
+        refused = None
+        try:
+            self._check_layer(weights, size, device, promotion)
+        except MegaMoEInputError as e:
+            refused = e
+        # Several ranks refuse together (a rank that raised alone would leave its peers waiting in
+        # the collectives below).
+        ranks.agree_on_inputs(group, refused)
+        dev, local = self.device, self.weights
+        self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
+        layout, total = C.workspace_layout(cfg)
+        self.dims = C.workspace_dims(cfg)
+        self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
+        if size > 1:
+            # Every rank's kernel waits for R x (its grid) CTAs of every phase: same grid, same
+            # configuration, same kernel on every rank, or the first call would time out.
+            _same_on_every_rank(group, (cfg.to_dict(), promotion, self._sms))
+        buf, offsets = ranks.symmetric_zeros(total, dev, group)  # zero on every rank on return
+        self.ws = _Workspace(buf, layout)
+        self.ws["peers"].copy_(torch.tensor(offsets, dtype=torch.int64))
+        self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
+        self._checked: set[tuple] = set()  # input tensors whose shapes, dtypes, devices passed
+        # The last call's checked input tensors (weak references: a strong one would keep a tensor
+        # of a CUDA graph tree's memory pool alive behind the tree's back, and its checkpointed
+        # allocator state would then hand that memory out twice) and x's address.
+        self._last: tuple | None = None
+        self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _check_layer(self, weights: ref.ExpertWeights, size: int, device, promotion: str) -> None:
+        """The constructor's argument checks (SPEC §7); sets device and this rank's weights."""
+        cfg = self.cfg
+        if cfg.num_ranks != size:
+            fail("cfg.num_ranks", f"{size}, the size of the process group (1 for group=None)", cfg.num_ranks)
         if cfg.block_m != C.FUSED_BLOCK_M:
             fail("cfg.block_m", f"{C.FUSED_BLOCK_M} (the fused kernel's token tile)", cfg.block_m)
         if cfg.local_experts > C.MAX_EXPERTS:
@@ -97,10 +137,7 @@ class MegaMoE:
             fail(
                 "cfg.hidden / cfg.intermediate", "multiples of 512 for promotion 'k128'", (cfg.hidden, cfg.intermediate)
             )
-        self.promotion = promotion
         self.tau = {ref.points.D5: G.TAU[promotion], ref.points.D7: G.TAU[promotion]}
-        self.cfg = cfg
-        self.rank = 0
         dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
         if isinstance(device, int):
             dev = torch.device("cuda", device)
@@ -114,19 +151,6 @@ class MegaMoE:
         if local.w1.device != dev:
             fail("weights", f"tensors on {dev}", local.w1.device)
         self.weights = local  # canonical, for the dumps
-        self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
-        layout, total = C.workspace_layout(cfg)
-        self.ws = _Workspace(torch.zeros(total, dtype=torch.uint8, device=dev), layout)
-        self.ws["peers"].zero_()  # one rank: its own copy at offset 0
-        self.dims = C.workspace_dims(cfg)
-        self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
-        self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
-        self._checked: set[tuple] = set()  # input tensors whose shapes, dtypes, devices passed
-        # The last call's checked input tensors (weak references: a strong one would keep a tensor
-        # of a CUDA graph tree's memory pool alive behind the tree's back, and its checkpointed
-        # allocator state would then hand that memory out twice) and x's address.
-        self._last: tuple | None = None
-        self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -----------------------------------------------------------------------------------------
     @property
@@ -240,10 +264,45 @@ class MegaMoE:
         cfg = self.cfg
         clamp_arg = cfg.activation_clamp if activation_clamp == "config" else activation_clamp
         fm = cfg.fast_math if fast_math is None else bool(fast_math)
+        if isinstance(x_sf, torch.Tensor) and x_sf.dtype == torch.int32 and x_sf.dim() == 2:
+            x_sf = x_sf.view(torch.uint8)  # the packed form of the same bytes
+        if cfg.num_ranks == 1 or not check_inputs:
+            self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
+        else:
+            refused = None
+            try:
+                self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
+            except MegaMoEInputError as e:
+                refused = e
+            ranks.agree_on_inputs(self.group, refused)  # raises on every rank if one refused
+        T = x.shape[0]
+        y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device) if out is None else out
+        if debug:
+            self._poison()
+            stats_before = self.ws["recv_stats"].clone()
+        launch = self._launch(fm, debug, clamp_arg)
+        # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
+        launch.patch(
+            _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
+        )
+        launch.patch(_OFF["num_tokens"], _I32, T)
+        launch.patch(_OFF["record_stats"], _I32, int(record_stats))
+        launch(self._stream())
+        if not debug:
+            return y
+        dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
+        inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
+        dumps = self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
+        # A peer's next call writes its counts and source lists into this rank's workspace before
+        # any barrier of the kernel's: no rank starts it until every rank has read its dumps.
+        ranks.barrier(self.group)
+        return y, dumps
+
+    def _check_call(self, x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs: bool, out) -> None:
+        """SPEC §7 on this rank's call; raises MegaMoEInputError naming the argument."""
+        cfg = self.cfg
         if clamp_arg is not None and (isinstance(clamp_arg, bool) or not isinstance(clamp_arg, (int, float))):
             G._clamp(clamp_arg)  # raises MegaMoEInputError naming the argument
-        if x_sf.dtype == torch.int32 and x_sf.dim() == 2:  # the packed form of the same bytes
-            x_sf = x_sf.view(torch.uint8)
         # The host path of a repeated call (same tensors, same mode) is a few dictionary lookups and
         # the pointer patches: what was checked once for these tensors' shapes, dtypes and devices,
         # and the mode's launch, are remembered.
@@ -269,30 +328,8 @@ class MegaMoE:
             self._checked.add(key)
         if not same:
             self._last = (*map(weakref.ref, (x, x_sf, topk_idx, topk_weights)), x.data_ptr())
-        T = x.shape[0]
-        if out is None:
-            y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device)
-        else:
-            from megamoe.reference.validate import _check_tensor
-
-            _check_tensor("out", out, torch.bfloat16, (T, cfg.hidden), self.device)
-            y = out
-        if debug:
-            self._poison()
-            stats_before = self.ws["recv_stats"].clone()
-        launch = self._launch(fm, debug, clamp_arg)
-        # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
-        launch.patch(
-            _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
-        )
-        launch.patch(_OFF["num_tokens"], _I32, T)
-        launch.patch(_OFF["record_stats"], _I32, int(record_stats))
-        launch(self._stream())
-        if not debug:
-            return y
-        dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
-        inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
-        return y, self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
+        if out is not None:
+            _check_tensor("out", out, torch.bfloat16, (x.shape[0], cfg.hidden), self.device)
 
     def _stream(self) -> int:
         """The current CUDA stream of the layer's device (torch's raw getter where it has one)."""
@@ -320,7 +357,7 @@ class MegaMoE:
         """This call's dump points D1-D10, read back from the workspace in canonical layouts."""
         from megamoe.conformance.dump import make_dumps
 
-        ws, e_l, R = self.ws, cfg.local_experts, cfg.num_ranks
+        ws = self.ws
         counts = ws["recv_counts"].clone()
         offsets = ws["expert_offsets"].clone()
         p_used = int(offsets[-1])
@@ -353,7 +390,6 @@ class MegaMoE:
         }
         # The reader against the one table of dump tensors (names, dtypes, shapes).
         pt.check_dump_tensors(points, pt.dump_dims(cfg, tokens=y.shape[0], pool_rows=p_used))
-        del R, e_l
         dumps = make_dumps(
             cfg,
             [inputs],
@@ -363,10 +399,26 @@ class MegaMoE:
             build_id=jb.FusedSpec(fast_math, True, self.promotion).name,
             tau=self.tau,
             recv_stats_before=[stats_before],
+            ranks=[self.rank],
         )
         for d in dumps:
             d.meta["recv_stats_recorded"] = bool(recorded)
         return dumps
+
+
+def _same_on_every_rank(group, value) -> None:
+    """Collective: raise MegaMoEInputError on every rank unless every rank passed the same value."""
+    import torch.distributed as dist
+
+    values: list = [None] * ranks.rank_and_size(group)[1]
+    dist.all_gather_object(values, value, group=group)
+    for r, v in enumerate(values):
+        if v != values[0]:
+            fail(
+                "MegaMoE(...)",
+                f"the same configuration, promotion and SM count on every rank (rank 0: {values[0]})",
+                f"rank {r}: {v}",
+            )
 
 
 def _tkey(t) -> tuple:
@@ -376,7 +428,7 @@ def _tkey(t) -> tuple:
 
 def _check_shapes(cfg: ref.MoEConfig, inp: ref.RankInputs) -> None:
     """The SPEC §7 checks that do not read tensor values (no device synchronisation)."""
-    from megamoe.reference.validate import _check_alignment, _check_tensor
+    from megamoe.reference.validate import _check_alignment
 
     x = inp.x
     if not isinstance(x, torch.Tensor) or x.dim() != 2:

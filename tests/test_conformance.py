@@ -12,7 +12,7 @@ import torch
 from megamoe import reference as ref
 from megamoe.reference import points as P
 from megamoe.cli import main
-from megamoe.conformance.dump import Dump, DumpFormatError, reference_dumps
+from megamoe.conformance.dump import Dump, DumpFormatError, make_dumps, reference_dumps
 from megamoe.conformance.faults import CATALOG, planted, scenario_inputs
 from megamoe.conformance.suite import STAGES, check
 
@@ -233,3 +233,39 @@ def test_a_dump_that_left_the_statistics_alone_is_judged_by_that():
     assert check(dumps).first_failure == "D10"
     dumps[0].tensors[P.D10_RECV_STATS] = dumps[0]["inputs.recv_stats_before"].clone()
     assert check(dumps).ok
+
+
+def test_dumps_made_rank_by_rank_with_local_weights_equal_the_all_ranks_dumps_and_conform():
+    # What each rank of the fused layer does: wrap its own points with its own experts' weights.
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2, max_tokens_per_rank=16)
+    weights = ref.random_weights(8, 256, 128, seed=1)
+    inputs = ref.make_inputs(cfg, [16, 5], seed=2, distribution="skewed")
+    whole = reference_dumps(cfg, inputs, weights)
+    result = ref.run_reference(cfg, inputs, weights)
+    e_l = cfg.local_experts
+    by_rank = [
+        make_dumps(
+            cfg,
+            [inputs[r]],
+            weights.slice(r * e_l, (r + 1) * e_l),
+            [result.dumps[r]],
+            kernel_mode="reference",
+            build_id="reference",
+            tau=whole[r].meta["tau"],
+            ranks=[r],
+        )[0]
+        for r in range(2)
+    ]
+    for a, b in zip(by_rank, whole):
+        assert a.meta == b.meta
+        assert a.tensors.keys() == b.tensors.keys()
+        assert [k for k in a.tensors if not _same_bytes(a[k], b[k])] == []
+    assert check(by_rank, end_to_end=True).ok
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:  # NaN padding compares equal to itself
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )

@@ -1,0 +1,132 @@
+"""The fused layer on R = 2 and 4 ranks (expert parallelism through symmetric memory, SPEC §6), run
+as R processes on one GPU by megamoe.multirank.spawn: every dump point of every rank through the
+conformance suite, on uniform and skewed routings, uneven T per rank, T = 0 on one rank, one hot
+expert that receives every token of every rank, masked slots, clamp on and off, both SiLU modes and
+both GEMM modes; y of a global batch split over 1, 2 and 4 ranks bitwise the same; 20 repeats the
+same bits; one rank's bad input refused on every rank before a launch.
+
+Each R is one spawn that runs every case (a process start and the kernels' loading are most of a
+case's cost on one time-sliced GPU); the tests then check what the ranks returned.
+
+Run: pytest -s tests/gpu/test_fused_ranks.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megamoe import multirank
+from megamoe import reference as ref
+from megamoe.conformance.suite import check
+from megamoe.moe import MegaMoE
+
+SHAPE = dict(hidden=1024, intermediate=512, num_experts=16, top_k=4, max_tokens_per_rank=128, block_m=64)
+WEIGHT_SEED = 3
+
+# name: (tokens per rank, a function of R; distribution; masked ratio; call options)
+CASES = {
+    "uniform": (lambda r: [128] * r, "uniform", 0.0, dict()),
+    "uneven-skewed-clamp": (lambda r: [100 - 30 * i for i in range(r)], "skewed", 0.1, dict(activation_clamp=1.5)),
+    "one-rank-empty": (lambda r: [0] + [77] * (r - 1), "uniform", 0.0, dict(fast_math=False)),
+    "hot-expert": (lambda r: [128] * r, "one_hot", 0.0, dict()),
+    "masked": (lambda r: [64] * r, "empty_experts", 0.5, dict(activation_clamp=0.75, fast_math=False)),
+    "all-masked": (lambda r: [32] * r, "uniform", 1.0, dict()),
+}
+GLOBAL_TOKENS = 128  # the split-batch case: T_max tokens, so that one rank can take them all
+
+
+def _cfg(ranks: int) -> ref.MoEConfig:
+    return ref.MoEConfig(**SHAPE, num_ranks=ranks)
+
+
+def _weights() -> ref.ExpertWeights:
+    return ref.random_weights(
+        SHAPE["num_experts"], SHAPE["hidden"], SHAPE["intermediate"], seed=WEIGHT_SEED, device="cuda"
+    )
+
+
+def _global_batch() -> ref.RankInputs:
+    return ref.make_inputs(_cfg(1), GLOBAL_TOKENS, seed=7, distribution="skewed", masked_ratio=0.1, device="cuda")[0]
+
+
+def _every_case(rank: int, ranks: int, promotion: str) -> dict:
+    """One rank's part of every case (runs in a spawned process)."""
+    cfg = _cfg(ranks)
+    layer = MegaMoE(cfg, _weights(), group=multirank.group(), promotion=promotion)
+    out: dict = {}
+    for seed, (name, (tokens, distribution, masked, opts)) in enumerate(CASES.items()):
+        inp = ref.make_inputs(cfg, tokens(ranks), seed=seed, distribution=distribution, masked_ratio=masked)[rank]
+        inp = inp.to("cuda")
+        y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True, **opts)
+        out[name] = (y.cpu(), dumps[0].without_weights(WEIGHT_SEED))
+    # A global batch split over the ranks, then 20 release calls of it.
+    mine = ref.split_global_batch(_global_batch(), ranks)[rank]
+    ys = [layer(mine.x, mine.x_sf, mine.topk_idx, mine.topk_weights) for _ in range(20)]
+    out["split"] = ys[0].cpu()
+    out["repeats_equal"] = all(torch.equal(y.view(torch.int16), ys[0].view(torch.int16)) for y in ys)
+    # One rank's bad input (a duplicate expert on the last rank) is refused on every rank.
+    bad = mine.topk_idx.clone()
+    if rank == ranks - 1 and bad.shape[0] > 0:
+        bad[0, 1] = bad[0, 0]
+    before = layer.ws.buffer.clone()
+    try:
+        layer(mine.x, mine.x_sf, bad, mine.topk_weights)
+        out["refused"] = None
+    except ref.MegaMoEInputError as e:
+        out["refused"] = str(e)
+    torch.cuda.synchronize()
+    out["untouched"] = torch.equal(layer.ws.buffer, before)
+    return out
+
+
+_RUNS: dict = {}
+
+
+def _run(ranks: int, promotion: str) -> list[dict]:
+    if (ranks, promotion) not in _RUNS:
+        _RUNS[ranks, promotion] = multirank.spawn(_every_case, ranks, args=(promotion,), timeout=1200)
+    return _RUNS[ranks, promotion]
+
+
+RANKS = [2, 4]
+PROMOTIONS = ["k32", "k128"]
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+@pytest.mark.parametrize("ranks", RANKS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_dump_point_of_every_rank_conforms(ranks, promotion, case):
+    per_rank = _run(ranks, promotion)
+    dumps = [r[case][1] for r in per_rank]
+    tokens, _, masked, _ = CASES[case]
+    report = check(dumps, end_to_end=min(tokens(ranks)) > 0 and masked < 1.0)
+    print(report.text())
+    assert report.ok, report.text()
+    for r in per_rank:
+        y, d = r[case]
+        assert torch.equal(y.view(torch.int16), d["D9.y"].view(torch.int16))
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion):
+    inp = _global_batch()
+    one = MegaMoE(_cfg(1), _weights(), promotion=promotion)(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights).cpu()
+    for ranks in RANKS:
+        split = torch.cat([r["split"] for r in _run(ranks, promotion)])
+        assert torch.equal(split.view(torch.int16), one.view(torch.int16)), ranks
+
+
+@pytest.mark.parametrize("promotion", PROMOTIONS)
+@pytest.mark.parametrize("ranks", RANKS)
+def test_twenty_repeats_on_every_rank_give_the_same_bits(ranks, promotion):
+    assert all(r["repeats_equal"] for r in _run(ranks, promotion))
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ranks):
+    per_rank = _run(ranks, "k32")
+    last = ranks - 1
+    assert "topk_idx" in per_rank[last]["refused"]
+    for r in range(last):
+        assert per_rank[r]["refused"].startswith(f"rank {last} refused its input"), per_rank[r]["refused"]
+    assert all(r["untouched"] for r in per_rank)

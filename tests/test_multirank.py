@@ -1,0 +1,101 @@
+"""Several ranks on the CPU (gloo): megamoe.multirank.spawn returns every rank's result in rank order
+and ends a run whose rank raised, died or hung with an error that names the rank; and
+megamoe.ranks.agree_on_inputs makes every rank refuse a call when one rank's input is bad (the
+fused layer calls it before each launch, so no rank waits on a peer that never launches)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megamoe import multirank, ranks
+from megamoe.reference.errors import MegaMoEInputError
+
+
+def _sum_of_ranks(rank: int, size: int, scale: int) -> tuple[int, int, int]:
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t, group=multirank.group())
+    return rank, size, int(t) * scale
+
+
+def _raises_on_rank_1(rank: int, size: int) -> None:
+    if rank == 1:
+        raise ValueError("planted failure of rank 1")
+    dist.barrier(group=multirank.group())  # waits for rank 1, which never comes
+
+
+def _exits_on_rank_1(rank: int, size: int) -> None:
+    if rank == 1:
+        os._exit(3)
+    dist.barrier(group=multirank.group())
+
+
+def _hangs_on_rank_0(rank: int, size: int) -> None:
+    if rank == 0:
+        time.sleep(600)
+
+
+def _refuse_on(rank: int, size: int, refusing: list[int]) -> str | None:
+    err = MegaMoEInputError(f"argument 'topk_idx': planted on rank {rank}") if rank in refusing else None
+    try:
+        ranks.agree_on_inputs(multirank.group(), err)
+    except MegaMoEInputError as e:
+        return str(e)
+    return None
+
+
+def test_spawn_returns_every_ranks_result_in_rank_order():
+    assert multirank.spawn(_sum_of_ranks, 3, args=(10,)) == [(0, 3, 60), (1, 3, 60), (2, 3, 60)]
+
+
+def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_its_exception():
+    with pytest.raises(multirank.RankFailed, match="rank 1 failed: ValueError: planted failure of rank 1") as e:
+        multirank.spawn(_raises_on_rank_1, 2)
+    assert e.value.rank == 1
+
+
+def test_a_rank_that_dies_ends_the_run_with_an_error_naming_it_and_its_exit_code():
+    # Rank 0's barrier fails too (the connection to rank 1 is reset): the dead rank is named first.
+    with pytest.raises(multirank.RankFailed, match=r"^rank 1 died without a report \(exit code 3\)") as e:
+        multirank.spawn(_exits_on_rank_1, 2)
+    assert e.value.rank == 1
+
+
+def test_a_rank_that_outlives_the_timeout_is_named():
+    with pytest.raises(multirank.RankFailed, match=r"ranks \[0\] did not finish within 8 s"):
+        multirank.spawn(_hangs_on_rank_0, 2, timeout=8)
+
+
+def test_ranks_with_good_inputs_agree_to_launch():
+    assert multirank.spawn(_refuse_on, 2, args=([],)) == [None, None]
+
+
+def test_one_ranks_bad_input_is_refused_on_every_rank_before_a_launch():
+    got = multirank.spawn(_refuse_on, 3, args=([1],))
+    assert got[1] == "argument 'topk_idx': planted on rank 1"  # its own error
+    for r in (0, 2):
+        assert got[r] == "rank 1 refused its input, so no rank launches: argument 'topk_idx': planted on rank 1"
+
+
+def test_when_several_ranks_refuse_the_others_name_the_first():
+    got = multirank.spawn(_refuse_on, 3, args=([2, 1],))
+    assert got[0].startswith("rank 1 refused its input")
+    assert got[1].endswith("planted on rank 1") and got[2].endswith("planted on rank 2")
+
+
+def test_one_rank_needs_no_group():
+    assert ranks.rank_and_size(None) == (0, 1)
+    ranks.agree_on_inputs(None, None)
+    with pytest.raises(MegaMoEInputError, match="planted"):
+        ranks.agree_on_inputs(None, MegaMoEInputError("planted"))
+    buf, offsets = ranks.symmetric_zeros(64, torch.device("cpu"), None)
+    assert offsets == [0] and buf.shape == (64,) and not buf.any()
+
+
+def test_group_outside_a_spawned_rank_says_so():
+    with pytest.raises(RuntimeError, match="not inside a rank"):
+        multirank.group()
