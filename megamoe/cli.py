@@ -1,7 +1,8 @@
 """The `megamoe` command.
 
     megamoe run      the main job: the MoE layer on the default shape and its tolerance report
-                     (a CPU-only machine runs the reference and says so)
+                     (a CPU-only machine runs the reference and says so; on a GPU,
+                     --processes runs the kernel on --ranks ranks as processes)
     megamoe report   the same report with explicit shape options and JSON / Markdown files
     megamoe check    check recorded dump files stage by stage (exit 1 on any failure)
     megamoe dump     write the reference's expected dumps of a shape to files
@@ -263,7 +264,9 @@ def _report(args: argparse.Namespace, device: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():
-        return _run_fused(args)
+        return _run_expert_parallel(args) if args.processes else _run_fused(args)
+    if args.processes:
+        raise ValueError("argument --processes: runs the kernel on several ranks, which needs a CUDA GPU")
     _log("No CUDA GPU found: running the CPU reference (megamoe.reference), not the kernel.")
     return _report(args, "cpu")
 
@@ -282,8 +285,8 @@ def _run_fused(args: argparse.Namespace) -> int:
     tokens = args.tokens * cfg.num_ranks
     cfg = dataclasses.replace(cfg, num_ranks=1, max_tokens_per_rank=tokens)
     _log(
-        f"CUDA GPU found ({torch.cuda.get_device_name()}): the fused kernel on one rank (expert parallelism "
-        f"over ranks is not offered yet), the global batch of {tokens} tokens; "
+        f"CUDA GPU found ({torch.cuda.get_device_name()}): the fused kernel on one rank holding the global "
+        f"batch of {tokens} tokens (--processes: {args.ranks} ranks as processes); "
         f"H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k}, "
         f"{'fast' if cfg.fast_math else 'precise'} SiLU, clamp={cfg.activation_clamp}, routing={args.distribution}"
     )
@@ -308,7 +311,46 @@ def _run_fused(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _graph_time_us(fn, replays: int = 20) -> float:
+def _run_expert_parallel(args: argparse.Namespace) -> int:
+    """On a GPU, --processes: the fused kernel on R ranks run as R processes (expert parallelism
+    through symmetric memory; all on one GPU when there is one), every rank's dump points checked
+    together by the suite, then each rank's CUDA-graph time."""
+    from megamoe import multirank
+    from megamoe.conformance.suite import check
+
+    cfg = _config(args)
+    gpus = torch.cuda.device_count()
+    _log(
+        f"CUDA GPU found ({torch.cuda.get_device_name()}): the fused kernel on {cfg.num_ranks} ranks, one process "
+        f"each on {min(gpus, cfg.num_ranks)} GPU(s), {args.tokens} tokens per rank; "
+        f"H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k}, routing={args.distribution}"
+    )
+    t0 = time.perf_counter()
+    per_rank = multirank.spawn(_expert_parallel_rank, cfg.num_ranks, args=(args,))
+    _log(f"{cfg.num_ranks} ranks started, built and run in {time.perf_counter() - t0:.1f} s; checking every dump point")
+    report = check([dump for dump, _ in per_rank], end_to_end=True, progress=_log)
+    print(report.text())
+    times = ", ".join(f"rank {r}: {us:.1f}" for r, (_, us) in enumerate(per_rank))
+    shared = " (ranks time-slice one GPU: not a speed figure)" if gpus < cfg.num_ranks else ""
+    print(f"\nfused kernel, us per call (CUDA-graph replay): {times}{shared}")
+    return 0 if report.ok else 1
+
+
+def _expert_parallel_rank(rank: int, ranks: int, args: argparse.Namespace):
+    """One rank of `megamoe run --processes` (a spawned process): its dumps and its time."""
+    from megamoe import multirank
+    from megamoe.moe import MegaMoE
+
+    cfg = _config(args)
+    inputs, weights = _inputs(args, cfg, "cuda")
+    inp = inputs[rank]
+    layer = MegaMoE(cfg, weights, group=multirank.group())
+    call = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    _, dumps = layer(*call, debug=True)
+    return dumps[0].without_weights(args.seed), _graph_time_us(lambda: layer(*call), barrier=multirank.group())
+
+
+def _graph_time_us(fn, replays: int = 20, barrier=None) -> float:
     """Mean time of one call of `fn`, captured once in a CUDA graph and replayed."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -319,6 +361,11 @@ def _graph_time_us(fn, replays: int = 20) -> float:
     with torch.cuda.graph(graph):
         fn()
     graph.replay()
+    if barrier is not None:  # several ranks: start the timed replays together
+        from megamoe import ranks
+
+        torch.cuda.synchronize()
+        ranks.barrier(barrier)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):
@@ -382,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="the main job: default shape, tolerance report")
     _add_shape_args(p_run)
     _add_report_outputs(p_run)
+    p_run.add_argument(
+        "--processes",
+        action="store_true",
+        help="on a GPU: run the kernel on --ranks ranks, one process each (expert parallelism through "
+        "symmetric memory; ranks share the GPU when there is one) (default: off, one rank holds every token)",
+    )
     p_run.set_defaults(fn=cmd_run)
 
     p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")

@@ -65,6 +65,12 @@ def test_report_on_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys, monkey
     assert "argument --device: cuda needs a CUDA GPU" in err
 
 
+def test_run_on_several_processes_without_a_gpu_is_one_line_not_the_reference(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _one_line_error(capsys, ["run", "--processes"])
+    assert "argument --processes: runs the kernel on several ranks, which needs a CUDA GPU" in err
+
+
 def test_an_output_path_that_is_a_folder_is_refused_before_the_run(capsys, tmp_path):
     err = _one_line_error(capsys, ["report", "--json", str(tmp_path)])
     assert f"argument --json: {tmp_path} is a folder" in err
