@@ -7,7 +7,7 @@ workers never meet), is placed on GPU `rank % device_count` when there is one (a
 when it is the only one: TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets them share symmetric
 memory; NVLink multicast is kept off), and calls fn(rank, ranks, *args) with the group as
 `megamoe.multirank.group()`. fn must be importable by name (a module-level function) and return
-something picklable (CPU tensors, Dump objects).
+what torch.save can write (CPU tensors, Dump objects, plain Python values).
 
 A rank that raises, dies (a signal, os._exit, a CUDA error that kills the process) or outlives the
 timeout ends the run: the other ranks are killed (they would wait on it forever) and `RankFailed`
@@ -16,6 +16,7 @@ says which rank, how, and the rank's traceback.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import tempfile
@@ -64,7 +65,11 @@ def _rank_main(fn: Callable, rank: int, ranks: int, args: tuple, init: str, resu
             out = fn(rank, ranks, *args)
         finally:
             _GROUP = None
-        results.put((rank, True, out))
+        # torch.save bytes, not the object: a pickled tensor would travel as a file descriptor of
+        # shared memory, which the parent can only open while this process lives.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, True, buf.getvalue()))
         # No destroy_process_group barrier: a peer that failed would keep this rank waiting.
     except BaseException as e:  # reported in words to the parent, which raises RankFailed
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -113,7 +118,13 @@ def _collect(procs, results, ranks: int, timeout: float, poll: float) -> list:
         if not ok:
             _fail(procs, results, out, {rank: value})
         out[rank] = value
-    return [out[r] for r in range(ranks)]
+    return [_loaded(out[r]) for r in range(ranks)]
+
+
+def _loaded(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)  # written by this module's own ranks
 
 
 def _fail(procs, results, out: dict, failed: dict[int, str], grace: float = 3.0) -> None:

@@ -22,6 +22,10 @@ def _sum_of_ranks(rank: int, size: int, scale: int) -> tuple[int, int, int]:
     return rank, size, int(t) * scale
 
 
+def _tensors(rank: int, size: int) -> dict:
+    return {"rank": torch.full((3, 4), rank), "sizes": [torch.arange(size + i) for i in range(3)]}
+
+
 def _raises_on_rank_1(rank: int, size: int) -> None:
     if rank == 1:
         raise ValueError("planted failure of rank 1")
@@ -50,6 +54,13 @@ def _refuse_on(rank: int, size: int, refusing: list[int]) -> str | None:
 
 def test_spawn_returns_every_ranks_result_in_rank_order():
     assert multirank.spawn(_sum_of_ranks, 3, args=(10,)) == [(0, 3, 60), (1, 3, 60), (2, 3, 60)]
+
+
+def test_spawn_returns_tensors_after_their_rank_has_exited():
+    got = multirank.spawn(_tensors, 2)
+    for r in range(2):
+        assert torch.equal(got[r]["rank"], torch.full((3, 4), r))
+        assert [t.tolist() for t in got[r]["sizes"]] == [list(range(2 + i)) for i in range(3)]
 
 
 def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_its_exception():
