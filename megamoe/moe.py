@@ -20,12 +20,11 @@ Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` 
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
 exchanged, and the configurations are compared) and every rank calls it the same number of times.
 Each rank owns experts [rank E_l, (rank + 1) E_l) and returns y for its own tokens (T may differ
-per rank, 0 included). Before each launch the ranks agree on their inputs with one collective
-(`megamoe.ranks.agree_on_inputs`): one rank's bad input is refused on every rank, so no rank waits
-for a peer that never launches. check_inputs=False skips that collective with the value checks: the
-caller vouches for every rank's inputs (a rank that still refuses leaves its peers to the kernel's
-wait timeouts, which raise instead of hanging). `megamoe.multirank.spawn` runs R ranks as processes,
-on one GPU when there is one.
+per rank, 0 included). Before each launch the ranks agree with one host collective on a gloo group
+(`megamoe.ranks.agree`): one rank's bad input (or a kernel that failed to build) is refused on
+every rank, and so are calls whose options (debug, fast_math, clamp, record_stats) differ between
+ranks, so no rank waits in the kernel for a peer that never launches. `megamoe.multirank.spawn`
+runs R ranks as processes, on one GPU when there is one.
 
 Debug calls (`debug=True`) run the debug build, which keeps the fp32 accumulators (D5, D7) and
 snapshots the counters before its cleanup; the dumps come back as `megamoe.conformance.dump.Dump`
@@ -43,7 +42,7 @@ import torch
 from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe import ranks
-from megamoe.reference.errors import MegaMoEInputError, fail
+from megamoe.reference.errors import fail
 from megamoe.reference.validate import _check_tensor, check_rank_inputs, check_weights
 
 from .jit import build as jb
@@ -93,14 +92,15 @@ class MegaMoE:
     ):
         rank, size = ranks.rank_and_size(group)
         self.cfg, self.group, self.rank, self.promotion = cfg, group, rank, promotion
+        self._host = ranks.host_group(group)  # None for one rank
         refused = None
         try:
             self._check_layer(weights, size, device, promotion)
-        except MegaMoEInputError as e:
+        except Exception as e:  # refused on every rank below, raised here
             refused = e
         # Several ranks refuse together (a rank that raised alone would leave its peers waiting in
         # the collectives below).
-        ranks.agree_on_inputs(group, refused)
+        ranks.agree(self._host, refused)
         dev, local = self.device, self.weights
         self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
         layout, total = C.workspace_layout(cfg)
@@ -109,8 +109,8 @@ class MegaMoE:
         if size > 1:
             # Every rank's kernel waits for R x (its grid) CTAs of every phase: same grid, same
             # configuration, same kernel on every rank, or the first call would time out.
-            _same_on_every_rank(group, (cfg.to_dict(), promotion, self._sms))
-        buf, offsets = ranks.symmetric_zeros(total, dev, group)  # zero on every rank on return
+            _same_on_every_rank(self._host, (cfg.to_dict(), promotion, self._sms))
+        buf, offsets = ranks.symmetric_zeros(total, dev, group, self._host)  # zero on every rank on return
         self.ws = _Workspace(buf, layout)
         self.ws["peers"].copy_(torch.tensor(offsets, dtype=torch.int64))
         self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
@@ -266,21 +266,28 @@ class MegaMoE:
         fm = cfg.fast_math if fast_math is None else bool(fast_math)
         if isinstance(x_sf, torch.Tensor) and x_sf.dtype == torch.int32 and x_sf.dim() == 2:
             x_sf = x_sf.view(torch.uint8)  # the packed form of the same bytes
-        if cfg.num_ranks == 1 or not check_inputs:
+        if self._host is None:
             self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
+            launch = self._launch(fm, debug, clamp_arg)
         else:
-            refused = None
+            # Every rank launches or none does: a rank alone in the kernel would wait for its peers
+            # until the timeouts trap. Its checks and its kernel's build are agreed, and the options
+            # that choose the kernel and its work.
+            refused = launch = None
             try:
                 self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
-            except MegaMoEInputError as e:
+                launch = self._launch(fm, debug, clamp_arg)
+            except Exception as e:  # raised on this rank by ranks.agree
                 refused = e
-            ranks.agree_on_inputs(self.group, refused)  # raises on every rank if one refused
+            opts = dict(
+                debug=debug, fast_math=fm, activation_clamp=_float_or_none(clamp_arg), record_stats=record_stats
+            )
+            ranks.agree(self._host, refused, ranks.call_options(**opts), tuple(opts))
         T = x.shape[0]
         y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device) if out is None else out
         if debug:
             self._poison()
             stats_before = self.ws["recv_stats"].clone()
-        launch = self._launch(fm, debug, clamp_arg)
         # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
         launch.patch(
             _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
@@ -292,10 +299,12 @@ class MegaMoE:
             return y
         dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
         inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
-        dumps = self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
-        # A peer's next call writes its counts and source lists into this rank's workspace before
-        # any barrier of the kernel's: no rank starts it until every rank has read its dumps.
-        ranks.barrier(self.group)
+        try:
+            dumps = self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
+        finally:
+            # A peer's next call writes its counts and source lists into this rank's workspace
+            # before any barrier of the kernel's: no rank starts it until every rank read its dumps.
+            ranks.barrier(self._host)
         return y, dumps
 
     def _check_call(self, x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs: bool, out) -> None:
@@ -406,12 +415,19 @@ class MegaMoE:
         return dumps
 
 
-def _same_on_every_rank(group, value) -> None:
+def _float_or_none(v):
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):  # a bad clamp: that rank refuses anyway
+        return None
+
+
+def _same_on_every_rank(host, value) -> None:
     """Collective: raise MegaMoEInputError on every rank unless every rank passed the same value."""
     import torch.distributed as dist
 
-    values: list = [None] * ranks.rank_and_size(group)[1]
-    dist.all_gather_object(values, value, group=group)
+    values: list = [None] * dist.get_world_size(host)
+    dist.all_gather_object(values, value, group=host)
     for r, v in enumerate(values):
         if v != values[0]:
             fail(

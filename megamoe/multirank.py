@@ -59,6 +59,10 @@ def _rank_main(fn: Callable, rank: int, ranks: int, args: tuple, init: str, resu
 
         if torch.cuda.is_available():
             torch.cuda.set_device(rank % torch.cuda.device_count())
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "set_backend"):  # the CUDA backend: gloo groups, ranks sharing a GPU
+                symm_mem.set_backend("CUDA")
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
         _GROUP = dist.group.WORLD
         try:

@@ -1,7 +1,8 @@
 """Several ranks on the CPU (gloo): megamoe.multirank.spawn returns every rank's result in rank order
 and ends a run whose rank raised, died or hung with an error that names the rank; and
-megamoe.ranks.agree_on_inputs makes every rank refuse a call when one rank's input is bad (the
-fused layer calls it before each launch, so no rank waits on a peer that never launches)."""
+megamoe.ranks.agree makes every rank refuse a call when one rank refused (bad input, or anything else
+that failed before its launch) or when the ranks' options differ (the fused layer calls it before
+each launch, so no rank waits in the kernel for a peer that never launches)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,21 @@ def _hangs_on_rank_0(rank: int, size: int) -> None:
         time.sleep(600)
 
 
-def _refuse_on(rank: int, size: int, refusing: list[int]) -> str | None:
-    err = MegaMoEInputError(f"argument 'topk_idx': planted on rank {rank}") if rank in refusing else None
+def _refuse_on(rank: int, size: int, refusing: list[int], kind=MegaMoEInputError) -> str | None:
+    err = kind(f"argument 'topk_idx': planted on rank {rank}") if rank in refusing else None
+    host = ranks.host_group(multirank.group())
+    assert host is multirank.group()  # a gloo group is its own host group
     try:
-        ranks.agree_on_inputs(multirank.group(), err)
+        ranks.agree(host, err, ranks.call_options(debug=False, clamp=1.5), ("debug", "clamp"))
+    except (MegaMoEInputError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _options_on(rank: int, size: int) -> str | None:
+    clamp = 0.75 if rank == size - 1 else 1.5  # the last rank's call differs
+    try:
+        ranks.agree(multirank.group(), None, ranks.call_options(debug=False, clamp=clamp), ("debug", "clamp"))
     except MegaMoEInputError as e:
         return str(e)
     return None
@@ -87,22 +99,40 @@ def test_ranks_with_good_inputs_agree_to_launch():
 
 def test_one_ranks_bad_input_is_refused_on_every_rank_before_a_launch():
     got = multirank.spawn(_refuse_on, 3, args=([1],))
-    assert got[1] == "argument 'topk_idx': planted on rank 1"  # its own error
+    assert got[1] == "MegaMoEInputError: argument 'topk_idx': planted on rank 1"  # its own error
     for r in (0, 2):
-        assert got[r] == "rank 1 refused its input, so no rank launches: argument 'topk_idx': planted on rank 1"
+        assert got[r] == (
+            "MegaMoEInputError: rank 1 refused its call, so no rank launches: argument 'topk_idx': planted on rank 1"
+        )
 
 
 def test_when_several_ranks_refuse_the_others_name_the_first():
     got = multirank.spawn(_refuse_on, 3, args=([2, 1],))
-    assert got[0].startswith("rank 1 refused its input")
+    assert got[0].startswith("MegaMoEInputError: rank 1 refused its call")
     assert got[1].endswith("planted on rank 1") and got[2].endswith("planted on rank 2")
+
+
+def test_a_rank_that_failed_otherwise_before_its_launch_is_named_with_its_error():
+    got = multirank.spawn(_refuse_on, 2, args=([0], RuntimeError))
+    assert got[0] == "RuntimeError: argument 'topk_idx': planted on rank 0"  # its own error
+    assert got[1] == (
+        "RuntimeError: rank 0 refused its call, so no rank launches: RuntimeError: argument 'topk_idx': "
+        "planted on rank 0"
+    )
+
+
+def test_calls_whose_options_differ_between_ranks_are_refused_on_every_rank():
+    got = multirank.spawn(_options_on, 3)
+    want = "argument clamp: expected the same on every rank (rank 0 and rank 2 differ), got different calls"
+    assert all(g is not None and g.startswith(want) for g in got), got
 
 
 def test_one_rank_needs_no_group():
     assert ranks.rank_and_size(None) == (0, 1)
-    ranks.agree_on_inputs(None, None)
+    assert ranks.host_group(None) is None
+    ranks.agree(None, None, (1, 2))
     with pytest.raises(MegaMoEInputError, match="planted"):
-        ranks.agree_on_inputs(None, MegaMoEInputError("planted"))
+        ranks.agree(None, MegaMoEInputError("planted"))
     buf, offsets = ranks.symmetric_zeros(64, torch.device("cpu"), None)
     assert offsets == [0] and buf.shape == (64,) and not buf.any()
 

@@ -23,11 +23,13 @@
 
 namespace megamoe {
 
-// Grid-strided copy of n 4-byte words (16 bytes at a time where both ends allow).
+// Grid-strided copy of n 4-byte words, 16 bytes at a time where both ends are 16-byte aligned (a
+// caller's row slice of topk_weights need not be).
 __device__ __forceinline__ void copy_words(uint32_t* dst, const uint32_t* src, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t n4 = n / 4;
+  const bool vec = ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15u) == 0;
+  const int64_t n4 = vec ? n / 4 : 0;
   for (int64_t i = tid; i < n4; i += stride) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
   for (int64_t i = n4 * 4 + tid; i < n; i += stride) dst[i] = src[i];
 }
