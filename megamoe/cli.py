@@ -346,8 +346,9 @@ def _expert_parallel_rank(rank: int, ranks: int, args: argparse.Namespace):
     inp = inputs[rank]
     layer = MegaMoE(cfg, weights, group=multirank.group())
     call = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
-    _, dumps = layer(*call, debug=True)
-    return dumps[0].without_weights(args.seed), _graph_time_us(lambda: layer(*call), barrier=multirank.group())
+    with layer.named_failures():  # a wait that timed out is named in the rank's error
+        _, dumps = layer(*call, debug=True)
+        return dumps[0].without_weights(args.seed), _graph_time_us(lambda: layer(*call), barrier=multirank.group())
 
 
 def _graph_time_us(fn, replays: int = 20, barrier=None) -> float:

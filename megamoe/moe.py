@@ -353,6 +353,11 @@ class MegaMoE:
         msg = G.timeout_message(self.device.index)
         return None if msg is None else f"rank {self.rank}, {msg}"
 
+    def named_failures(self):
+        """A context in which a CUDA error that a wait's trap caused is re-raised with the trap's
+        record in words (`timeout_message`), e.g. around a rank's calls in a spawned process."""
+        return _NamedFailures(self)
+
     def _poison(self) -> None:
         ws = self.ws
         for name in ("pool_x", "pool_x_sf", "l2_acts", "l2_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):
@@ -413,6 +418,21 @@ class MegaMoE:
         for d in dumps:
             d.meta["recv_stats_recorded"] = bool(recorded)
         return dumps
+
+
+class _NamedFailures:
+    def __init__(self, layer: MegaMoE):
+        self.layer = layer
+
+    def __enter__(self):
+        return self.layer
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.cuda.OutOfMemoryError):
+            record = self.layer.timeout_message()
+            if record is not None:
+                raise RuntimeError(f"{exc} [the kernel trapped: {record}]") from exc
+        return False
 
 
 def _float_or_none(v):

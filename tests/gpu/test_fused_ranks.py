@@ -53,6 +53,11 @@ def _every_case(rank: int, ranks: int, promotion: str) -> dict:
     """One rank's part of every case (runs in a spawned process)."""
     cfg = _cfg(ranks)
     layer = MegaMoE(cfg, _weights(), group=multirank.group(), promotion=promotion)
+    with layer.named_failures():  # a wait that timed out is named in the rank's error
+        return _cases_on(layer, cfg, rank, ranks)
+
+
+def _cases_on(layer: MegaMoE, cfg: ref.MoEConfig, rank: int, ranks: int) -> dict:
     out: dict = {}
     for seed, (name, (tokens, distribution, masked, opts)) in enumerate(CASES.items()):
         inp = ref.make_inputs(cfg, tokens(ranks), seed=seed, distribution=distribution, masked_ratio=masked)[rank]
