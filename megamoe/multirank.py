@@ -94,8 +94,19 @@ def spawn(fn: Callable, ranks: int, args: tuple = (), *, timeout: float = 900.0,
             ctx.Process(target=_rank_main, args=(fn, r, ranks, args, init, results), name=f"megamoe-rank-{r}")
             for r in range(ranks)
         ]
-        for p in procs:
-            p.start()
+        # The ranks' environment from their first instruction on (torch reads some of it at import,
+        # which unpickling fn's module may do before _rank_main runs); this process's is restored.
+        saved = {k: os.environ.get(k) for k in ENV}
+        os.environ.update(ENV)
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         try:
             return _collect(procs, results, ranks, timeout, poll)
         finally:

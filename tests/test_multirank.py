@@ -75,6 +75,16 @@ def test_spawn_returns_tensors_after_their_rank_has_exited():
         assert [t.tolist() for t in got[r]["sizes"]] == [list(range(2 + i)) for i in range(3)]
 
 
+def _env(rank: int, size: int) -> dict:
+    return {k: os.environ.get(k) for k in multirank.ENV}
+
+
+def test_every_rank_starts_with_multicast_off_and_ranks_sharing_a_gpu_allowed():
+    before = dict(os.environ)
+    assert multirank.spawn(_env, 2) == [multirank.ENV] * 2
+    assert dict(os.environ) == before  # the parent's environment is left as it was
+
+
 def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_its_exception():
     with pytest.raises(multirank.RankFailed, match="rank 1 failed: ValueError: planted failure of rank 1") as e:
         multirank.spawn(_raises_on_rank_1, 2)
