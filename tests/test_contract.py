@@ -1,11 +1,13 @@
 """The host <-> kernel contract has one definition (megamoe/jit/contract.py): the committed C++
-header is exactly what it generates, and the packer puts every field at the offset the header's
-static_asserts pin. CPU only."""
+header is exactly what it generates, the packer puts every field at the offset the header's
+static_asserts pin, and the workspace's pool holds the worst routing all peers can send. CPU only."""
 
 import struct
 
 import pytest
+import torch
 
+from megamoe import reference as ref
 from megamoe.jit import contract
 
 
@@ -52,3 +54,32 @@ def test_the_scaled_tables_are_exact_within_fourteen_binades_and_zero_from_ninet
         else:
             assert not (lut[d] == want).all(), d
     assert (lut[Q.FAST_LUT_ENTRIES - 1] == 0).all() and (lut[Q.FAST_LUT_ENTRIES - 2] != 0).any()
+
+
+@pytest.mark.parametrize(
+    "ranks,experts,top_k,t_max", [(1, 16, 4, 128), (2, 16, 8, 100), (4, 16, 8, 64), (8, 256, 8, 33)]
+)
+def test_the_pool_holds_the_worst_routing_that_every_peer_together_can_send(ranks, experts, top_k, t_max):
+    # SPEC §6: sized for all tokens of all ranks routed here, never from this rank's T. Every rank
+    # sends every token to min(K, E_l) of rank 0's experts (the rest elsewhere), in patterns that
+    # spread or pile the rows and leave the experts' counts at every residue modulo BLOCK_M.
+    cfg = ref.MoEConfig(
+        hidden=256, intermediate=128, num_experts=experts, top_k=top_k, num_ranks=ranks, max_tokens_per_rank=t_max
+    )
+    e_l, bm = cfg.local_experts, cfg.block_m
+    here = min(top_k, e_l)
+    rows_bound = contract.workspace_dims(cfg)["P"]
+    worst = 0
+    for shift in range(0, e_l, max(1, e_l // 4)):
+        for tokens in (t_max, t_max - 1, max(1, t_max // 2 + 1)):
+            t = torch.arange(tokens)[:, None]
+            mine = (t * shift + t // 3 + torch.arange(here)) % e_l  # distinct within a token
+            rest = (e_l + (t + torch.arange(top_k - here)) % (experts - e_l)) if top_k > here else mine[:, :0]
+            idx = torch.cat([mine, rest], dim=1)
+            counts = sum(ref.send_counts(idx, experts)[:e_l] for _ in range(ranks))
+            assert int(counts.max()) <= ranks * t_max  # an expert at most once per token
+            worst = max(worst, int(ref.pool_offsets(counts.tolist(), bm)[-1]))
+            if tokens == t_max:
+                assert int(counts.sum()) == ranks * t_max * here  # the bound's valid rows are reached
+    assert worst <= rows_bound, (worst, rows_bound)
+    assert rows_bound < ranks * t_max * here + e_l * bm + bm  # and it is no looser than padding
