@@ -39,6 +39,7 @@ import torch
 from megamoe import reference as ref
 
 from .gemm import SHAPES, graph_us
+from .layer import TorchFP8Layer, launches_for, markdown_table
 
 TOP_K = 8
 DEFAULT_TOKENS = "1,8,64,512,4096,8192"
@@ -156,8 +157,6 @@ class TorchEP:
 
 
 def torch_experts(weights: ref.ExpertWeights):
-    from .layer import TorchFP8Layer
-
     layer = TorchFP8Layer(weights)
     return lambda x, x_sf, e, w: layer(x, x_sf, e[:, None], w[:, None])
 
@@ -177,8 +176,6 @@ def rank_main(rank: int, ranks: int, args: argparse.Namespace) -> list[dict]:
 
     from megamoe import multirank
     from megamoe.moe import MegaMoE
-
-    from .layer import launches_for
 
     own_gpu = torch.cuda.device_count() >= ranks
     nccl = dist.new_group(backend="nccl") if own_gpu else None  # collective: every rank or none
@@ -280,10 +277,7 @@ TABLE = (
 
 def format_table(rows: list[dict]) -> str:
     cells = [[("-" if r.get(k) is None else f.format(r[k])) for _, k, f in TABLE] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(TABLE)]
-    out = ["| " + " | ".join(h.rjust(w) for (h, _, _), w in zip(TABLE, widths)) + " |"]
-    out.append("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    out = markdown_table([h for h, _, _ in TABLE], cells)
     errors = {r["torch_error"] for r in rows if r.get("torch_error")}
     out += [f"n/a torch-ep: {e}" for e in sorted(errors)]
     if any(r["shared_gpu"] for r in rows):

@@ -499,6 +499,15 @@ ERROR_CELL = {
 }
 
 
+def markdown_table(headers: list[str], cells: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table, every column right-aligned to its widest cell."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    out = ["| " + " | ".join(h.rjust(w) for h, w in zip(headers, widths)) + " |"]
+    out.append("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    return out
+
+
 def format_table(rows: list[dict]) -> str:
     """The Markdown table, then one line per distinct column error (n/a cells)."""
     cells = []
@@ -511,10 +520,7 @@ def format_table(rows: list[dict]) -> str:
             else:
                 line.append(fmt.format(v))
         cells.append(line)
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(TABLE)]
-    out = ["| " + " | ".join(h.rjust(w) for (h, _, _), w in zip(TABLE, widths)) + " |"]
-    out.append("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    out = markdown_table([h for h, _, _ in TABLE], cells)
     notes: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         for name, err in r.get("errors", {}).items():
