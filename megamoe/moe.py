@@ -34,6 +34,7 @@ the combine buffer are poisoned (NaN / 0xFF), so a stage that writes nothing can
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 
@@ -106,10 +107,10 @@ class MegaMoE:
         layout, total = C.workspace_layout(cfg)
         self.dims = C.workspace_dims(cfg)
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
-        if size > 1:
-            # Every rank's kernel waits for R x (its grid) CTAs of every phase: same grid, same
-            # configuration, same kernel on every rank, or the first call would time out.
-            _same_on_every_rank(self._host, (cfg.to_dict(), promotion, self._sms))
+        # Every rank's kernel waits for R x (its grid) CTAs of every phase: same grid, same
+        # configuration, same kernel on every rank, or the first call would time out.
+        what = "configuration, promotion and SM count"
+        ranks.same_on_every_rank(self._host, "MegaMoE(...)", what, (cfg.to_dict(), promotion, self._sms))
         buf, offsets = ranks.symmetric_zeros(total, dev, group, self._host)  # zero on every rank on return
         self.ws = _Workspace(buf, layout)
         self.ws["peers"].copy_(torch.tensor(offsets, dtype=torch.int64))
@@ -266,19 +267,18 @@ class MegaMoE:
         fm = cfg.fast_math if fast_math is None else bool(fast_math)
         if isinstance(x_sf, torch.Tensor) and x_sf.dtype == torch.int32 and x_sf.dim() == 2:
             x_sf = x_sf.view(torch.uint8)  # the packed form of the same bytes
-        if self._host is None:
+        refused = launch = None
+        try:
             self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
             launch = self._launch(fm, debug, clamp_arg)
-        else:
+        except Exception as e:
+            if self._host is None:
+                raise
+            refused = e  # raised on this rank by ranks.agree
+        if self._host is not None:
             # Every rank launches or none does: a rank alone in the kernel would wait for its peers
             # until the timeouts trap. Its checks and its kernel's build are agreed, and the options
             # that choose the kernel and its work.
-            refused = launch = None
-            try:
-                self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
-                launch = self._launch(fm, debug, clamp_arg)
-            except Exception as e:  # raised on this rank by ranks.agree
-                refused = e
             opts = dict(
                 debug=debug, fast_math=fm, activation_clamp=_float_or_none(clamp_arg), record_stats=record_stats
             )
@@ -353,10 +353,17 @@ class MegaMoE:
         msg = G.timeout_message(self.device.index)
         return None if msg is None else f"rank {self.rank}, {msg}"
 
+    @contextlib.contextmanager
     def named_failures(self):
         """A context in which a CUDA error that a wait's trap caused is re-raised with the trap's
         record in words (`timeout_message`), e.g. around a rank's calls in a spawned process."""
-        return _NamedFailures(self)
+        try:
+            yield self
+        except RuntimeError as exc:
+            record = None if isinstance(exc, torch.cuda.OutOfMemoryError) else self.timeout_message()
+            if record is None:
+                raise
+            raise RuntimeError(f"{exc} [the kernel trapped: {record}]") from exc
 
     def _poison(self) -> None:
         ws = self.ws
@@ -420,41 +427,11 @@ class MegaMoE:
         return dumps
 
 
-class _NamedFailures:
-    def __init__(self, layer: MegaMoE):
-        self.layer = layer
-
-    def __enter__(self):
-        return self.layer
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.cuda.OutOfMemoryError):
-            record = self.layer.timeout_message()
-            if record is not None:
-                raise RuntimeError(f"{exc} [the kernel trapped: {record}]") from exc
-        return False
-
-
 def _float_or_none(v):
     try:
         return None if v is None else float(v)
     except (TypeError, ValueError):  # a bad clamp: that rank refuses anyway
         return None
-
-
-def _same_on_every_rank(host, value) -> None:
-    """Collective: raise MegaMoEInputError on every rank unless every rank passed the same value."""
-    import torch.distributed as dist
-
-    values: list = [None] * dist.get_world_size(host)
-    dist.all_gather_object(values, value, group=host)
-    for r, v in enumerate(values):
-        if v != values[0]:
-            fail(
-                "MegaMoE(...)",
-                f"the same configuration, promotion and SM count on every rank (rank 0: {values[0]})",
-                f"rank {r}: {v}",
-            )
 
 
 def _tkey(t) -> tuple:

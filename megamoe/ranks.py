@@ -18,7 +18,7 @@ import struct
 
 import torch
 
-from megamoe.reference.errors import MegaMoEInputError
+from megamoe.reference.errors import MegaMoEInputError, fail
 
 
 def rank_and_size(group) -> tuple[int, int]:
@@ -77,6 +77,20 @@ def symmetric_zeros(nbytes: int, device: torch.device, group, host=None) -> tupl
     barrier(host)
     mine = buf.data_ptr()
     return buf, [int(p) + int(o.item()) - mine for p, o in zip(handle.buffer_ptrs, everyone)]
+
+
+def same_on_every_rank(host, arg: str, what: str, value) -> None:
+    """Collective: raise MegaMoEInputError on every rank unless every rank passed the same value
+    (anything all_gather_object can carry)."""
+    if host is None:
+        return
+    import torch.distributed as dist
+
+    values: list = [None] * dist.get_world_size(host)
+    dist.all_gather_object(values, value, group=host)
+    for r, v in enumerate(values):
+        if v != values[0]:
+            fail(arg, f"the same {what} on every rank (rank 0: {values[0]})", f"rank {r}: {v}")
 
 
 def call_options(**options) -> tuple[int, ...]:

@@ -137,9 +137,23 @@ def test_calls_whose_options_differ_between_ranks_are_refused_on_every_rank():
     assert all(g is not None and g.startswith(want) for g in got), got
 
 
+def _layer_args_on(rank: int, size: int) -> str | None:
+    try:
+        ranks.same_on_every_rank(multirank.group(), "MegaMoE(...)", "SM count", 132 - (rank == 1))
+    except MegaMoEInputError as e:
+        return str(e)
+    return None
+
+
+def test_a_layer_made_differently_on_one_rank_is_refused_on_every_rank():
+    want = "argument 'MegaMoE(...)': expected the same SM count on every rank (rank 0: 132), got rank 1: 131"
+    assert multirank.spawn(_layer_args_on, 2) == [want, want]
+
+
 def test_one_rank_needs_no_group():
     assert ranks.rank_and_size(None) == (0, 1)
     assert ranks.host_group(None) is None
+    ranks.same_on_every_rank(None, "MegaMoE(...)", "SM count", 132)
     ranks.agree(None, None, (1, 2))
     with pytest.raises(MegaMoEInputError, match="planted"):
         ranks.agree(None, MegaMoEInputError("planted"))
