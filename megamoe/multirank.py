@@ -58,11 +58,10 @@ def _rank_main(fn: Callable, rank: int, ranks: int, args: tuple, init: str, resu
         import torch.distributed as dist
 
         if torch.cuda.is_available():
+            # No symm_mem.set_backend: torch 2.11 registers its CUDA allocator (the one that works
+            # with gloo groups and ranks sharing a GPU) as the default without offering it by name;
+            # set_backend("CUDA") raises "does not find allocation backend CUDA" (seen on the H200).
             torch.cuda.set_device(rank % torch.cuda.device_count())
-            import torch.distributed._symmetric_memory as symm_mem
-
-            if hasattr(symm_mem, "set_backend"):  # the CUDA backend: gloo groups, ranks sharing a GPU
-                symm_mem.set_backend("CUDA")
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
         _GROUP = dist.group.WORLD
         try:
