@@ -139,15 +139,27 @@ template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMa
 __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, uint8_t* s_epi_wg,
                                          int wg) {
   float acc[N / 2];
-  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, acc);
-  if constexpr (!kPerK32) {
-    // The rows' factors 2^(B_r - B_e) <= 1 (static weight data), read after the mainloop so that
-    // nothing is held across it.
+  // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
+  // tiles up to 64 they are loaded before the mainloop, so that their global-memory latency hides
+  // under it instead of stalling every consumer warp of the item at its end (short items: decode
+  // sizes). In a kernel with the 128-token tile, three registers held across any of its mainloops
+  // cost more per stage (253 -> 257 instructions at tile 128, bench.sass_stage) than one stall
+  // per long item.
+  constexpr bool kEarly = !kPerK32 && kMaxN <= kChunkN;
+  int row_base_a = 0, row_base_b = 0, expert_base = 0;
+  auto load_row_bases = [&] {
     const GemmParams& p = *ctx.p;
     const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * Cfg::kRows;
-    const int be = __ldg(p.w_expert_base + wi.expert);
-    const float fa = exp2i(static_cast<int>(__ldg(rb + ctx.row_a)) - be);
-    const float fb = exp2i(static_cast<int>(__ldg(rb + ctx.row_a + 8)) - be);
+    expert_base = __ldg(p.w_expert_base + wi.expert);
+    row_base_a = __ldg(rb + ctx.row_a);
+    row_base_b = __ldg(rb + ctx.row_a + 8);
+  };
+  if constexpr (kEarly) load_row_bases();
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, acc);
+  if constexpr (!kPerK32) {
+    if constexpr (!kEarly) load_row_bases();
+    const float fa = exp2i(row_base_a - expert_base);
+    const float fb = exp2i(row_base_b - expert_base);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = __fmul_rn(acc[i], (i & 2) ? fb : fa);
   }
