@@ -1,8 +1,9 @@
-"""The fused layer on R = 2 and 4 ranks (expert parallelism through symmetric memory, SPEC §6), run
-as R processes on one GPU by megamoe.multirank.spawn: every dump point of every rank through the
+"""The fused layer on R = 2 and 4 ranks, and 8 on a machine of 8 GPUs (expert parallelism through
+symmetric memory, SPEC §6), run as R processes by megamoe.multirank.spawn (sharing one GPU, or one
+GPU each where there are enough): every dump point of every rank through the
 conformance suite, on uniform and skewed routings, uneven T per rank, T = 0 on one rank, one hot
 expert that receives every token of every rank, masked slots, clamp on and off, both SiLU modes and
-both GEMM modes; y of a global batch split over 1, 2 and 4 ranks bitwise the same; 20 repeats the
+both GEMM modes; y of a global batch split over 1, 2 and 4 ranks (and 8) bitwise the same; 20 repeats the
 same bits; one rank's bad input refused on every rank before a launch.
 
 Each R is one spawn that runs every case (a process start and the kernels' loading are most of a
@@ -26,7 +27,12 @@ WEIGHT_SEED = 3
 # name: (tokens per rank, a function of R; distribution; masked ratio; call options)
 CASES = {
     "uniform": (lambda r: [128] * r, "uniform", 0.0, dict()),
-    "uneven-skewed-clamp": (lambda r: [100 - 30 * i for i in range(r)], "skewed", 0.1, dict(activation_clamp=1.5)),
+    "uneven-skewed-clamp": (
+        lambda r: [max(1, 100 - 30 * i) for i in range(r)],
+        "skewed",
+        0.1,
+        dict(activation_clamp=1.5),
+    ),
     "one-rank-empty": (lambda r: [0] + [77] * (r - 1), "uniform", 0.0, dict(fast_math=False)),
     "hot-expert": (lambda r: [128] * r, "one_hot", 0.0, dict()),
     "masked": (lambda r: [64] * r, "empty_experts", 0.5, dict(activation_clamp=0.75, fast_math=False)),
@@ -93,7 +99,9 @@ def _run(ranks: int, promotion: str) -> list[dict]:
     return _RUNS[ranks, promotion]
 
 
-RANKS = [2, 4]
+# R = 2 and 4 everywhere (processes time-slicing one GPU when there is one, a GPU each where there
+# are enough); R = 8 too on a machine of 8 GPUs, one process per GPU (the several-H200 run).
+RANKS = [2, 4] + ([8] if torch.cuda.device_count() >= 8 else [])
 PROMOTIONS = ["k32", "k128"]
 
 
