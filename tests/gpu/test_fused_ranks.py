@@ -1,10 +1,10 @@
 """The fused layer on R = 2 and 4 ranks, and 8 on a machine of 8 GPUs (expert parallelism through
 symmetric memory, SPEC §6), run as R processes by megamoe.multirank.spawn (sharing one GPU, or one
-GPU each where there are enough): every dump point of every rank through the
-conformance suite, on uniform and skewed routings, uneven T per rank, T = 0 on one rank, one hot
-expert that receives every token of every rank, masked slots, clamp on and off, both SiLU modes and
-both GEMM modes; y of a global batch split over 1, 2 and 4 ranks (and 8) bitwise the same; 20 repeats the
-same bits; one rank's bad input refused on every rank before a launch.
+GPU each where there are enough): every dump point of every rank through the conformance suite, on
+uniform and skewed routings, uneven T per rank, T = 0 on one rank, one hot expert that receives
+every token of every rank, masked slots, clamp on and off, both SiLU modes and both GEMM modes; y
+of a global batch split over 1, 2, 4 (and 8) ranks bitwise the same; 20 repeats the same bits; one
+rank's bad input refused on every rank before a launch.
 
 Each R is one spawn that runs every case (a process start and the kernels' loading are most of a
 case's cost on one time-sliced GPU); the tests then check what the ranks returned.
