@@ -63,10 +63,10 @@ def test_activation_clamp_is_rounded_to_bf16_like_the_reference():
 
 def test_the_largest_tile_holds_the_largest_expert_and_skewed_launches_take_64():
     assert G.pick_max_tile(8) == 8 and G.pick_max_tile(9) == 16 and G.pick_max_tile(100) == 128
-    assert G.pick_max_tile(5000) == 128 and G.pick_max_tile(None) == 128
+    assert G.pick_max_tile(200) == 256 and G.pick_max_tile(5000) == 256 and G.pick_max_tile(None) == 256
     assert G.pick_max_tile(5000, "k32") == 64
     assert G.pick_max_tile(100, rows_per_expert=64.0) == 64  # zipf: most experts are small
-    assert G.pick_max_tile(600, rows_per_expert=576.0) == 128  # uniform prefill
+    assert G.pick_max_tile(600, rows_per_expert=576.0) == 256  # uniform prefill
     assert G.spec_for(1, max_tokens=8, n_rows=4096).wgs == 4 and G.spec_for(1, max_tokens=9, n_rows=4096).wgs == 2
 
 

@@ -86,8 +86,9 @@ struct PullTables {
   int* row_start;
 };
 
-// After every rank posted: the pool layout and the GEMM schedule from the receive counts (read
-// with plain loads: the peers' writes are ordered by the CTA's acquire and barrier). One thread.
+// After every rank posted: the pool layout from the receive counts (read with plain loads: the
+// peers' writes are ordered by the CTA's acquire and barrier). One thread; its warp then builds the
+// GEMM schedule from the layout (build_schedule).
 __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t) {
   const int el = fp.local_experts;
   const int R = fp.num_ranks;
@@ -101,13 +102,11 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
       pairs += c;
       total += c;
     }
-    sched.tb_prefix[e] = 0;   // filled below by build_schedule
     sched.offset[e] = row;
     sched.count[e] = total;
     row += (total + fp.block_m - 1) / fp.block_m * fp.block_m;
   }
   t.pair_prefix[el * R] = pairs;
-  build_schedule<kFusedMaxN>(sched, el, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
   if (blockIdx.x == 0) {   // D2 totals and D4 offsets, for the dumps and the next stages' readers
     for (int e = 0; e < el; ++e) {
       fp.ws_recv_totals[e] = sched.count[e];

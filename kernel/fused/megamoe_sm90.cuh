@@ -49,11 +49,17 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   stage_inputs(fp);
   count_and_list(fp, scratch);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int* sig = call_signals(fp, call_epoch(fp));
-    signal_all_ranks(fp, sig, kSignalPosted);
-    wait_counter_sys(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
-    build_layout(fp, *GemmSmem<Cfg>().sched, tables);
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) {
+      int* sig = call_signals(fp, call_epoch(fp));
+      signal_all_ranks(fp, sig, kSignalPosted);
+      wait_counter_sys(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
+      build_layout(fp, *GemmSmem<Cfg>().sched, tables);
+    }
+    __syncwarp();
+    Schedule& sched = *GemmSmem<Cfg>().sched;
+    build_schedule<kFusedMaxN>(sched, fp.local_experts, [&](int e) { return sched.offset[e]; },
+                               [&](int e) { return sched.count[e]; });
   }
   __syncthreads();
   pull_rows<!kPerK32>(fp, tables);

@@ -68,11 +68,14 @@ struct GemmConfig {
   static_assert(kStages >= 2, "the stage ring does not fit in shared memory");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
   // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
-  // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224;
-  // 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104.
+  // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224, or
+  // for the wide tile (its 128 accumulators) 128 x 40 + 256 x 232, where the TMA thread's and the
+  // scale warps' loops are written to fit 40; 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104. (The
+  // fused kernel's producer warpgroup also runs the dispatch tail and the combine.)
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;   // what ptxas allocates (compile gate)
-  static constexpr int kProducerRegs = kWGs == 2 ? 56 : 40;
-  static constexpr int kConsumerRegs = kWGs == 2 ? 224 : 104;
+  static constexpr bool kWide = kMaxN > kWideTile;
+  static constexpr int kProducerRegs = kWGs == 4 || kWide ? 40 : 56;
+  static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWide ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
   static_assert(kWGs == 2 || kMaxN == kSmallTile, "four consumer warpgroups hold 8-token tiles only");
@@ -122,7 +125,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::report_trap(err, kLayoutCheck, static_cast<int>(ptx::smem_addr(smem) & 1023u), Cfg::kSmemBytes,
                        static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(&sm.ring.full[s], 2);               // the TMA thread (expect_tx) + the scale warp
+      ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
       ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
@@ -155,7 +158,8 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + ctx.row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
-  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, acc);
+  constexpr int kCw = N < kChunkN ? N : kChunkN;
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile / kCw, acc);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
     const float fa = exp2i(row_base_a - expert_base);
@@ -204,7 +208,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     // One instantiation of the mainloop and epilogue per (layer, token tile); the branches are uniform.
     auto run = [&](auto layer_c) {
       constexpr int L = decltype(layer_c)::value;
-      if (kMaxN == kSmallTile || wi.tile == kMaxN)
+      if (kMaxN == kSmallTile || Cfg::kWide || wi.tile == kMaxN)
         run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
       else
         run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
@@ -232,7 +236,7 @@ template <int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int 
 __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
   gemm_setup<Cfg, kPerK32>(p.err);
-  if (threadIdx.x == 0)
+  if (threadIdx.x < 32)
     build_schedule<kMaxN>(
         *GemmSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
         [&](int e) { return __ldg(p.num_tokens + e); });

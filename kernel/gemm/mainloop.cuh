@@ -53,42 +53,52 @@ struct ConsumerCtx {
 
 template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
-                                         int num_kb, float (&acc)[N / 2]) {
+                                         int num_kb, int chunks, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   constexpr int CW = N < kChunkN ? N : kChunkN;
   constexpr int C = N / CW;
   constexpr int G = kPerK32 ? 4 * C : C;
   constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
+  // Temporaries (groups in flight): two, except at tiles of more than two chunks, whose
+  // accumulators leave registers for one (the serial schedule below).
+  constexpr int T = N > kWideTile ? 1 : 2;
   static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
+  static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
   using Mma = WgmmaRS<CW>;
 
   uint32_t a[2][4][4];          // decoded A fragments of two K blocks
-  float tmp[2][CW / 2];         // products of the two groups in flight
+  float tmp[T][CW / 2];         // products of the groups in flight
   int bstage[2];                // ring stage of the K block in each A buffer
   uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (warp-uniform)
-  uint32_t wsf_a[2], wsf_b[2];  // exact mode: the K block's scale bytes of rows row_a / row_a + 8
+  uint32_t wsf_a[2], wsf_b[2];  // the K block's scale words of rows row_a / row_a + 8 (k32: scale bytes,
+                                // k128: LUT offsets)
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
 
-  auto decode = [&](auto b_c) {
+  // The decode of a K block in kParts parts (its k32 steps split evenly). In the serial schedule
+  // a part runs while a group is in flight, beside 128 accumulators, the group's temporary and its
+  // A fragments: in halves its own temporaries fit the registers left.
+  constexpr int kParts = T == 1 ? 2 : 1;
+  auto decode = [&](auto b_c, auto part_c) {
     constexpr int b = decltype(b_c)::value;
-    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
-    const uint8_t* w_frag = ctx.ring.w + cur.stage * Ring::kW + ctx.rg * 1024;
-    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
-    const uint32_t sfa = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
-    const uint32_t sfb = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
-    if constexpr (kPerK32) {
-      wsf_a[b] = sfa;
-      wsf_b[b] = sfb;
-      decode_stage_plain(w_frag, ctx.lane, a[b]);
-    } else {
-      decode_stage_scaled(w_frag, ctx.lane, sfa, sfb, ctx.lut, a[b]);
+    constexpr int part = decltype(part_c)::value;
+    constexpr int kCount = 4 / kParts;
+    if constexpr (part == 0) {
+      ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+      bstage[b] = cur.stage;
+      const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+      wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+      wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+      // The descriptor of a stage is the same for every thread: computed once per warp and
+      // broadcast, so it lives in uniform registers next to the wgmma.
+      xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+      cur.advance<kStages>();
     }
-    bstage[b] = cur.stage;
-    // The descriptor of a stage is the same for every thread: computed once per warp and broadcast,
-    // so it lives in uniform registers next to the wgmma.
-    xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
-    cur.advance<kStages>();
+    const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
+    if constexpr (kPerK32)
+      decode_stage_plain<part * kCount, kCount>(w_frag, ctx.lane, a[b]);
+    else
+      decode_stage_scaled<part * kCount, kCount>(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
   };
 
   auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
@@ -99,7 +109,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int ks0 = kPerK32 ? gi / C : 0;
     // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
     // into each 128-byte row.
-    const uint32_t lo = xdesc[b] + c * (CW * kBlockK >> 4);
+    const uint32_t lo = (T == 1 ? __shfl_sync(0xFFFFFFFFu, xdesc[b], 0) : xdesc[b]) + c * (CW * kBlockK >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kWgmmasPerGroup; ++k) {
@@ -140,40 +150,74 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
   };
 
-  // One step per group q: retire group q - 2 (same temporary), then issue group q. Running q past
-  // the last group (to total + 1) retires the last two, so every decode, issue and promotion has
-  // one call site with compile-time buffer indices; the guards are warp-uniform. (A prologue that
-  // issued wgmmas would make ptxas give the loop's A fragments registers of their own.)
-  const int total = num_kb * G;
-  auto step = [&](auto u_c, int q) {
-    constexpr int u = decltype(u_c)::value;   // position of group q in the two-K-block cycle
-    constexpr int b = u / G;
-    constexpr int gi = u % G;
-    constexpr int tt = u % 2;
-    constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
-    if (q >= 2 && q - 2 < total) {
-      if (q - 1 < total)
-        ptx::wgmma_wait<1>();
-      else
-        ptx::wgmma_wait<0>();
-      promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
-              std::integral_constant<int, pu / G>{});
-      if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});
+  if constexpr (T == 1) {
+    // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group is
+    // issued, waited for and promoted before the next; the other warpgroup's groups run in the
+    // tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is charged the chunks
+    // its rows fill, not the whole tile. K block kb + 1 is decoded in parts, part p after the issue
+    // of chunk p of kb (while that group runs; the parts an item with fewer chunks has no group
+    // for follow its last group).
+    static_for<0, kParts>([&](auto part_c) { decode(std::integral_constant<int, 0>{}, part_c); });
+    for (int kb0 = 0; kb0 < num_kb; kb0 += 2) {
+      static_for<0, 2>([&](auto b_c) {
+        constexpr int b = decltype(b_c)::value;
+        const int kb = kb0 + b;
+        if (kb < num_kb) {
+          const bool next = kb + 1 < num_kb;
+          static_for<0, C>([&](auto c_c) {
+            constexpr int c = decltype(c_c)::value;
+            if (c == 0 || c < chunks) {
+              issue(c_c, std::integral_constant<int, 0>{}, b_c);
+              if constexpr (c < kParts)
+                if (next) decode(std::integral_constant<int, 1 - b>{}, c_c);
+              ptx::wgmma_wait<0>();
+              promote(c_c, std::integral_constant<int, 0>{}, b_c);
+            }
+          });
+          static_for<1, kParts>([&](auto part_c) {
+            if (next && decltype(part_c)::value >= chunks) decode(std::integral_constant<int, 1 - b>{}, part_c);
+          });
+          release(b_c);
+        }
+      });
     }
-    if (q < total) {
-      // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group per
-      // K block, right before its issue; otherwise at group 1 of kb - 1, after that group's issue,
-      // while two of this warpgroup's groups run.
-      if constexpr (G == 1) decode(std::integral_constant<int, b>{});
-      issue(std::integral_constant<int, gi>{}, std::integral_constant<int, tt>{}, std::integral_constant<int, b>{});
-      if constexpr (G >= 2 && gi == 1) {
-        if (q / G + 1 < num_kb) decode(std::integral_constant<int, 1 - b>{});
+  } else {
+    // Pipelined schedule (two temporaries): one step per group q retires group q - 2 (same
+    // temporary) and issues group q. Running q past the last group (to total + 1) retires the last
+    // two, so every decode, issue and promotion has one call site with compile-time buffer indices;
+    // the guards are warp-uniform. (A prologue that issued wgmmas would make ptxas give the loop's
+    // A fragments registers of their own.)
+    const int total = num_kb * G;
+    auto step = [&](auto u_c, int q) {
+      constexpr int u = decltype(u_c)::value;   // position of group q in the two-K-block cycle
+      constexpr int b = u / G;
+      constexpr int gi = u % G;
+      constexpr int tt = u % 2;
+      constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
+      if (q >= 2 && q - 2 < total) {
+        if (q - 1 < total)
+          ptx::wgmma_wait<1>();
+        else
+          ptx::wgmma_wait<0>();
+        promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
+                std::integral_constant<int, pu / G>{});
+        if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});
       }
-    }
-  };
-  if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
-  for (int q0 = 0; q0 < total + 2; q0 += 2 * G)
-    static_for<0, 2 * G>([&](auto u_c) { step(u_c, q0 + decltype(u_c)::value); });
+      if (q < total) {
+        // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
+        // per K block, right before its issue; otherwise at group 1 of kb - 1, after that group's
+        // issue, while two of this warpgroup's groups run.
+        if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
+        issue(std::integral_constant<int, gi>{}, std::integral_constant<int, tt>{}, std::integral_constant<int, b>{});
+        if constexpr (G >= 2 && gi == 1) {
+          if (q / G + 1 < num_kb) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
+        }
+      }
+    };
+    if constexpr (G >= 2) decode(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
+    for (int q0 = 0; q0 < total + 2; q0 += 2 * G)
+      static_for<0, 2 * G>([&](auto u_c) { step(u_c, q0 + decltype(u_c)::value); });
+  }
   // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
   // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own
   // in the epilogue's divergent code and serialises the wgmmas: C7518).

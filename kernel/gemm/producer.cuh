@@ -29,6 +29,10 @@ struct StageRing {
   static constexpr int kSxWords = (kPerK32 ? 4 : 1) * kMaxN;   // fp32 activation scales
   static constexpr int kSx = kSxWords * 4;
   static constexpr int kStage = kX + kW + kWsf + kSx;
+  // Warps that stage the token scales (warps 1 .. kScaleWarps of the producer warpgroup): enough
+  // that a lane holds at most three tokens' scale words within the producer's 40 registers.
+  static constexpr int kScaleWarps = kMaxN <= 32 ? 1 : kMaxN <= 64 ? 2 : 3;
+  static constexpr int kFullArrivals = 1 + kScaleWarps;   // the TMA thread (expect_tx) + the scale warps
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "swizzle atoms and bulk copies stay aligned");
 
   // The fp32 scale of token `tok` (k32 step `ks`) of an item with token tile `tile`: chunk c of
@@ -106,11 +110,15 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         cur.advance<kStages>();
       }
     }
-  } else if (warp == 1) {
-    // Each lane owns tokens lane + 32 m. One 4-byte word of scale bytes serves four stages (k128:
-    // one byte per K128 block; K % 512 == 0), loaded when its first stage comes; or one stage (k32:
-    // the four K32 groups), loaded a stage ahead so its latency hides behind the ring.
-    constexpr int kM = (kMaxN + 31) / 32;
+  } else if (warp >= 1 && warp <= R::kScaleWarps) {
+    // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
+    // scale bytes serves four stages (k128: one byte per K128 block; K % 512 == 0), loaded when its
+    // first stage comes; or one stage (k32: the four K32 groups), loaded a stage ahead so its
+    // latency hides behind the ring. A token's place in the stage's scales (scale_index) is
+    // recomputed per stage rather than held.
+    constexpr int kStride = 32 * R::kScaleWarps;
+    constexpr int kM = (kMaxN + kStride - 1) / kStride;
+    const int t0 = 32 * (warp - 1) + lane;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
@@ -122,38 +130,36 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       // k128: the expert's base folds the weight rows' common scale into the token scale.
       const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
       // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
-      const int first = (wi.row0 + lane) * words_per_row;
-      int idx[kM];
+      const int first = (wi.row0 + t0) * words_per_row;
       uint32_t word[kM], nxt[kM];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        idx[m] = R::scale_index(lane + 32 * m, 0, wi.tile);
-        nxt[m] = kPerK32 && lane + 32 * m < wi.valid ? __ldcg(words + first + 32 * m * words_per_row) : 0u;
-      }
+      for (int m = 0; m < kM; ++m)
+        nxt[m] = kPerK32 && t0 + kStride * m < wi.valid ? __ldcg(words + first + kStride * m * words_per_row) : 0u;
       for (int kb = 0; kb < num_kb; ++kb) {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const bool valid = lane + 32 * m < wi.valid;
+          const bool valid = t0 + kStride * m < wi.valid;
           if constexpr (kPerK32) {
             word[m] = nxt[m];
-            if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + 32 * m * words_per_row + kb + 1);
+            if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + kStride * m * words_per_row + kb + 1);
           } else if (kb % 4 == 0) {
-            word[m] = valid ? __ldcg(words + first + 32 * m * words_per_row + kb / 4) : 0u;
+            word[m] = valid ? __ldcg(words + first + kStride * m * words_per_row + kb / 4) : 0u;
           }
         }
         ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
         float* sx = r.sx + cur.stage * R::kSxWords;
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          const int tok = lane + 32 * m;
+          const int tok = t0 + kStride * m;
           if (tok < wi.tile) {
             const bool valid = tok < wi.valid;
+            const int idx = R::scale_index(tok, 0, wi.tile);
             if constexpr (kPerK32) {
 #pragma unroll
               for (int ks = 0; ks < 4; ++ks)
-                sx[idx[m] + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
+                sx[idx + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
             } else {
-              sx[idx[m]] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+              sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
             }
           }
         }

@@ -26,12 +26,18 @@ struct WorkItem {
   int row0;        // first pool row of the token block
   int valid;       // valid pool rows in the token block (1..kMaxN)
   int end;         // one past the expert's last valid pool row
-  int tile;        // token tile of the item: kSmallTile or kMaxN (pick_tile)
+  int tile;        // token tile of the item (pick_tile)
 };
 
-// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN.
+// Tiles above this many tokens are wide: their kernels run every item at the largest tile's
+// mainloop, charged only the 64-token chunks its rows fill (the serial schedule of mainloop.cuh).
+constexpr int kWideTile = 2 * kChunkN;
+
+// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN; in a
+// wide kernel, the valid rows rounded up to whole chunks.
 template <int kMaxN>
 __device__ __forceinline__ int pick_tile(int valid) {
+  if constexpr (kMaxN > kWideTile) return (valid + kChunkN - 1) / kChunkN * kChunkN;
   return valid <= kSmallTile ? kSmallTile : kMaxN;
 }
 
@@ -49,19 +55,44 @@ struct Schedule {
 };
 
 // Fills the schedule from the experts' first rows and row counts (any source: global memory for a
-// standalone launch, the fused kernel's own dispatch). One thread, before the CTA's first barrier.
+// standalone launch, the fused kernel's own dispatch). Called by all 32 lanes of one warp, before
+// the CTA's first barrier: lane l takes experts l, l + 32, ..., all of whose loads are issued
+// before the first is used (one round of memory latency for up to kMaxExperts experts, where one
+// thread took a round per few experts), then the token blocks are prefix-summed with shuffles.
 template <int kMaxN, typename Offset, typename Count>
 __device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Offset offset_of, Count count_of) {
-  int acc = 0;
-  for (int e = 0; e < num_experts; ++e) {
-    const int n = count_of(e);
-    s.tb_prefix[e] = acc;
-    s.offset[e] = offset_of(e);
-    s.count[e] = n;
-    acc += (n + kMaxN - 1) / kMaxN;
+  constexpr int kRounds = kMaxExperts / 32;
+  const int lane = threadIdx.x % 32;
+  int off[kRounds], n[kRounds];
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int e = 32 * r + lane;
+    off[r] = e < num_experts ? offset_of(e) : 0;
+    n[r] = e < num_experts ? count_of(e) : 0;
   }
-  s.tb_prefix[num_experts] = acc;
-  s.num_experts = num_experts;
+  int carry = 0;
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    if (32 * r >= num_experts) break;
+    const int e = 32 * r + lane;
+    const int blocks = (n[r] + kMaxN - 1) / kMaxN;
+    int incl = blocks;   // inclusive prefix over the round's lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    if (e < num_experts) {
+      s.tb_prefix[e] = carry + incl - blocks;
+      s.offset[e] = off[r];
+      s.count[e] = n[r];
+    }
+    carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
+  }
+  if (lane == 0) {
+    s.tb_prefix[num_experts] = carry;
+    s.num_experts = num_experts;
+  }
 }
 
 // Item `item` of a layer with n_rb blocks of weight rows: items of expert e are

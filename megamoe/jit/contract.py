@@ -17,7 +17,7 @@ from megamoe.reference import quantize as Q
 
 BLOCK_K = 128  # K per pipeline stage (four k32 wgmma steps)
 CHUNK_N = 64  # tokens per wgmma chunk of the wide token tiles
-TOKEN_TILES = (8, 16, 32, 64, 128)  # a kernel's largest token tile kMaxN (wgmma N, or chunks of 64)
+TOKEN_TILES = (8, 16, 32, 64, 128, 256)  # a kernel's largest token tile kMaxN (wgmma N, or chunks of 64)
 SMALL_TILE = 8  # every kernel runs items of at most this many rows at this tile
 MAX_EXPERTS = 256  # local experts of one launch (the schedule's shared-memory tables)
 SMEM_LIMIT = 232448  # sm_90 opt-in dynamic shared memory per block

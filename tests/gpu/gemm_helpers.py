@@ -13,7 +13,7 @@ from megamoe.jit import layout as L
 
 # Expert sizes of the standalone tests (pool alignment 64): none, one, BLOCK_M - 1, BLOCK_M + 1,
 # BLOCK_M, several token blocks.
-COUNTS = [0, 1, 63, 65, 64, 300]
+COUNTS = [0, 1, 63, 65, 64, 170, 300]  # at tile 256: items of 1, 2, 3 and 4 chunks
 
 
 def log_result(**kw) -> None:

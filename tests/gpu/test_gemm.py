@@ -176,7 +176,7 @@ def test_wide_scale_spread():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("max_tile", [8, 64, 128])
+@pytest.mark.parametrize("max_tile", [8, 64, 128, 256])
 def test_fast_l1_bound_and_epilogue(max_tile):
     H, inter = 2048, 1024
     pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=200 + max_tile)
@@ -202,7 +202,7 @@ def test_fast_l1_bound_and_epilogue(max_tile):
     assert worst <= G.TAU["k128"]
 
 
-@pytest.mark.parametrize("max_tile", [8, 128])
+@pytest.mark.parametrize("max_tile", [8, 128, 256])
 def test_fast_l2_bound_and_epilogue(max_tile):
     H, inter = 1024, 2048
     gen = torch.Generator().manual_seed(300 + max_tile)
