@@ -111,7 +111,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
 #pragma unroll
   for (int c = 0; c < N / CW; ++c) {
-    if (c > 0 && c * CW >= wi.valid) break;   // chunks without rows (wide kernels charge only the filled ones)
+    if (c > 0 && c * CW >= wi.valid) break;  // chunks without rows (wide kernels charge only the filled ones)
     float* ac = acc + c * (CW / 2);
 #pragma unroll
     for (int j = 0; j < CW / 8; ++j) {

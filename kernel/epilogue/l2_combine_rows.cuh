@@ -38,7 +38,7 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
 #pragma unroll
   for (int c = 0; c < N / CW; ++c) {
-    if (c > 0 && c * CW >= wi.valid) break;   // chunks without rows (wide kernels charge only the filled ones)
+    if (c > 0 && c * CW >= wi.valid) break;  // chunks without rows (wide kernels charge only the filled ones)
     // The staging of the previous chunk (or item) is read out by every thread before it is rewritten.
     ptx::named_barrier(1 + wg, 128);
 #pragma unroll

@@ -58,8 +58,8 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     }
     __syncwarp();
     Schedule& sched = *GemmSmem<Cfg>().sched;
-    build_schedule<kFusedMaxN>(sched, fp.local_experts, [&](int e) { return sched.offset[e]; },
-                               [&](int e) { return sched.count[e]; });
+    build_schedule<kFusedMaxN>(
+        sched, fp.local_experts, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
   }
   __syncthreads();
   pull_rows<!kPerK32>(fp, tables);
