@@ -23,10 +23,11 @@ products are promoted into fp32 with their scales:
   TAU["k128"]. Pass x_sf128 (from rebase_k128) to give the already rebased operand; otherwise the
   entry point rebases with torch ops before the launch.
 
-Token tiles: a launch's kernel has a largest token tile (max_tile: 8..128 for k128, 8..64 for k32,
+Token tiles: a launch's kernel has a largest token tile (max_tile: 8..256 for k128, 8..64 for k32,
 picked from max_tokens; without it, the largest); each work item (an expert's block of up to
 max_tile tokens) with at most 8 rows runs at the 8-token tile, the others at max_tile, so the
-many small experts of a skewed routing cost what they cost in a uniform one. The entry points
+many small experts of a skewed routing cost what they cost in a uniform one. The wide tile (256,
+k128) runs every item at its one mainloop, charged per 64-token chunk its rows fill. The entry points
 never synchronise with the device, cache the launch (tensor maps and packed parameters) for the
 same tensors and arguments, and can be captured in a CUDA graph.
 """
@@ -61,7 +62,7 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 
 def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expert: float | None = None) -> int:
     """The kernel's largest token tile for a launch whose largest expert has max_tokens rows: the
-    smallest tile that holds them, at most the promotion's largest (128 for k128, 64 for k32;
+    smallest tile that holds them, at most the promotion's largest (256 for k128, 64 for k32;
     larger experts take several items). Unknown (None): the largest. A skewed launch (pool rows per
     expert, rows_per_expert, under 128 while some expert has more than 64) takes 64: its middle-sized
     experts would pay a 128-token tile for few rows (measured on zipf routings: 1.6x at 8 and 1.3x

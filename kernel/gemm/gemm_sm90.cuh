@@ -15,7 +15,9 @@
 //
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
 // are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 when every item
-// is an 8-token tile). Stages (BK = 128) are handed over through full / empty mbarriers.
+// is an 8-token tile). Stages (BK = 128) are handed over through full / empty mbarriers. Token
+// tiles 8 .. 128 (two per kernel) and the wide tile 256 (fast mode; charged per 64-token chunk, see
+// scheduler.cuh and the serial schedule in mainloop.cuh).
 //
 // Promotion (kPerK32 = true, promotion "k32", the exact mode): every k32 product is added into the
 // fp32 result with both per-32 scales. kPerK32 = false ("k128", the fast mode): each weight row r
@@ -154,8 +156,12 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     const GemmParams& p = *ctx.p;
     const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * Cfg::kRows;
     expert_base = __ldg(p.w_expert_base + wi.expert);
-    row_base_a = __ldg(rb + ctx.row_a);
-    row_base_b = __ldg(rb + ctx.row_a + 8);
+    // After the mainloop the thread's row is re-read from threadIdx (held across the wide tile's
+    // mainloop it is spilled): consumer thread c holds rows 16 (c / 32) + (c % 32) / 4 and + 8.
+    const int tid = ptx::thread_idx() - 128;
+    const int row_a = kEarly ? ctx.row_a : tid / 32 * 16 + tid % 32 / 4;
+    row_base_a = __ldg(rb + row_a);
+    row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
   constexpr int kCw = N < kChunkN ? N : kChunkN;
@@ -224,7 +230,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     }
     if (done != nullptr && item >= (second ? nb : na)) {   // this CTA's last item is written
       __syncwarp();
-      if (clane == 0) ptx::mbar_arrive(done);
+      if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(done);   // re-read: held across the items it spills
     }
   }
 }

@@ -1,20 +1,26 @@
 // The consumer mainloop of one work item: one warpgroup's 64 weight rows x the item's token tile N,
-// over all K blocks, software-pipelined so that the tensor core always has this warpgroup's next
-// wgmma group while the warps promote, release and decode.
+// over all K blocks, scheduled so that the tensor core has this warpgroup's (or the other
+// warpgroup's) next wgmma group while the warps promote, release and decode.
 //
 // Work is cut into wgmma groups. A group is one N-chunk (cw = min(N, 64) tokens) of one K block:
 // in the fast mode (promotion k128) its four k32 wgmmas accumulate in the tensor core and the group
 // is promoted once; in the exact mode (k32) every k32 step is a group of its own. So a K block has
-// G = C (k128) or 4 C (k32) groups, C = N / cw. Groups are issued in order into two temporaries
-// (tmp[q % 2]); the decoded A fragments of two K blocks are held (a[kb % 2]). Step q:
-//     retire group q - 2: wait until only group q - 1 is in flight (wgmma.wait_group 1), promote
-//         tmp[q % 2] into the accumulators (one FFMA per accumulator in the fast mode), and after
-//         the last group of a K block release its stage (one empty-barrier arrival per warp);
-//     issue group q into tmp[q % 2].
-// The A fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
-// (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue, while
-// kb - 1 runs). So while a warp promotes or decodes, one or two of its own groups are in the
-// tensor core, and the only wait<0> is the item's last.
+// G = C (k128) or 4 C (k32) groups, C = N / cw. The decoded A fragments of two K blocks are held
+// (a[kb % 2]). Two schedules, by the registers the tile leaves:
+//   pipelined (tiles up to 128): groups are issued in order into two temporaries (tmp[q % 2]).
+//     Step q retires group q - 2 (wait until only group q - 1 is in flight, wgmma.wait_group 1;
+//     promote tmp[q % 2], one FFMA per accumulator in the fast mode; after the last group of a K
+//     block release its stage, one empty-barrier arrival per warp) and issues group q. The A
+//     fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
+//     (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue,
+//     while kb - 1 runs). The only wait<0> is the item's last.
+//   serial (the wide tile, 256: 128 accumulators leave registers for one temporary; fast mode):
+//     each group is issued, waited for and promoted before the next, while the other warpgroup's
+//     groups keep the tensor core busy; the item's rows fill `chunks` of the C chunks and only those
+//     are computed. K block kb + 1 is decoded in halves, after the issues of chunks 0 and 1 of kb.
+// The fast mode loads a group's token scales before waiting for it, so their shared-memory latency
+// hides under the wait (after it, every promotion FFMA waited for them: the loop's largest stall,
+// ncu).
 #pragma once
 
 #include <cstdint>
@@ -69,7 +75,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   uint32_t a[2][4][4];          // decoded A fragments of two K blocks
   float tmp[T][CW / 2];         // products of the groups in flight
   int bstage[2];                // ring stage of the K block in each A buffer
-  uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (warp-uniform)
+  uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (pipelined schedule)
   uint32_t wsf_a[2], wsf_b[2];  // the K block's scale words of rows row_a / row_a + 8 (k32: scale bytes,
                                 // k128: LUT offsets)
 #pragma unroll
@@ -109,7 +115,12 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int ks0 = kPerK32 ? gi / C : 0;
     // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
     // into each 128-byte row.
-    const uint32_t lo = (T == 1 ? __shfl_sync(0xFFFFFFFFu, xdesc[b], 0) : xdesc[b]) + c * (CW * kBlockK >> 4);
+    // The stage's descriptor word: kept from the decode in the pipelined schedule (broadcast there,
+    // so ptxas holds it in a uniform register); recomputed from the stage index in the serial one,
+    // whose decode sits in a branch: the broadcast word lands in a vector register there and every
+    // wgmma pays two R2UR for it (30 instructions per stage more, bench.sass_stage).
+    const uint32_t stage_lo = T == 1 ? ptx::smem_desc_sw128_lo(ctx.ring.x + bstage[b] * Ring::kX) : xdesc[b];
+    const uint32_t lo = stage_lo + c * (CW * kBlockK >> 4);
     ptx::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kWgmmasPerGroup; ++k) {
@@ -123,7 +134,19 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     ptx::wgmma_commit();
   };
 
-  auto promote = [&](auto gi_c, auto tt_c, auto b_c) {
+  // The token scales of group gi of the K block in buffer b: loaded before the wait for the group,
+  // so that their shared-memory latency hides under it (loaded after it, every promotion FMA
+  // waited for them: measured as the loop's largest stall).
+  using Scales = float[CW / 4];
+  auto load_scales = [&](auto gi_c, auto b_c, Scales& s) {
+    constexpr int gi = decltype(gi_c)::value;
+    constexpr int b = decltype(b_c)::value;
+    constexpr int c = kPerK32 ? gi % C : gi;
+    constexpr int ks = kPerK32 ? gi / C : 0;
+    load_token_scales<CW>(ctx.ring.sx + bstage[b] * Ring::kSxWords + ks * kMaxN + c * CW, ctx.t, s);
+  };
+
+  auto promote = [&](auto gi_c, auto tt_c, auto b_c, const Scales& s) {
     constexpr int gi = decltype(gi_c)::value;
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
@@ -131,12 +154,11 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int ks = kPerK32 ? gi / C : 0;
 #pragma unroll
     for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(tmp[tt][i]);
-    const float* sx = ctx.ring.sx + bstage[b] * Ring::kSxWords + ks * kMaxN + c * CW;
     if constexpr (kPerK32) {
-      promote_k32<CW>(acc + c * (CW / 2), tmp[tt], sx, ctx.t, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
+      promote_k32<CW>(acc + c * (CW / 2), tmp[tt], s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
                       ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
     } else {
-      promote_k128<CW>(acc + c * (CW / 2), tmp[tt], sx, ctx.t);
+      promote_k128<CW>(acc + c * (CW / 2), tmp[tt], s);
     }
     // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
     // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
@@ -170,8 +192,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
               issue(c_c, std::integral_constant<int, 0>{}, b_c);
               if constexpr (c < kParts)
                 if (next) decode(std::integral_constant<int, 1 - b>{}, c_c);
+              Scales s;
+              load_scales(c_c, b_c, s);
               ptx::wgmma_wait<0>();
-              promote(c_c, std::integral_constant<int, 0>{}, b_c);
+              promote(c_c, std::integral_constant<int, 0>{}, b_c, s);
             }
           });
           static_for<1, kParts>([&](auto part_c) {
@@ -195,12 +219,19 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       constexpr int tt = u % 2;
       constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
       if (q >= 2 && q - 2 < total) {
+        // The exact mode loads the scales after the wait: the fused kernel's consumers, which hold
+        // both layers' loops, have no registers for them across it (292 bytes of spills).
+        Scales s;
+        if constexpr (!kPerK32)
+          load_scales(std::integral_constant<int, pu % G>{}, std::integral_constant<int, pu / G>{}, s);
         if (q - 1 < total)
           ptx::wgmma_wait<1>();
         else
           ptx::wgmma_wait<0>();
+        if constexpr (kPerK32)
+          load_scales(std::integral_constant<int, pu % G>{}, std::integral_constant<int, pu / G>{}, s);
         promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
-                std::integral_constant<int, pu / G>{});
+                std::integral_constant<int, pu / G>{}, s);
         if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});
       }
       if (q < total) {

@@ -3,11 +3,11 @@
 //   warp 0, lane 0: 2-D TMA of the activation tile (the item's token tile x 128 B, 128-byte
 //                   swizzle: 8-row boxes for tiles up to 32 tokens, 64-row boxes above), 1-D bulk
 //                   copies of the packed FP4 weights and their scale bytes;
-//   warp 1:         the activation scales of the stage as fp32, in the order the consumers read
+//   warps 1 .. 3:   the activation scales of the stage as fp32, in the order the consumers read
 //                   them (see StageRing::scale_index), so a consumer promotes with one fp32 FMA
-//                   per accumulator and no scale arithmetic.
-// A stage's full barrier expects 2 arrivals (the TMA thread's expect_tx, the scale warp) plus the
-// transaction bytes; the empty barrier is released by one arrival per consumer warp.
+//                   per accumulator and no scale arithmetic (one to three warps, by the tile).
+// A stage's full barrier expects 1 + kScaleWarps arrivals (the TMA thread's expect_tx, the scale
+// warps) plus the transaction bytes; the empty barrier is released by one arrival per consumer warp.
 #pragma once
 
 #include <cstdint>

@@ -32,11 +32,10 @@ __device__ __forceinline__ void load_token_scales(const float* sx, int t, float 
 
 // Fast mode (K128): acc += prod * 2^(sx - 127 + B_e - 133), the token's K128 scale with the
 // expert's weight base folded in by the producer: one FMA per accumulator. The weight rows' own
-// factors 2^(B_r - B_e) are constant over K and applied once, after the mainloop.
+// factors 2^(B_r - B_e) are constant over K and applied once, after the mainloop. s: the chunk's
+// token scales (load_token_scales), loaded before the wgmma wait so that their latency hides there.
 template <int CW>
-__device__ __forceinline__ void promote_k128(float* acc, const float* prod, const float* sx, int t) {
-  float s[CW / 4];
-  load_token_scales<CW>(sx, t, s);
+__device__ __forceinline__ void promote_k128(float* acc, const float* prod, const float (&s)[CW / 4]) {
 #pragma unroll
   for (int j = 0; j < CW / 8; ++j)
 #pragma unroll
@@ -44,12 +43,10 @@ __device__ __forceinline__ void promote_k128(float* acc, const float* prod, cons
 }
 
 // Exact mode (K32): acc += prod * (2^(sw - 127) * 2^(sx - 127)) with the weight row's and the
-// token's per-32 scales of the k32 step (swa: row g, swb: row g + 8).
+// token's per-32 scales of the k32 step (swa: row g, swb: row g + 8; s as for promote_k128).
 template <int CW>
-__device__ __forceinline__ void promote_k32(float* acc, const float* prod, const float* sx, int t, float swa,
+__device__ __forceinline__ void promote_k32(float* acc, const float* prod, const float (&s)[CW / 4], float swa,
                                             float swb) {
-  float s[CW / 4];
-  load_token_scales<CW>(sx, t, s);
 #pragma unroll
   for (int j = 0; j < CW / 8; ++j)
 #pragma unroll

@@ -1,12 +1,14 @@
 // Static persistent schedule of the grouped GEMM: work items (expert, N block of weight rows,
 // token block), token block innermost so that CTAs running at the same time share weight tiles in
-// L2. Every role of a CTA (producer, scale warp, consumers) walks the same items.
+// L2. Every role of a CTA (producer, scale warps, consumers) walks the same items.
 //
 // The token tile is chosen per work item, not per launch: an expert's tokens are cut into blocks
 // of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
 // with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
 // two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
-// third ptxas runs out of registers (measured: spills and serialised wgmmas).
+// third ptxas runs out of registers (measured: spills and serialised wgmmas). The wide kernel
+// (kMaxN 256) has one mainloop instead, charged per 64-token chunk: an item of r rows costs
+// ceil(r / 64) chunks (pick_tile).
 //
 // The pool layout (each expert's first row and row count) is copied into shared memory once per
 // CTA, before the roles split: in the fused kernel it is computed by the kernel itself, so nothing

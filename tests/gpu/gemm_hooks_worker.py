@@ -10,7 +10,7 @@ filler), after a delay, writes the real values of one input of the pool rows ove
 block by block (half the rows and a partial count first, then the rest and the full count). The
 late input is the payload x, its scales x_sf, or the routing weights w_route (L1 only); the others
 are in place at the launch. A variant is one layer, promotion and largest token tile (every tile
-of contract.TOKEN_TILES the promotion has: 8..64 for k32, 8..128 for k128), one late input and one
+of contract.TOKEN_TILES the promotion has: 8..64 for k32, 8..256 for k128), one late input and one
 fill order. The output must equal the ungated launch's, bit for bit; a snapshot of the output taken
 just before the last counter is raised (that block's rows are already real) must still hold the
 sentinel on that block's rows (only the gate can have held them) and hold final rows elsewhere
