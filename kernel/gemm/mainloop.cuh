@@ -134,9 +134,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     ptx::wgmma_commit();
   };
 
-  // The token scales of group gi of the K block in buffer b: loaded before the wait for the group,
-  // so that their shared-memory latency hides under it (loaded after it, every promotion FMA
-  // waited for them: measured as the loop's largest stall).
+  // The token scales of group gi of the K block in buffer b. The fast mode loads them before the
+  // wait for the group, so that their shared-memory latency hides under it (loaded after it, every
+  // promotion FMA waited for them: measured as the loop's largest stall).
   using Scales = float[CW / 4];
   auto load_scales = [&](auto gi_c, auto b_c, Scales& s) {
     constexpr int gi = decltype(gi_c)::value;
