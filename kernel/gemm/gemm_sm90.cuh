@@ -157,9 +157,8 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * Cfg::kRows;
     expert_base = __ldg(p.w_expert_base + wi.expert);
     // After the mainloop the thread's row is re-read from threadIdx (held across the wide tile's
-    // mainloop it is spilled): consumer thread c holds rows 16 (c / 32) + (c % 32) / 4 and + 8.
-    const int tid = ptx::thread_idx() - 128;
-    const int row_a = kEarly ? ctx.row_a : tid / 32 * 16 + tid % 32 / 4;
+    // mainloop it is spilled).
+    const int row_a = kEarly ? ctx.row_a : consumer_row_a(ptx::thread_idx());
     row_base_a = __ldg(rb + row_a);
     row_base_b = __ldg(rb + row_a + 8);
   };
@@ -195,7 +194,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.ring = sm.ring;
   ctx.lut = reinterpret_cast<const uint8_t*>(sm.lut);
   ctx.rg = wg * 4 + wq;
-  ctx.row_a = ctx.rg * 16 + clane / 4;
+  ctx.row_a = consumer_row_a(ctid);
   ctx.lane = clane;
   ctx.t = clane % 4;
   uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;

@@ -52,10 +52,17 @@ struct ConsumerCtx {
   const uint8_t* lut;   // the fast mode's scaled tables (kLutEntries x 8 bytes)
   const GemmParams* p;
   int rg;               // the warp's 16-row group in the CTA tile
-  int row_a;            // the thread's rows: row_a and row_a + 8 of the CTA tile
+  int row_a;            // the thread's rows: row_a and row_a + 8 of the CTA tile (consumer_row_a)
   int lane;
   int t;                // lane % 4: the thread's token columns 8j + 2t + h
 };
+
+// The first of the two weight rows of the CTA tile that consumer thread `ctid` (128 .. : the
+// consumer warpgroups follow the producer's) holds in every accumulator fragment: its warp's
+// 16-row group times 16, plus its lane's g = lane / 4 (the other is that + 8).
+__device__ __forceinline__ int consumer_row_a(int ctid) {
+  return (ctid - 128) / 32 * 16 + ctid % 32 / 4;
+}
 
 template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
@@ -97,7 +104,8 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
       // The descriptor of a stage is the same for every thread: computed once per warp and
       // broadcast, so it lives in uniform registers next to the wgmma.
-      xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+      if constexpr (T == 2)
+        xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
       cur.advance<kStages>();
     }
     const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
@@ -206,48 +214,62 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       });
     }
   } else {
-    // Pipelined schedule (two temporaries): one step per group q retires group q - 2 (same
-    // temporary) and issues group q. Running q past the last group (to total + 1) retires the last
-    // two, so every decode, issue and promotion has one call site with compile-time buffer indices;
-    // the guards are warp-uniform. (A prologue that issued wgmmas would make ptxas give the loop's
-    // A fragments registers of their own.)
+    // Pipelined schedule (two temporaries): step q retires group q - 2 (same temporary) and issues
+    // group q. The loop runs whole cycles of two K blocks (2 G steps), so every decode, issue and
+    // promotion has compile-time buffer indices (total is a multiple of 2 G: K % 512 == 0). Its
+    // steps have no runtime branch but the first cycle's retires of groups that do not exist and,
+    // at G >= 2, the decode past the last K block; the last two groups are retired after the loop.
+    // (Branch-free steps let ptxas schedule a step's decode loads across its promotion. The guards
+    // they replace cost 6-45 instructions per stage, bench.sass_stage.) Where two 64-token chunks'
+    // temporaries beside their accumulators leave few registers (kGuarded: the 128-token tile, the
+    // exact mode's 64), the branch-free cycle made ptxas spill or serialise the wgmmas: there the
+    // loop runs two steps further, each step under its guards, which also bound its scheduling.
+    // (A prologue that issued wgmmas would make ptxas give the loop's A fragments registers of
+    // their own.)
+    constexpr bool kGuarded = G >= 2 && CW == kChunkN;
     const int total = num_kb * G;
-    auto step = [&](auto u_c, int q) {
-      constexpr int u = decltype(u_c)::value;   // position of group q in the two-K-block cycle
-      constexpr int b = u / G;
-      constexpr int gi = u % G;
-      constexpr int tt = u % 2;
-      constexpr int pu = (u + 2 * G - 2) % (2 * G);   // position of group q - 2
-      if (q >= 2 && q - 2 < total) {
-        // The exact mode loads the scales after the wait: the fused kernel's consumers, which hold
-        // both layers' loops, have no registers for them across it (292 bytes of spills).
-        Scales s;
-        if constexpr (!kPerK32)
-          load_scales(std::integral_constant<int, pu % G>{}, std::integral_constant<int, pu / G>{}, s);
-        if (q - 1 < total)
-          ptx::wgmma_wait<1>();
-        else
-          ptx::wgmma_wait<0>();
-        if constexpr (kPerK32)
-          load_scales(std::integral_constant<int, pu % G>{}, std::integral_constant<int, pu / G>{}, s);
-        promote(std::integral_constant<int, pu % G>{}, std::integral_constant<int, tt>{},
-                std::integral_constant<int, pu / G>{}, s);
-        if constexpr (pu % G == G - 1) release(std::integral_constant<int, pu / G>{});
-      }
-      if (q < total) {
-        // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
-        // per K block, right before its issue; otherwise at group 1 of kb - 1, after that group's
-        // issue, while two of this warpgroup's groups run.
-        if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
-        issue(std::integral_constant<int, gi>{}, std::integral_constant<int, tt>{}, std::integral_constant<int, b>{});
-        if constexpr (G >= 2 && gi == 1) {
-          if (q / G + 1 < num_kb) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
-        }
-      }
+    auto retire = [&](auto u_c, bool last) {
+      constexpr int u = decltype(u_c)::value;          // position of the retiring step's group q
+      constexpr int pu = (u + 2 * G - 2) % (2 * G);    // position of group q - 2
+      using Gi = std::integral_constant<int, pu % G>;
+      using B = std::integral_constant<int, pu / G>;
+      // The exact mode loads the scales after the wait: the fused kernel's consumers, which hold
+      // both layers' loops, have no registers for them across it (292 bytes of spills).
+      Scales s;
+      if constexpr (!kPerK32) load_scales(Gi{}, B{}, s);
+      if (last)
+        ptx::wgmma_wait<0>();
+      else
+        ptx::wgmma_wait<1>();
+      if constexpr (kPerK32) load_scales(Gi{}, B{}, s);
+      promote(Gi{}, std::integral_constant<int, u % 2>{}, B{}, s);
+      if constexpr (pu % G == G - 1) release(B{});
     };
     if constexpr (G >= 2) decode(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
-    for (int q0 = 0; q0 < total + 2; q0 += 2 * G)
-      static_for<0, 2 * G>([&](auto u_c) { step(u_c, q0 + decltype(u_c)::value); });
+    for (int q0 = 0; q0 < (kGuarded ? total + 2 : total); q0 += 2 * G) {
+      static_for<0, 2 * G>([&](auto u_c) {
+        constexpr int u = decltype(u_c)::value;   // position of group q = q0 + u in the cycle
+        constexpr int b = u / G;
+        constexpr int gi = u % G;
+        const int q = q0 + u;
+        if ((u >= 2 || q0 > 0) && (!kGuarded || q - 2 < total)) retire(u_c, kGuarded && q - 1 >= total);
+        if (!kGuarded || q < total) {
+          // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
+          // per K block, right before its issue; otherwise at group 1 of kb - 1, after that
+          // group's issue, while two of this warpgroup's groups run.
+          if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
+          issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
+                std::integral_constant<int, b>{});
+          if constexpr (G >= 2 && gi == 1) {
+            if (q < total - G) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
+          }
+        }
+      });
+    }
+    if constexpr (!kGuarded) {
+      retire(std::integral_constant<int, 0>{}, false);
+      retire(std::integral_constant<int, 1>{}, true);
+    }
   }
   // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
   // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own
