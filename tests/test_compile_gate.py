@@ -38,8 +38,9 @@ def built(tmp_path_factory):
 
 
 # Debug builds (accumulator dumps, never timed) may keep a few words in local memory outside the
-# mainloop: the 64-token L1 debug build keeps its item count there (8 bytes, one load per item).
-DEBUG_SPILL_BYTES = 32
+# mainloop: the 128-token L1 debug build with the precise SiLU spills 16 of its row-scaled
+# accumulators in the epilogue (64 bytes), its register peak.
+DEBUG_SPILL_BYTES = 128
 
 
 def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):

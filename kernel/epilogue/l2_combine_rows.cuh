@@ -59,22 +59,32 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
       }
     }
     ptx::named_barrier(1 + wg, 128);
-    for (int idx = wtid; idx < CW * 8; idx += 128) {
+    // The thread's 16-byte vectors idx = wtid + 128 k: their combine rows are loaded first, all at
+    // once (a plain load: in the fused kernel the dispatch wrote dst_rows during this launch), then
+    // the vectors are stored (loaded one per vector, each was waited for in turn).
+    constexpr int kVecs = (CW * 8 + 127) / 128;
+    int rows[kVecs];
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int idx = wtid + 128 * k;
+      const int col = idx / 8;
+      rows[k] = idx < CW * 8 && c * CW + col < wi.valid ? p.dst_rows[p0 + c * CW + col] : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int idx = wtid + 128 * k;
       const int col = idx / 8;
       const int part = idx % 8;
-      if (c * CW + col < wi.valid) {
-        // A plain load: in the fused kernel the dispatch wrote dst_rows during this launch.
-        int row = p.dst_rows[p0 + c * CW + col];
-        if (row >= 0) {
-          __nv_bfloat16* dst = out;
-          if (p.peer_offsets != nullptr) {  // row s * combine_rows + r: row r of rank s's buffer
-            const int s = row / p.combine_rows;
-            row -= s * p.combine_rows;
-            dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(out) + __ldg(p.peer_offsets + s));
-          }
-          const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
-          *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+      int row = rows[k];
+      if (row >= 0) {
+        __nv_bfloat16* dst = out;
+        if (p.peer_offsets != nullptr) {  // row s * combine_rows + r: row r of rank s's buffer
+          const int s = row / p.combine_rows;
+          row -= s * p.combine_rows;
+          dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(out) + __ldg(p.peer_offsets + s));
         }
+        const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
+        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
       }
     }
   }
