@@ -220,10 +220,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // steps have no runtime branch but the first cycle's retires of groups that do not exist and,
     // at G >= 2, the decode past the last K block; the last two groups are retired after the loop.
     // (Branch-free steps let ptxas schedule a step's decode loads across its promotion. The guards
-    // they replace cost 6-45 instructions per stage, bench.sass_stage.) Where two 64-token chunks'
-    // temporaries beside their accumulators leave few registers (kGuarded: the 128-token tile, the
-    // exact mode's 64), the branch-free cycle made ptxas spill or serialise the wgmmas: there the
-    // loop runs two steps further, each step under its guards, which also bound its scheduling.
+    // they replace cost 6-40 instructions per stage, bench.sass_stage.) Where the groups are 64
+    // tokens wide and a K block has several (kGuarded: the 128-token tile, the exact mode's 64), the
+    // branch-free cycle made ptxas spill or serialise the wgmmas: there the loop runs two steps
+    // further, each step under its guards, which also bound its scheduling.
     // (A prologue that issued wgmmas would make ptxas give the loop's A fragments registers of
     // their own.)
     constexpr bool kGuarded = G >= 2 && CW == kChunkN;
