@@ -30,7 +30,10 @@ from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue
 from .gemm_helpers import setup_l1 as _setup_l1
 
 
-@pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32)])
+# H or I = 384: an odd number of K blocks (the exact mode's mainloop ends with half a cycle).
+@pytest.mark.parametrize(
+    "H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32), (384, 384, 8), (384, 384, 64)]
+)
 def test_l1_bound_and_epilogue(H, inter, max_tile):
     pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=max_tile + H)
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
@@ -102,7 +105,10 @@ def test_gemm_exact_grid(H, inter):
     log_result(test="gemm_exact", H=H, I=inter, ok=True)
 
 
-@pytest.mark.parametrize("H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (1024, 1024, 32), (2048, 1024, 16)])
+@pytest.mark.parametrize(
+    "H,inter,max_tile",
+    [(1024, 1024, 8), (1024, 1024, 64), (1024, 1024, 32), (2048, 1024, 16), (384, 384, 8), (384, 384, 64)],
+)
 def test_l2_bound_and_epilogue(H, inter, max_tile):
     gen = torch.Generator().manual_seed(100 + max_tile)
     pool = Pool(COUNTS, inter, gen=gen)
