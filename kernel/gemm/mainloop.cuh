@@ -64,10 +64,7 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
   return (ctid - 128) / 32 * 16 + ctid % 32 / 4;
 }
 
-// kFusedExact: the fused kernel's exact mode, whose steps all keep their guards (kGuarded below):
-// there the branch-free loop with its end for an odd number of K blocks made ptxas serialise the
-// kernel's wgmmas (C7514); guarded, it spills 224-232 bytes outside the per-stage loops.
-template <int N, int kMaxN, int kRows, int kStages, bool kPerK32, bool kFusedExact = false>
+template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
                                          int num_kb, int chunks, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
@@ -219,19 +216,20 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   } else {
     // Pipelined schedule (two temporaries): step q retires group q - 2 (same temporary) and issues
     // group q. The loop runs whole cycles of two K blocks (2 G steps), so every decode, issue and
-    // promotion has compile-time buffer indices. Its steps have no runtime branch but the first
-    // cycle's retires of groups that do not exist and, at G >= 2, the decode past the last K block;
-    // the last two groups are retired after the loop (after the half cycle of an odd K block count,
-    // which only the exact mode has).
+    // promotion has compile-time buffer indices (unguarded, total is a multiple of 2 G: the fast
+    // mode's K % 512 == 0). Its steps have no runtime branch but the first cycle's retires of
+    // groups that do not exist and, at G >= 2, the decode past the last K block; the last two
+    // groups are retired after the loop.
     // (Branch-free steps let ptxas schedule a step's decode loads across its promotion. The guards
-    // they replace cost 7-45 instructions per stage, bench.sass_stage.) Where the groups are 64
-    // tokens wide and a K block has several (kGuarded: the 128-token tile, the exact mode's 64), the
-    // branch-free cycle made ptxas spill or serialise the wgmmas: there, and in the fused kernel's
-    // exact mode, the loop runs two steps further, each step under its guards, which also bound its
-    // scheduling.
+    // they replace cost 6-7 instructions per stage, bench.sass_stage.) kGuarded: the loop runs two
+    // steps further, each step under its guards, which also bound its scheduling. So do the
+    // 128-token tile (branch-free, ptxas spilled 1.4 KB) and the exact mode: its K % 256 may be 128,
+    // an odd number of K blocks, and every branch-free loop with an end for that made ptxas
+    // serialise the wgmmas (C7514); written for even counts only (17 % faster at 8 tokens), it ran
+    // half a cycle past the last K block.
     // (A prologue that issued wgmmas would make ptxas give the loop's A fragments registers of
     // their own.)
-    constexpr bool kGuarded = kFusedExact || (G >= 2 && CW == kChunkN);
+    constexpr bool kGuarded = kPerK32 || (G >= 2 && CW == kChunkN);
     const int total = num_kb * G;
     auto retire = [&](auto u_c, bool last) {
       constexpr int u = decltype(u_c)::value;          // position of the retiring step's group q
@@ -250,34 +248,31 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       promote(Gi{}, std::integral_constant<int, u % 2>{}, B{}, s);
       if constexpr (pu % G == G - 1) release(B{});
     };
-    // Step q = q0 + u, at position u of its cycle (guarded: of a cycle that may run past the end).
-    auto step = [&](auto u_c, int q0, auto guarded_c) {
-      constexpr int u = decltype(u_c)::value;
-      constexpr int b = u / G;
-      constexpr int gi = u % G;
-      constexpr bool guarded = decltype(guarded_c)::value;
-      const int q = q0 + u;
-      if ((u >= 2 || q0 > 0) && (!guarded || q - 2 < total)) retire(u_c, guarded && q - 1 >= total);
-      if (!guarded || q < total) {
-        // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
-        // per K block, right before its issue; otherwise at group 1 of kb - 1, after that
-        // group's issue, while two of this warpgroup's groups run.
-        if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
-        issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
-              std::integral_constant<int, b>{});
-        if constexpr (G >= 2 && gi == 1) {
-          if (q < total - G) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
-        }
-      }
-    };
     if constexpr (G >= 2) decode(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
-    const int cycles_end = kGuarded ? total + 2 : total - total % (2 * G);
-    for (int q0 = 0; q0 < cycles_end; q0 += 2 * G)
-      static_for<0, 2 * G>([&](auto u_c) { step(u_c, q0, std::bool_constant<kGuarded>{}); });
-    // The end: one guarded cycle from where the whole cycles stopped retires the last two groups
-    // (after the half cycle of the last K block when the exact mode's K % 256 == 128 leaves an odd
-    // count; the fast mode's K % 512 == 0).
-    if constexpr (!kGuarded) static_for<0, 2 * G>([&](auto u_c) { step(u_c, cycles_end, std::true_type{}); });
+    for (int q0 = 0; q0 < (kGuarded ? total + 2 : total); q0 += 2 * G) {
+      static_for<0, 2 * G>([&](auto u_c) {
+        constexpr int u = decltype(u_c)::value;   // position of group q = q0 + u in the cycle
+        constexpr int b = u / G;
+        constexpr int gi = u % G;
+        const int q = q0 + u;
+        if ((u >= 2 || q0 > 0) && (!kGuarded || q - 2 < total)) retire(u_c, kGuarded && q - 1 >= total);
+        if (!kGuarded || q < total) {
+          // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
+          // per K block, right before its issue; otherwise at group 1 of kb - 1, after that
+          // group's issue, while two of this warpgroup's groups run.
+          if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
+          issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
+                std::integral_constant<int, b>{});
+          if constexpr (G >= 2 && gi == 1) {
+            if (q < total - G) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
+          }
+        }
+      });
+    }
+    if constexpr (!kGuarded) {
+      retire(std::integral_constant<int, 0>{}, false);
+      retire(std::integral_constant<int, 1>{}, true);
+    }
   }
   // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
   // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own

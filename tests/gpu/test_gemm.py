@@ -30,7 +30,8 @@ from .gemm_helpers import check_l1_epilogue as _check_l1_epilogue
 from .gemm_helpers import setup_l1 as _setup_l1
 
 
-# H or I = 384: an odd number of K blocks (the exact mode's mainloop ends with half a cycle).
+# H or I = 384: an odd number of K blocks (the exact mode takes K % 256 == 128; a loop of whole
+# pairs of K blocks would run half a pair past the end).
 @pytest.mark.parametrize(
     "H,inter,max_tile", [(1024, 1024, 8), (1024, 1024, 64), (2048, 1024, 32), (384, 384, 8), (384, 384, 64)]
 )
