@@ -9,8 +9,8 @@ namespace megamoe {
 
 // Staging per consumer warpgroup for token tiles up to kMaxN (the epilogues work in chunks of 64).
 template <int kLayer, int kMaxN>
-constexpr int kEpilogueBytes = kLayer == 1 ? kL1EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>
-                                           : kL2EpilogueBytes<(kMaxN < kChunkN ? kMaxN : kChunkN)>;
+constexpr int kEpilogueBytes =
+    kLayer == 1 ? kL1EpilogueBytes<chunk_width(kMaxN)> : kL2EpilogueBytes<chunk_width(kMaxN)>;
 
 // kFused: the fused kernel's epilogue (the L1 tile also signals its pool block's L1 completion).
 template <int kLayer, int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>

@@ -75,7 +75,7 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
 template <int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>
 __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
-  constexpr int CW = N < kChunkN ? N : kChunkN;
+  constexpr int CW = chunk_width(N);
   const int wtid = ptx::thread_idx() % 128;  // re-read: values kept from before the mainloop would cost registers there
   const int wq = wtid / 32;
   const int g = (wtid % 32) / 4;

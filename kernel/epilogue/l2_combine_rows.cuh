@@ -25,7 +25,7 @@ constexpr int kL2EpilogueBytes = kCw * 64 * 2;
 template <int N, int kRows, bool kDebug>
 __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
-  constexpr int CW = N < kChunkN ? N : kChunkN;
+  constexpr int CW = chunk_width(N);
   const int wtid = ptx::thread_idx() % 128;  // re-read: values kept from before the mainloop would cost registers there
   const int wq = wtid / 32;
   const int g = (wtid % 32) / 4;

@@ -163,8 +163,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
-  constexpr int kCw = N < kChunkN ? N : kChunkN;
-  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile / kCw, acc);
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile / chunk_width(N), acc);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
     const float fa = exp2i(row_base_a - expert_base);

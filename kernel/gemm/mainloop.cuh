@@ -68,7 +68,7 @@ template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
                                          int num_kb, int chunks, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
-  constexpr int CW = N < kChunkN ? N : kChunkN;
+  constexpr int CW = chunk_width(N);
   constexpr int C = N / CW;
   constexpr int G = kPerK32 ? 4 * C : C;
   constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
@@ -221,15 +221,16 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // groups that do not exist and, at G >= 2, the decode past the last K block; the last two
     // groups are retired after the loop.
     // (Branch-free steps let ptxas schedule a step's decode loads across its promotion. The guards
-    // they replace cost 6-7 instructions per stage, bench.sass_stage.) kGuarded: the loop runs two
-    // steps further, each step under its guards, which also bound its scheduling. So do the
+    // they replace cost 6-7 instructions per stage, bench.sass_stage.) Only one group per K block
+    // (G == 1: the fast mode's tiles up to 64) runs so; with several (kGuarded) the loop runs two
+    // steps further, each step under its guards, which also bound its scheduling. Those are the
     // 128-token tile (branch-free, ptxas spilled 1.4 KB) and the exact mode: its K % 256 may be 128,
     // an odd number of K blocks, and every branch-free loop with an end for that made ptxas
     // serialise the wgmmas (C7514); written for even counts only (17 % faster at 8 tokens), it ran
     // half a cycle past the last K block.
     // (A prologue that issued wgmmas would make ptxas give the loop's A fragments registers of
     // their own.)
-    constexpr bool kGuarded = kPerK32 || (G >= 2 && CW == kChunkN);
+    constexpr bool kGuarded = G >= 2;
     const int total = num_kb * G;
     auto retire = [&](auto u_c, bool last) {
       constexpr int u = decltype(u_c)::value;          // position of the retiring step's group q

@@ -39,7 +39,7 @@ struct StageRing {
   // cw = min(tile, 64) tokens, then the wgmma accumulator thread t = (tok % 8) / 2 that owns it,
   // then its column pair (j, h). Consumer thread t of chunk c reads its cw/4 scales contiguously.
   __device__ __forceinline__ static int scale_index(int tok, int ks, int tile) {
-    const int cw = tile < kChunkN ? tile : kChunkN;
+    const int cw = chunk_width(tile);
     const int c = tok / cw;
     const int r = tok - c * cw;
     return ks * kMaxN + c * cw + ((r & 7) >> 1) * (cw >> 2) + (r >> 3) * 2 + (r & 1);

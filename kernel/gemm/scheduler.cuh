@@ -31,6 +31,12 @@ struct WorkItem {
   int tile;        // token tile of the item (pick_tile)
 };
 
+// The wgmma chunk of a token tile of n tokens: the whole tile up to kChunkN, else kChunkN. Its
+// mainloop, its epilogue and the producer's scale layout cut the tile the same way.
+__host__ __device__ constexpr int chunk_width(int n) {
+  return n < kChunkN ? n : kChunkN;
+}
+
 // Tiles above this many tokens are wide: their kernels run every item at the largest tile's
 // mainloop, charged only the 64-token chunks its rows fill (the serial schedule of mainloop.cuh).
 constexpr int kWideTile = 2 * kChunkN;
