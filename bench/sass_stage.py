@@ -45,9 +45,11 @@ def loops(sass: str):
 
 def stage_cost(cubin: Path, tile: int, k32: bool) -> tuple[float, int] | None:
     sass = subprocess.run([nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    cw = min(tile, 64)
-    want = f"QGMMA.64x{cw}x32"
-    per_stage = 4 * (tile // cw)  # wgmmas per K block
+    # wgmma width: the tile up to 64 tokens, 64-token chunks up to 128, pairs of chunks in the
+    # wide tile's serial schedule (kernel/gemm/mainloop.cuh)
+    gw = min(tile, 64) if tile <= 128 else 128
+    want = f"QGMMA.64x{gw}x32"
+    per_stage = 4 * (tile // gw)  # wgmmas per K block
     best = None
     for lo, hi, body in loops(sass):
         q = sum(t.strip().startswith(want) or f" {want}" in t for t in body)

@@ -8,7 +8,7 @@ register, so the wrappers are written out by this script rather than by hand.
 
 import pathlib
 
-NS = [8, 16, 32, 64]
+NS = [8, 16, 32, 64, 128]
 
 
 # Per form: (A operand parameters of mma(), their asm operands and constraints, header comment).

@@ -77,10 +77,14 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   constexpr int T = N > kWideTile ? 1 : 2;
   static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
   static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
-  using Mma = WgmmaRS<CW>;
+  // The serial schedule's group is a pair of chunks (one m64n128k32 per k32 step): twice the
+  // tensor work per issue, wait and promotion round trip of a 64-token group.
+  constexpr int GW = T == 1 ? 2 * CW : CW;   // tokens per wgmma group
+  static_assert(T == 2 || C % 2 == 0, "the serial schedule runs pairs of chunks");
+  using Mma = WgmmaRS<GW>;
 
-  uint32_t a[2][4][4];          // decoded A fragments of two K blocks
-  float tmp[T][CW / 2];         // products of the groups in flight
+  uint32_t a[2][4][4];          // decoded A fragments of two K blocks (the serial schedule: one)
+  float tmp[T][GW / 2];         // products of the groups in flight
   int bstage[2];                // ring stage of the K block in each A buffer
   uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (pipelined schedule)
   uint32_t wsf_a[2], wsf_b[2];  // the K block's scale words of rows row_a / row_a + 8 (k32: scale bytes,
@@ -88,39 +92,38 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
 
-  // The decode of a K block in kParts parts (its k32 steps split evenly). In the serial schedule
-  // a part runs while a group is in flight, beside 128 accumulators, the group's temporary and its
-  // A fragments: in halves its own temporaries fit the registers left.
-  constexpr int kParts = T == 1 ? 2 : 1;
-  auto decode = [&](auto b_c, auto part_c) {
+  // The decode of one K block's A fragments into buffer b: wait for its stage, take the rows'
+  // scale words, decode all four k32 steps.
+  auto decode = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
-    constexpr int part = decltype(part_c)::value;
-    constexpr int kCount = 4 / kParts;
-    if constexpr (part == 0) {
-      ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
-      bstage[b] = cur.stage;
-      const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
-      wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
-      wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
-      // The descriptor of a stage is the same for every thread: computed once per warp and
-      // broadcast, so it lives in uniform registers next to the wgmma.
-      if constexpr (T == 2)
-        xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
-      cur.advance<kStages>();
-    }
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    bstage[b] = cur.stage;
+    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+    wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+    wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    // The descriptor of a stage is the same for every thread: computed once per warp and
+    // broadcast, so it lives in uniform registers next to the wgmma.
+    if constexpr (T == 2)
+      xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+    cur.advance<kStages>();
     const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
     if constexpr (kPerK32)
-      decode_stage_plain<part * kCount, kCount>(w_frag, ctx.lane, a[b]);
+      decode_stage_plain(w_frag, ctx.lane, a[b]);
     else
-      decode_stage_scaled<part * kCount, kCount>(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
+      decode_stage_scaled(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
   };
+
+  // Group gi of a K block: its first chunk and its k32 step (exact mode: one k32 step of one
+  // chunk; fast mode: the chunk, or in the serial schedule the pair of chunks 2 gi, 2 gi + 1).
+  auto first_chunk = [](int gi) { return kPerK32 ? gi % C : T == 1 ? 2 * gi : gi; };
+  auto first_ks = [](int gi) { return kPerK32 ? gi / C : 0; };
 
   auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
     constexpr int gi = decltype(gi_c)::value;
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
-    constexpr int c = kPerK32 ? gi % C : gi;
-    constexpr int ks0 = kPerK32 ? gi / C : 0;
+    constexpr int c = first_chunk(gi);
+    constexpr int ks0 = first_ks(gi);
     // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
     // into each 128-byte row.
     // The stage's descriptor word: kept from the decode in the pipelined schedule (broadcast there,
@@ -142,31 +145,34 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     ptx::wgmma_commit();
   };
 
-  // The token scales of group gi of the K block in buffer b. The fast mode loads them before the
-  // wait for the group, so that their shared-memory latency hides under it (loaded after it, every
-  // promotion FMA waited for them: measured as the loop's largest stall).
+  // Where the token scales of chunk first_chunk(gi) + h of group gi of the K block in buffer b
+  // start (h: the serial schedule's second chunk of the pair); load_token_scales reads them. The
+  // fast mode loads them before the wait for the group where registers allow, so that their
+  // shared-memory latency hides under it (loaded after it, every promotion FMA waited for them:
+  // measured as the loop's largest stall).
   using Scales = float[CW / 4];
-  auto load_scales = [&](auto gi_c, auto b_c, Scales& s) {
+  auto scales_of = [&](auto gi_c, auto h_c, auto b_c) -> const float* {
     constexpr int gi = decltype(gi_c)::value;
-    constexpr int b = decltype(b_c)::value;
-    constexpr int c = kPerK32 ? gi % C : gi;
-    constexpr int ks = kPerK32 ? gi / C : 0;
-    load_token_scales<CW>(ctx.ring.sx + bstage[b] * Ring::kSxWords + ks * kMaxN + c * CW, ctx.t, s);
+    constexpr int c = first_chunk(gi) + decltype(h_c)::value;
+    return ctx.ring.sx + bstage[decltype(b_c)::value] * Ring::kSxWords + first_ks(gi) * kMaxN + c * CW;
   };
 
-  auto promote = [&](auto gi_c, auto tt_c, auto b_c, const Scales& s) {
+  // Chunk first_chunk(gi) + h of group gi's products (temporary tt) into the result.
+  auto promote = [&](auto gi_c, auto h_c, auto tt_c, auto b_c, const Scales& s) {
     constexpr int gi = decltype(gi_c)::value;
+    constexpr int h = decltype(h_c)::value;
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
-    constexpr int c = kPerK32 ? gi % C : gi;
-    constexpr int ks = kPerK32 ? gi / C : 0;
+    constexpr int c = first_chunk(gi) + h;
+    constexpr int ks = first_ks(gi);
+    float* prod = tmp[tt] + h * (CW / 2);
 #pragma unroll
-    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(tmp[tt][i]);
+    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(prod[i]);
     if constexpr (kPerK32) {
-      promote_k32<CW>(acc + c * (CW / 2), tmp[tt], s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
+      promote_k32<CW>(acc + c * (CW / 2), prod, s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
                       ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
     } else {
-      promote_k128<CW>(acc + c * (CW / 2), tmp[tt], s);
+      promote_k128<CW>(acc + c * (CW / 2), prod, s);
     }
     // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
     // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
@@ -181,37 +187,32 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   };
 
   if constexpr (T == 1) {
-    // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group is
-    // issued, waited for and promoted before the next; the other warpgroup's groups run in the
-    // tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is charged the chunks
-    // its rows fill, not the whole tile. K block kb + 1 is decoded in parts, part p after the issue
-    // of chunk p of kb (while that group runs; the parts an item with fewer chunks has no group
-    // for follow its last group).
-    static_for<0, kParts>([&](auto part_c) { decode(std::integral_constant<int, 0>{}, part_c); });
-    for (int kb0 = 0; kb0 < num_kb; kb0 += 2) {
-      static_for<0, 2>([&](auto b_c) {
-        constexpr int b = decltype(b_c)::value;
-        const int kb = kb0 + b;
-        if (kb < num_kb) {
-          const bool next = kb + 1 < num_kb;
-          static_for<0, C>([&](auto c_c) {
-            constexpr int c = decltype(c_c)::value;
-            if (c == 0 || c < chunks) {
-              issue(c_c, std::integral_constant<int, 0>{}, b_c);
-              if constexpr (c < kParts)
-                if (next) decode(std::integral_constant<int, 1 - b>{}, c_c);
-              Scales s;
-              load_scales(c_c, b_c, s);
-              ptx::wgmma_wait<0>();
-              promote(c_c, std::integral_constant<int, 0>{}, b_c, s);
-            }
-          });
-          static_for<1, kParts>([&](auto part_c) {
-            if (next && decltype(part_c)::value >= chunks) decode(std::integral_constant<int, 1 - b>{}, part_c);
-          });
-          release(b_c);
+    // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group, a
+    // pair of chunks, is issued, waited for and promoted before the next; the other warpgroup's
+    // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
+    // charged the pairs its rows fill, not the whole tile (the second chunk of a pair beyond them
+    // computes columns nobody reads). The A fragments have one buffer (128 accumulators and a
+    // 64-register temporary leave no second): K block kb + 1 is decoded after kb's last group.
+    using B0 = std::integral_constant<int, 0>;
+    using H1 = std::integral_constant<int, 1>;
+    decode(B0{});
+    for (int kb = 0; kb < num_kb; ++kb) {
+      static_for<0, C / 2>([&](auto g_c) {
+        if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {
+          issue(g_c, B0{}, B0{});
+          // Half the first chunk's scales before the wait: all of them made the L1 epilogue
+          // spill (12-48 bytes; the 64-register temporary has their registers).
+          Scales s;
+          load_token_scales<CW, 0, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+          ptx::wgmma_wait<0>();
+          load_token_scales<CW, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+          promote(g_c, B0{}, B0{}, B0{}, s);
+          load_token_scales<CW>(scales_of(g_c, H1{}, B0{}), ctx.t, s);
+          promote(g_c, H1{}, B0{}, B0{}, s);
         }
       });
+      release(B0{});
+      if (kb + 1 < num_kb) decode(B0{});
     }
   } else {
     // Pipelined schedule (two temporaries): step q retires group q - 2 (same temporary) and issues
@@ -232,6 +233,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // their own.)
     constexpr bool kGuarded = G >= 2;
     const int total = num_kb * G;
+    using H0 = std::integral_constant<int, 0>;
     auto retire = [&](auto u_c, bool last) {
       constexpr int u = decltype(u_c)::value;          // position of the retiring step's group q
       constexpr int pu = (u + 2 * G - 2) % (2 * G);    // position of group q - 2
@@ -240,16 +242,16 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       // The exact mode loads the scales after the wait: the fused kernel's consumers, which hold
       // both layers' loops, have no registers for them across it (292 bytes of spills).
       Scales s;
-      if constexpr (!kPerK32) load_scales(Gi{}, B{}, s);
+      if constexpr (!kPerK32) load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
       if (last)
         ptx::wgmma_wait<0>();
       else
         ptx::wgmma_wait<1>();
-      if constexpr (kPerK32) load_scales(Gi{}, B{}, s);
-      promote(Gi{}, std::integral_constant<int, u % 2>{}, B{}, s);
+      if constexpr (kPerK32) load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
+      promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, B{}, s);
       if constexpr (pu % G == G - 1) release(B{});
     };
-    if constexpr (G >= 2) decode(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
+    if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
     for (int q0 = 0; q0 < (kGuarded ? total + 2 : total); q0 += 2 * G) {
       static_for<0, 2 * G>([&](auto u_c) {
         constexpr int u = decltype(u_c)::value;   // position of group q = q0 + u in the cycle
@@ -261,11 +263,11 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
           // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
           // per K block, right before its issue; otherwise at group 1 of kb - 1, after that
           // group's issue, while two of this warpgroup's groups run.
-          if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, 0>{});
+          if constexpr (G == 1) decode(std::integral_constant<int, b>{});
           issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
                 std::integral_constant<int, b>{});
           if constexpr (G >= 2 && gi == 1) {
-            if (q < total - G) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 0>{});
+            if (q < total - G) decode(std::integral_constant<int, 1 - b>{});
           }
         }
       });

@@ -11,7 +11,9 @@
 
 namespace megamoe {
 
-template <int CW>
+// Thread t's scales of a chunk, or (kFirst, kLast) only the 4-scale vectors [kFirst, kLast) of
+// them: a mainloop may load part of them before a wait and the rest after it.
+template <int CW, int kFirst = 0, int kLast = (CW < 16 ? 1 : CW / 16)>
 __device__ __forceinline__ void load_token_scales(const float* sx, int t, float (&s)[CW / 4]) {
   const float* src = sx + t * (CW / 4);
   if constexpr (CW == 8) {
@@ -20,7 +22,7 @@ __device__ __forceinline__ void load_token_scales(const float* sx, int t, float 
     s[1] = v.y;
   } else {
 #pragma unroll
-    for (int i = 0; i < CW / 16; ++i) {
+    for (int i = kFirst; i < kLast; ++i) {
       const float4 v = *reinterpret_cast<const float4*>(src + 4 * i);
       s[4 * i + 0] = v.x;
       s[4 * i + 1] = v.y;
