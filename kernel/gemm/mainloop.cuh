@@ -45,8 +45,9 @@ __device__ __forceinline__ void static_for(F&& f) {
 }
 
 // Everything a consumer thread needs about the CTA's shared memory and its own place in the tile.
-template <int kMaxN, int kRows, int kStages, bool kPerK32>
+template <int kMaxN, int kRows, int kStages, bool kPerK32, int kCluster_ = 1>
 struct ConsumerCtx {
+  static constexpr int kCluster = kCluster_;   // CTAs whose producers wait for this CTA's releases
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   Ring ring;
   const uint8_t* lut;   // the fast mode's scaled tables (kLutEntries x 8 bytes)
@@ -64,9 +65,9 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
   return (ctid - 128) / 32 * 16 + ctid % 32 / 4;
 }
 
-template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
-__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
-                                         int num_kb, int chunks, float (&acc)[N / 2]) {
+template <int N, int kMaxN, int kRows, int kStages, bool kPerK32, int kCluster>
+__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32, kCluster>& ctx,
+                                         RingCursor& cur, int num_kb, int chunks, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   constexpr int CW = chunk_width(N);
   constexpr int C = N / CW;
@@ -210,7 +211,12 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   auto release = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
     __syncwarp();
-    if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
+    if constexpr (kCluster > 1) {
+      // Lane r releases the stage to CTA r's producer (its multicast writes into this ring too).
+      if (ctx.lane < kCluster) ptx::mbar_arrive_cluster(&ctx.ring.empty[bstage[b]], ctx.lane);
+    } else {
+      if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
+    }
   };
 
   if constexpr (T == 1) {
