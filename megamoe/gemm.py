@@ -102,10 +102,6 @@ def spec_for(
     tile = pick_max_tile(max_tokens, promotion, rows_per_expert) if max_tile is None else max_tile
     if tile not in contract.TOKEN_TILES:
         fail("max_tile", f"one of {contract.TOKEN_TILES}", repr(tile))
-    if max_tile is None and tile > contract.WIDE_TILE and n_rows % (contract.WIDE_CLUSTER * 2 * contract.ROWS_PER_WG):
-        # The wide kernels run clusters of CTAs over adjacent blocks of weight rows: a layer whose
-        # blocks do not pair up takes the largest tile that has no cluster.
-        tile = contract.WIDE_TILE
     return jb.GemmSpec(
         layer=layer,
         max_tile=tile,
@@ -335,8 +331,6 @@ class Kernel:
     threads: int
     stages: int
     num_sms: int
-    cluster: int = 1  # CTAs per thread block cluster (the standalone wide kernels: 2)
-    grid: int = 0  # CTAs of a persistent launch: one per SM, in whole clusters that are resident at once
 
 
 _KERNELS: dict[tuple[jb.GemmSpec | jb.FusedSpec, int], Kernel] = {}
@@ -352,14 +346,13 @@ def kernel(spec: jb.GemmSpec | jb.FusedSpec, dev: int) -> Kernel:
         threads = driver.module_constant(mod, "megamoe_threads")
         if threads != spec.threads:
             raise RuntimeError(f"{spec.name}: the cubin has {threads} threads, the spec {spec.threads}")
-        fn = driver.get_function(mod, spec.kernel, smem)
-        sms = driver.num_sms(dev)
-        cluster = driver.module_constant(mod, "megamoe_cluster") if isinstance(spec, jb.GemmSpec) else 1
-        grid = sms if cluster == 1 else cluster * min(sms // cluster, driver.max_active_clusters(fn, cluster, threads, smem))
-        if grid == 0:
-            raise RuntimeError(f"{spec.name}: no cluster of {cluster} CTAs fits on this GPU")
         _KERNELS[key] = Kernel(
-            spec, fn, smem, threads, driver.module_constant(mod, "megamoe_stages"), sms, cluster, grid
+            spec,
+            driver.get_function(mod, spec.kernel, smem),
+            smem,
+            threads,
+            driver.module_constant(mod, "megamoe_stages"),
+            driver.num_sms(dev),
         )
     return _KERNELS[key]
 
@@ -407,15 +400,11 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
     key = (spec, dev, x.data_ptr(), P, k, n_rows, num_experts, *fields.values())
     launch = _LAUNCHES.get(key)
     if launch is None:
-        kern = kernel(spec, dev)
-        # A CTA holds ROWS_PER_WG x wgs weight rows; a cluster of them (the cubin says how many) the
-        # rows of one item.
-        rows = contract.ROWS_PER_WG * spec.wgs * kern.cluster
-        if n_rows % rows:
+        if n_rows % (contract.ROWS_PER_WG * spec.wgs):
             raise MegaMoEInputError(
-                f"weight rows: expected a multiple of {rows} for {spec.name}, got {n_rows}"
-                + (" (a smaller max_tile has no cluster)" if kern.cluster > 1 else "")
+                f"weight rows: expected a multiple of {contract.ROWS_PER_WG * spec.wgs}, got {n_rows}"
             )
+        kern = kernel(spec, dev)
         # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer
         # buffers, a fixed arrival count).
         fields = {
@@ -440,7 +429,7 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
         )
         if len(_LAUNCHES) >= _MAX_CACHED_LAUNCHES:
             _LAUNCHES.clear()
-        launch = _LAUNCHES[key] = driver.Launch(kern.fn, kern.grid, kern.threads, kern.smem_bytes, params)
+        launch = _LAUNCHES[key] = driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params)
     launch(_stream(x))
     return launch
 

@@ -12,8 +12,6 @@ namespace megamoe {
 
 constexpr int kBlockK = 128;        // K per pipeline stage
 constexpr int kChunkN = 64;         // tokens per wgmma chunk of the wide token tiles
-constexpr int kWideTile = 128;      // token tiles above this are wide (charged per chunk)
-constexpr int kWideCluster = 2;     // CTAs per cluster of the standalone wide kernels
 constexpr int kMaxExperts = 256;
 constexpr int kSmemLimit = 232448;  // dynamic shared memory per block (sm_90 opt-in)
 constexpr int kMaxStages = 12;

@@ -31,16 +31,14 @@ __device__ __forceinline__ void decode_fp4x8(uint32_t w, uint2 lut_a, uint2 lut_
   rb = ptx::prmt(lut_b.x, lut_b.y, sel >> 16) | (w & 0x80808080u);
 }
 
-// The A fragments of k32 steps [kFirst, kLast) of the stage (steps 0-1 come from the first 16-byte
-// vector, 2-3 from the second, so a part loads only its own). w_frag: the warp's 1024-byte block
-// in the stage.
+// The A fragments of the stage's four k32 steps (steps 0-1 come from the first 16-byte vector, 2-3
+// from the second). w_frag: the warp's 1024-byte block in the stage.
 //
 // Exact mode (promotion k32): the plain table; the scales are applied in fp32 after each k32 step.
-template <int kFirst = 0, int kLast = 4>
 __device__ __forceinline__ void decode_stage_plain(const uint8_t* w_frag, int lane, uint32_t (&a)[4][4]) {
   const uint2 lut = make_uint2(kFp4LutLo, kFp4LutHi);
 #pragma unroll
-  for (int ks = kFirst; ks < kLast; ++ks) {
+  for (int ks = 0; ks < 4; ++ks) {
     const uint4 v = *reinterpret_cast<const uint4*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16);
     decode_fp4x8((ks & 1) ? v.z : v.x, lut, lut, a[ks][0], a[ks][1]);
     decode_fp4x8((ks & 1) ? v.w : v.y, lut, lut, a[ks][2], a[ks][3]);
@@ -50,11 +48,10 @@ __device__ __forceinline__ void decode_stage_plain(const uint8_t* w_frag, int la
 // Fast mode (promotion k128): each k32 group of rows g and g + 8 through its scaled table.
 // off_a / off_b: the rows' four LUT byte offsets (8 d per k32 group, megamoe/jit/layout.py);
 // s_lut: the kLutEntries (lo, hi) pairs in shared memory.
-template <int kFirst = 0, int kLast = 4>
 __device__ __forceinline__ void decode_stage_scaled(const uint8_t* w_frag, int lane, uint32_t off_a, uint32_t off_b,
                                                     const uint8_t* s_lut, uint32_t (&a)[4][4]) {
 #pragma unroll
-  for (int ks = kFirst; ks < kLast; ++ks) {
+  for (int ks = 0; ks < 4; ++ks) {
     const uint4 v = *reinterpret_cast<const uint4*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16);
     const uint2 la = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_a, 0u, 0x4440u | ks));
     const uint2 lb = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_b, 0u, 0x4440u | ks));

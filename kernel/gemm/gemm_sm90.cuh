@@ -81,11 +81,6 @@ struct GemmConfig {
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
   static_assert(kWGs == 2 || kMaxN == kSmallTile, "four consumer warpgroups hold 8-token tiles only");
-  // CTAs per thread block cluster. The standalone wide kernels run in pairs that share each token
-  // block's activation tile (TMA multicast): a CTA of 128 weight rows x 256 tokens moves 32 KB of
-  // activations per 8.5 KB of weights, and at prefill the L2 -> SM traffic, not the consumers, set
-  // the time (same-call A/B: 377.5 -> 304 consumer instructions per stage did not move it).
-  static constexpr int kCluster = kWide && !kFused ? kWideCluster : 1;
 };
 
 // The kernels' dynamic shared memory. They have no static shared memory, so it starts the CTA's
@@ -133,7 +128,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
                        static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
-      ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs * Cfg::kCluster);  // one arrive per consumer warp of the cluster
+      ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
     ptx::fence_mbar_init();
@@ -168,7 +163,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
-  mainloop<N>(ctx, cur, ctx.p->k / kBlockK, wi.tile / chunk_width(N), acc);
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile / chunk_width(N), acc);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
     const float fa = exp2i(row_base_a - expert_base);
@@ -194,7 +189,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   const int wg = ctid / 128 - 1;     // weight rows [64 wg, 64 wg + 64) of the CTA tile
   const int wq = ctid / 32 % 4;      // warp within the warpgroup: rows 16 wq .. 16 wq + 15
   const int clane = ctid % 32;
-  ConsumerCtx<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, Cfg::kCluster> ctx;
+  ConsumerCtx<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32> ctx;
   ctx.ring = sm.ring;
   ctx.lut = reinterpret_cast<const uint8_t*>(sm.lut);
   ctx.rg = wg * 4 + wq;
@@ -202,11 +197,10 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.lane = clane;
   ctx.t = clane % 4;
   uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
-  constexpr int kC = Cfg::kCluster;
-  const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows / kC);
-  const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows / kC) : 0;
+  const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows);
+  const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows) : 0;
   bool second = false;
-  int item = blockIdx.x / kC;
+  int item = blockIdx.x;
   if (item >= na) {
     second = true;
     item = kLayerB != 0 ? item : nb;
@@ -214,7 +208,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   while (item < (second ? nb : na)) {
     const GemmParams& p = second ? pb : pa;
     ctx.p = &p;
-    const WorkItem wi = cluster_item<kMaxN, kC>(item, *sm.sched, p.n_rows / Cfg::kRows);
+    const WorkItem wi = decode_item<kMaxN>(item, *sm.sched, p.n_rows / Cfg::kRows);
     // One instantiation of the mainloop and epilogue per (layer, token tile); the branches are uniform.
     auto run = [&](auto layer_c) {
       constexpr int L = decltype(layer_c)::value;
@@ -227,10 +221,10 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
       run(std::integral_constant<int, kLayerA>{});
     else
       run(std::integral_constant<int, (kLayerB != 0 ? kLayerB : kLayerA)>{});
-    item += gridDim.x / kC;
+    item += gridDim.x;
     if (!second && item >= na && kLayerB != 0) {
       second = true;
-      item = blockIdx.x / kC;
+      item = blockIdx.x;
     }
     if (done != nullptr && item >= (second ? nb : na)) {   // this CTA's last item is written
       __syncwarp();
@@ -250,19 +244,14 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     build_schedule<kMaxN>(
         *GemmSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
         [&](int e) { return __ldg(p.num_tokens + e); });
-  // In a cluster, the peers arrive on this CTA's barriers and write into its ring: none may before
-  // they are initialised.
-  if constexpr (Cfg::kCluster > 1)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
 
   // Each role reads what it needs after its setmaxnreg: a value held across it is spilled.
   RingCursor cur;
   if (threadIdx.x / 32 < 4) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const GemmSmem<Cfg> sm;
-    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, Cfg::kCluster>(p, sm.ring, *sm.sched, cur);
+    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(p, sm.ring, *sm.sched, cur);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -45,9 +45,8 @@ __device__ __forceinline__ void static_for(F&& f) {
 }
 
 // Everything a consumer thread needs about the CTA's shared memory and its own place in the tile.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, int kCluster_ = 1>
+template <int kMaxN, int kRows, int kStages, bool kPerK32>
 struct ConsumerCtx {
-  static constexpr int kCluster = kCluster_;   // CTAs whose producers wait for this CTA's releases
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   Ring ring;
   const uint8_t* lut;   // the fast mode's scaled tables (kLutEntries x 8 bytes)
@@ -65,9 +64,9 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
   return (ctid - 128) / 32 * 16 + ctid % 32 / 4;
 }
 
-template <int N, int kMaxN, int kRows, int kStages, bool kPerK32, int kCluster>
-__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32, kCluster>& ctx,
-                                         RingCursor& cur, int num_kb, int chunks, float (&acc)[N / 2]) {
+template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
+__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
+                                         int num_kb, int chunks, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   constexpr int CW = chunk_width(N);
   constexpr int C = N / CW;
@@ -93,60 +92,36 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
 
-  // The decode of a K block's A fragments, or of part of it: with begin (the first part), wait for
-  // the block's stage and take its scale words into slot b (cur advances); then decode its k32
-  // steps [first, last) into A buffer ab. (One lambda: the same work split into two made nvcc
-  // order the other kernels' instructions differently, 16 more spilled bytes in the fused exact
-  // kernel.)
-  auto decode = [&](auto b_c, auto ab_c, auto begin_c, auto first_c, auto last_c) {
+  // The decode of one K block's A fragments into buffer b: wait for its stage, take the rows'
+  // scale words, decode all four k32 steps.
+  auto decode = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
-    if constexpr (decltype(begin_c)::value) {
-      ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
-      bstage[b] = cur.stage;
-      const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
-      wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
-      wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
-      // The descriptor of a stage is the same for every thread: computed once per warp and
-      // broadcast, so it lives in uniform registers next to the wgmma.
-      if constexpr (T == 2)
-        xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
-      cur.advance<kStages>();
-    }
-    constexpr int kFirst = decltype(first_c)::value;
-    constexpr int kLast = decltype(last_c)::value;
-    constexpr int ab = decltype(ab_c)::value;
-    if constexpr (kFirst < kLast) {
-      const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
-      if constexpr (kPerK32)
-        decode_stage_plain<kFirst, kLast>(w_frag, ctx.lane, a[ab]);
-      else
-        decode_stage_scaled<kFirst, kLast>(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[ab]);
-    }
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    bstage[b] = cur.stage;
+    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+    wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+    wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    // The descriptor of a stage is the same for every thread: computed once per warp and
+    // broadcast, so it lives in uniform registers next to the wgmma.
+    if constexpr (T == 2)
+      xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+    cur.advance<kStages>();
+    const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
+    if constexpr (kPerK32)
+      decode_stage_plain(w_frag, ctx.lane, a[b]);
+    else
+      decode_stage_scaled(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
   };
-  using I0 = std::integral_constant<int, 0>;
-  using I2 = std::integral_constant<int, 2>;
-  using I4 = std::integral_constant<int, 4>;
-  using Yes = std::true_type;
-  using No = std::false_type;
 
   // Group gi of a K block: its first chunk and its k32 step (exact mode: one k32 step of one
   // chunk; fast mode: the chunk, or in the serial schedule the pair of chunks 2 gi, 2 gi + 1).
   auto first_chunk = [](int gi) { return kPerK32 ? gi % C : T == 1 ? 2 * gi : gi; };
   auto first_ks = [](int gi) { return kPerK32 ? gi / C : 0; };
 
-  auto stage_lo = [&](int b) -> uint32_t {
-    if constexpr (T == 1)
-      return ptx::smem_desc_sw128_lo(ctx.ring.x + bstage[b] * Ring::kX);
-    else
-      return xdesc[b];
-  };
-  // Issue the wgmmas [kFrom, kTo) of group gi (default: all) from A buffer ab (default b), as one
-  // commit group.
-  auto issue_steps = [&](auto gi_c, auto tt_c, auto b_c, auto ab_c, auto from_c, auto to_c) {
+  auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
     constexpr int gi = decltype(gi_c)::value;
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
-    constexpr int ab = decltype(ab_c)::value;
     constexpr int c = first_chunk(gi);
     constexpr int ks0 = first_ks(gi);
     // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
@@ -155,22 +130,19 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // so ptxas holds it in a uniform register); recomputed from the stage index in the serial one,
     // whose decode sits in a branch: the broadcast word lands in a vector register there and every
     // wgmma pays two R2UR for it (30 instructions per stage more, bench.sass_stage).
-    const uint32_t lo = stage_lo(b) + c * (CW * kBlockK >> 4);
+    const uint32_t stage_lo = T == 1 ? ptx::smem_desc_sw128_lo(ctx.ring.x + bstage[b] * Ring::kX) : xdesc[b];
+    const uint32_t lo = stage_lo + c * (CW * kBlockK >> 4);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = decltype(from_c)::value; k < decltype(to_c)::value; ++k) {
+    for (int k = 0; k < kWgmmasPerGroup; ++k) {
       const int ks = ks0 + k;
       const uint64_t desc = ptx::smem_desc_sw128_from_lo(lo + ks * 2);
       if (k == 0)
-        Mma::mma_overwrite(tmp[tt], a[ab][ks][0], a[ab][ks][1], a[ab][ks][2], a[ab][ks][3], desc);
+        Mma::mma_overwrite(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc);
       else
-        Mma::mma(tmp[tt], a[ab][ks][0], a[ab][ks][1], a[ab][ks][2], a[ab][ks][3], desc, 1);
+        Mma::mma(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc, 1);
     }
     ptx::wgmma_commit();
-  };
-  auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
-    issue_steps(gi_c, tt_c, b_c, b_c, std::integral_constant<int, 0>{},
-                std::integral_constant<int, kWgmmasPerGroup>{});
   };
 
   // Where the token scales of chunk first_chunk(gi) + h of group gi of the K block in buffer b
@@ -190,13 +162,13 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int gi = decltype(gi_c)::value;
     constexpr int h = decltype(h_c)::value;
     constexpr int tt = decltype(tt_c)::value;
+    constexpr int b = decltype(b_c)::value;
     constexpr int c = first_chunk(gi) + h;
+    constexpr int ks = first_ks(gi);
     float* prod = tmp[tt] + h * (CW / 2);
 #pragma unroll
     for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(prod[i]);
     if constexpr (kPerK32) {
-      constexpr int b = decltype(b_c)::value;
-      constexpr int ks = first_ks(gi);
       promote_k32<CW>(acc + c * (CW / 2), prod, s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
                       ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
     } else {
@@ -211,12 +183,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   auto release = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
     __syncwarp();
-    if constexpr (kCluster > 1) {
-      // Lane r releases the stage to CTA r's producer (its multicast writes into this ring too).
-      if (ctx.lane < kCluster) ptx::mbar_arrive_cluster(&ctx.ring.empty[bstage[b]], ctx.lane);
-    } else {
-      if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
-    }
+    if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
   };
 
   if constexpr (T == 1) {
@@ -225,58 +192,27 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
     // charged the pairs its rows fill, not the whole tile (the second chunk of a pair beyond them
     // computes columns nobody reads). The A fragments have one buffer (128 accumulators and a
-    // 64-register temporary leave no second): K block kb + 1 is decoded after kb's last group,
-    // except that when the tile's last pair runs, its k32 steps 0-1 and 2-3 are committed apart
-    // and steps 0-1 of kb + 1 are decoded into the registers the first two freed while the other
-    // two run. Stage slots (bstage, scale words) alternate with the K block's parity: the next
-    // block's begins before this one's stage is released.
-    using I1 = std::integral_constant<int, 1>;
-    decode(I0{}, I0{}, Yes{}, I0{}, I4{});
-    for (int kb0 = 0; kb0 < num_kb; kb0 += 2) {
-      static_for<0, 2>([&](auto b_c) {
-        constexpr int b = decltype(b_c)::value;
-        using Nb = std::integral_constant<int, 1 - b>;
-        const int kb = kb0 + b;
-        if (kb < num_kb) {
-          const bool next = kb + 1 < num_kb;
-          bool early = false;   // steps 0-1 of kb + 1 are decoded
-          static_for<0, C / 2>([&](auto g_c) {
-            constexpr int g = decltype(g_c)::value;
-            if (g == 0 || 2 * g < chunks) {
-              // Half the first chunk's scales before the wait: all of them made the L1 epilogue
-              // spill (12-48 bytes; the 64-register temporary has their registers).
-              Scales s;
-              if constexpr (g == C / 2 - 1) {
-                issue_steps(g_c, I0{}, b_c, I0{}, I0{}, I2{});
-                issue_steps(g_c, I0{}, b_c, I0{}, I2{}, I4{});
-                if (next) decode(Nb{}, I0{}, Yes{}, I0{}, I0{});
-                ptx::wgmma_wait<1>();
-                if (next) {
-                  decode(Nb{}, I0{}, No{}, I0{}, I2{});
-                  early = true;
-                }
-              } else {
-                issue_steps(g_c, I0{}, b_c, I0{}, I0{}, I4{});
-                load_token_scales<CW, 0, CW / 32>(scales_of(g_c, I0{}, b_c), ctx.t, s);
-              }
-              ptx::wgmma_wait<0>();
-              if constexpr (g == C / 2 - 1)
-                load_token_scales<CW, 0, CW / 32>(scales_of(g_c, I0{}, b_c), ctx.t, s);
-              load_token_scales<CW, CW / 32>(scales_of(g_c, I0{}, b_c), ctx.t, s);
-              promote(g_c, I0{}, I0{}, b_c, s);
-              load_token_scales<CW>(scales_of(g_c, I1{}, b_c), ctx.t, s);
-              promote(g_c, I1{}, I0{}, b_c, s);
-            }
-          });
-          release(b_c);
-          if (next) {
-            if (early)
-              decode(Nb{}, I0{}, No{}, I2{}, I4{});
-            else
-              decode(Nb{}, I0{}, Yes{}, I0{}, I4{});
-          }
+    // 64-register temporary leave no second): K block kb + 1 is decoded after kb's last group.
+    using B0 = std::integral_constant<int, 0>;
+    using H1 = std::integral_constant<int, 1>;
+    decode(B0{});
+    for (int kb = 0; kb < num_kb; ++kb) {
+      static_for<0, C / 2>([&](auto g_c) {
+        if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {
+          issue(g_c, B0{}, B0{});
+          // Half the first chunk's scales before the wait: all of them made the L1 epilogue
+          // spill (12-48 bytes; the 64-register temporary has their registers).
+          Scales s;
+          load_token_scales<CW, 0, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+          ptx::wgmma_wait<0>();
+          load_token_scales<CW, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+          promote(g_c, B0{}, B0{}, B0{}, s);
+          load_token_scales<CW>(scales_of(g_c, H1{}, B0{}), ctx.t, s);
+          promote(g_c, H1{}, B0{}, B0{}, s);
         }
       });
+      release(B0{});
+      if (kb + 1 < num_kb) decode(B0{});
     }
   } else {
     // Pipelined schedule (two temporaries): step q retires group q - 2 (same temporary) and issues
@@ -315,7 +251,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, B{}, s);
       if constexpr (pu % G == G - 1) release(B{});
     };
-    if constexpr (G >= 2) decode(I0{}, I0{}, Yes{}, I0{}, I4{});
+    if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
     for (int q0 = 0; q0 < (kGuarded ? total + 2 : total); q0 += 2 * G) {
       static_for<0, 2 * G>([&](auto u_c) {
         constexpr int u = decltype(u_c)::value;   // position of group q = q0 + u in the cycle
@@ -327,11 +263,11 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
           // A(kb) is decoded into a[kb % 2] once the groups of kb - 2 are retired: with one group
           // per K block, right before its issue; otherwise at group 1 of kb - 1, after that
           // group's issue, while two of this warpgroup's groups run.
-          if constexpr (G == 1) decode(std::integral_constant<int, b>{}, std::integral_constant<int, b>{}, Yes{}, I0{}, I4{});
+          if constexpr (G == 1) decode(std::integral_constant<int, b>{});
           issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
                 std::integral_constant<int, b>{});
           if constexpr (G >= 2 && gi == 1) {
-            if (q < total - G) decode(std::integral_constant<int, 1 - b>{}, std::integral_constant<int, 1 - b>{}, Yes{}, I0{}, I4{});
+            if (q < total - G) decode(std::integral_constant<int, 1 - b>{});
           }
         }
       });

@@ -74,11 +74,8 @@ struct RingCursor {
   }
 };
 
-// The producer warpgroup's part of one layer's items (n_rb blocks of kRows weight rows each), in a
-// cluster of kCluster CTAs (cluster_item): each CTA of a cluster loads every kCluster-th 64-row box
-// of the shared activation tile into all of them (multicast), its own weights alone; a stage's
-// empty barrier counts the releases of every consumer warp of the cluster.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, int kCluster = 1>
+// The producer warpgroup's part of one layer's items (n_rb blocks of kRows weight rows each).
+template <int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
                                              const Schedule& sched, RingCursor& cur) {
   using R = StageRing<kMaxN, kRows, kPerK32>;
@@ -86,12 +83,12 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
   const int lane = threadIdx.x % 32;
   const int num_kb = p.k / kBlockK;
   const int n_rb = p.n_rows / kRows;
-  const int num_items = sched.num_items(n_rb / kCluster);
+  const int num_items = sched.num_items(n_rb);
   if (warp == 0 && lane == 0) {
     ptx::prefetch_tma_desc(&p.tmap_x8);
     ptx::prefetch_tma_desc(&p.tmap_x64);
-    for (int item = blockIdx.x / kCluster; item < num_items; item += gridDim.x / kCluster) {
-      const WorkItem wi = cluster_item<kMaxN, kCluster>(item, sched, n_rb);
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
       wait_token_block(p, wi);
       const uint8_t* w_base =
           p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
@@ -104,27 +101,12 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
         const int stage = cur.stage;
         ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
         ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
-        if constexpr (kCluster > 1) {
-          for (int b = static_cast<int>(ptx::cluster_ctarank()); b < boxes; b += kCluster)
-            ptx::tma_load_2d_multicast(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8,
-                                       kb * kBlockK, wi.row0 + b * box, &r.full[stage], (1u << kCluster) - 1);
-        } else {
-          for (int b = 0; b < boxes; ++b)
-            ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
-                             wi.row0 + b * box, &r.full[stage]);
-        }
+        for (int b = 0; b < boxes; ++b)
+          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
+                           wi.row0 + b * box, &r.full[stage]);
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
-        cur.advance<kStages>();
-      }
-    }
-    // In a cluster, the peers' consumers arrive on this CTA's empty barriers until they have
-    // drained their last stage: this CTA's shared memory must outlive those arrivals, so it waits
-    // for every stage to be released once more before its producer leaves.
-    if constexpr (kCluster > 1) {
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
         cur.advance<kStages>();
       }
     }
@@ -139,8 +121,8 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
     const int t0 = 32 * (warp - 1) + lane;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    for (int item = blockIdx.x / kCluster; item < num_items; item += gridDim.x / kCluster) {
-      const WorkItem wi = cluster_item<kMaxN, kCluster>(item, sched, n_rb);
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
       // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
       // in the fused kernel other SMs write them.
       if (lane == 0) wait_token_block(p, wi);

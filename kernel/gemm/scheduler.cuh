@@ -37,9 +37,9 @@ __host__ __device__ constexpr int chunk_width(int n) {
   return n < kChunkN ? n : kChunkN;
 }
 
-// Tiles above kWideTile tokens (contract.cuh) are wide: their kernels run every item at the
-// largest tile's mainloop, charged only the 64-token chunks its rows fill (the serial schedule of
-// mainloop.cuh).
+// Tiles above this many tokens are wide: their kernels run every item at the largest tile's
+// mainloop, charged only the 64-token chunks its rows fill (the serial schedule of mainloop.cuh).
+constexpr int kWideTile = 2 * kChunkN;
 
 // The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN; in a
 // wide kernel, the valid rows rounded up to whole chunks.
@@ -125,18 +125,6 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   w.valid = min(kMaxN, s.count[lo] - tb * kMaxN);
   w.end = s.offset[lo] + s.count[lo];
   w.tile = pick_tile<kMaxN>(w.valid);
-  return w;
-}
-
-// Item `item` of a cluster of kCluster CTAs (standalone wide kernels: 2): the cluster walks the
-// items of a layer cut into blocks of kCluster x kRows weight rows, and its CTA of rank r takes
-// the r-th block of kRows, so the cluster's CTAs share the item's token block (its activation tile
-// is multicast, producer.cuh). kCluster 1: decode_item. (The rank is read where it is used: held
-// across the mainloop, it is spilled.)
-template <int kMaxN, int kCluster>
-__device__ __forceinline__ WorkItem cluster_item(int item, const Schedule& s, int n_rb) {
-  WorkItem w = decode_item<kMaxN>(item, s, n_rb / kCluster);
-  if constexpr (kCluster > 1) w.n_block = w.n_block * kCluster + static_cast<int>(ptx::cluster_ctarank());
   return w;
 }
 

@@ -17,8 +17,6 @@ from megamoe.reference import quantize as Q
 
 BLOCK_K = 128  # K per pipeline stage (four k32 wgmma steps)
 CHUNK_N = 64  # tokens per wgmma chunk of the wide token tiles
-WIDE_TILE = 2 * CHUNK_N  # token tiles above this are wide (charged per chunk, serial mainloop)
-WIDE_CLUSTER = 2  # CTAs per thread block cluster of the standalone wide kernels (activation multicast)
 TOKEN_TILES = (8, 16, 32, 64, 128, 256)  # a kernel's largest token tile kMaxN (wgmma N, or chunks of 64)
 SMALL_TILE = 8  # every kernel runs items of at most this many rows at this tile
 MAX_EXPERTS = 256  # local experts of one launch (the schedule's shared-memory tables)
@@ -360,8 +358,6 @@ def header() -> str:
         "",
         f"constexpr int kBlockK = {BLOCK_K};        // K per pipeline stage",
         f"constexpr int kChunkN = {CHUNK_N};         // tokens per wgmma chunk of the wide token tiles",
-        f"constexpr int kWideTile = {WIDE_TILE};      // token tiles above this are wide (charged per chunk)",
-        f"constexpr int kWideCluster = {WIDE_CLUSTER};     // CTAs per cluster of the standalone wide kernels",
         f"constexpr int kMaxExperts = {MAX_EXPERTS};",
         f"constexpr int kSmemLimit = {SMEM_LIMIT};  // dynamic shared memory per block (sm_90 opt-in)",
         f"constexpr int kMaxStages = {MAX_STAGES};",

@@ -88,11 +88,6 @@ def lib():
                     ctypes.c_char_p,
                 ]
                 cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-                cu.cuOccupancyMaxActiveClusters.argtypes = [
-                    ctypes.POINTER(ctypes.c_int),
-                    ctypes.c_void_p,
-                    ctypes.c_void_p,
-                ]
                 _lib = cu
                 check(cu.cuInit(0), "cuInit")
     return _lib
@@ -167,28 +162,6 @@ def num_sms(device: int) -> int:
         "cuDeviceGetAttribute",
     )
     return v.value
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h), without launch attributes."""
-
-    _fields_ = [
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("shared_mem_bytes", ctypes.c_uint),
-        ("stream", ctypes.c_void_p),
-        ("attrs", ctypes.c_void_p),
-        ("num_attrs", ctypes.c_uint),
-    ]
-
-
-def max_active_clusters(fn, cluster: int, block: int, dyn_smem: int) -> int:
-    """How many clusters of a kernel compiled with a cluster size (__cluster_dims__) can be resident
-    at once: a persistent grid of more would run its last clusters after the others."""
-    cfg = _LaunchConfig((cluster, 1, 1), (block, 1, 1), dyn_smem, None, None, 0)
-    n = ctypes.c_int()
-    check(lib().cuOccupancyMaxActiveClusters(ctypes.byref(n), fn, ctypes.byref(cfg)), "cuOccupancyMaxActiveClusters")
-    return n.value
 
 
 class Launch:
