@@ -1,14 +1,17 @@
-"""Generates the FP8 (e4m3 x e4m3 -> f32) wgmma wrappers, m64 x N x k32 with A from registers and B
-from shared memory (wgmma_fp8_rs.cuh), for every wgmma width the kernel issues: the token tiles up
-to 64 and the 64-token chunks of the wider tiles. Inline asm needs one operand per accumulator
-register, so the wrappers are written out by this script rather than by hand.
+"""Generates the FP8 (e4m3 x e4m3 -> f32) wgmma wrappers, m64 x N x k32: wgmma_fp8_rs.cuh (A from
+registers, B from shared memory) for every wgmma width the kernel issues (the token tiles up to 64,
+the pairs of 64-token chunks of the wide tile) and N = 256; wgmma_fp8_ss.cuh (both operands from
+shared memory). The N = 256 and SS wrappers serve the tensor-rate probe (kernel/probes/
+wgmma_rate.cu, python -m bench.wgmma_rate), which measures what each form can reach. Inline asm
+needs one operand per accumulator register, so the wrappers are written out by this script
+rather than by hand.
 
-    python3 kernel/gemm/gen_wgmma.py      # rewrites the header
+    python3 kernel/gemm/gen_wgmma.py      # rewrites both headers
 """
 
 import pathlib
 
-NS = [8, 16, 32, 64, 128]
+NS = {"RS": [8, 16, 32, 64, 128, 256], "SS": [64, 128, 256]}
 
 
 # Per form: (A operand parameters of mma(), their asm operands and constraints, header comment).
@@ -18,6 +21,12 @@ FORMS = {
         ['"r"(a0)', '"r"(a1)', '"r"(a2)', '"r"(a3)'],
         "{{{a}}}",
         "A (64 x 32, weights) from registers, B (N x 32, tokens)\n// from shared memory through a K-major descriptor.",
+    ),
+    "SS": (
+        "uint64_t desc_a, ",
+        ['"l"(desc_a)'],
+        "{a}",
+        "A (64 x 32) and B (N x 32) from shared memory through\n// K-major descriptors.",
     ),
 }
 
@@ -66,7 +75,7 @@ def write(form: str) -> None:
         f"// wgmma m64nNk32 e4m3 x e4m3 -> f32, {FORMS[form][3]}\n",
         f"#pragma once\n#include <cstdint>\n\nnamespace megamoe {{\n\ntemplate <int N>\nstruct Wgmma{form};\n\n",
     ]
-    parts += [wrapper(form, n) for n in NS]
+    parts += [wrapper(form, n) for n in NS[form]]
     parts.append("}  // namespace megamoe\n")
     pathlib.Path(__file__).with_name(f"wgmma_fp8_{form.lower()}.cuh").write_text("".join(parts))
 

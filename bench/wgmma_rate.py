@@ -1,0 +1,47 @@
+"""The tensor-core rate each wgmma form reaches on this GPU: builds kernel/probes/wgmma_rate.cu with
+the kernel's own nvcc flags and runs it (one table; needs nvcc and a CUDA GPU).
+
+    python -m bench.wgmma_rate
+
+Rows: RS (A from registers: the GEMM core's form, its FP4 weights decoded into registers) or SS
+(both operands in shared memory: a plain FP8 GEMM's form), wgmma width N, consumer warpgroups,
+each issuing K128 groups of four wgmmas and waiting for each (the wide tile's serial schedule),
+and whether each group's products are promoted with one FFMA per accumulator (the fast mode's
+promotion). MAC/clk/SM is per SM clock (clock64), against the dense FP8 peak of 4096."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from megamoe.jit.flags import NVCC_FLAGS
+from megamoe.kernel import KERNEL_DIR
+
+
+def main() -> int:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        print("bench.wgmma_rate: needs nvcc on the PATH", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "wgmma_rate"
+        build = subprocess.run(
+            [nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "wgmma_rate.cu")],
+            capture_output=True,
+            text=True,
+        )
+        if build.returncode:
+            print(f"bench.wgmma_rate: nvcc failed:\n{build.stderr}", file=sys.stderr)
+            return 1
+        run = subprocess.run([str(exe)], capture_output=True, text=True)
+        print(run.stdout, end="")
+        if run.returncode:
+            print(run.stderr, file=sys.stderr, end="")
+        return run.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
