@@ -59,6 +59,22 @@ def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):
     assert not bad, "ptxas:\n" + "\n".join(bad)
 
 
+def test_the_tensor_rate_probe_compiles(tmp_path):
+    """kernel/probes/wgmma_rate.cu (python -m bench.wgmma_rate) builds with the kernel's flags, so
+    that a GPU session can run it as it is."""
+    import subprocess
+
+    from megamoe.jit.flags import NVCC_FLAGS
+    from megamoe.kernel import KERNEL_DIR
+
+    out = subprocess.run(
+        ["nvcc", *NVCC_FLAGS, "-c", "-o", str(tmp_path / "wgmma_rate.o"), str(KERNEL_DIR / "probes" / "wgmma_rate.cu")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+
+
 def test_cache_hit_and_key(built):
     spec = next(iter(built))
     again = jb.build(spec)

@@ -17,6 +17,20 @@ def test_committed_contract_header_is_what_the_python_definition_generates():
     )
 
 
+def test_committed_wgmma_wrappers_are_what_gen_wgmma_writes():
+    import importlib.util
+
+    from megamoe.kernel import KERNEL_DIR
+
+    spec = importlib.util.spec_from_file_location("gen_wgmma", KERNEL_DIR / "gemm" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for form in gen.FORMS:
+        assert gen.header_path(form).read_text() == gen.header(form), (
+            f"{gen.header_path(form).name} is stale: run python3 kernel/gemm/gen_wgmma.py"
+        )
+
+
 def test_packed_parameters_put_each_field_at_its_offset():
     values = {f.name: (bytes([i]) * 128 if f.kind == "tmap" else 1000 + i) for i, f in enumerate(contract.PARAMS)}
     values["clamp_value"] = 1.5
