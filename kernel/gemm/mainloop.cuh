@@ -5,22 +5,23 @@
 // Work is cut into wgmma groups. A group is one N-chunk (cw = min(N, 64) tokens) of one K block:
 // in the fast mode (promotion k128) its four k32 wgmmas accumulate in the tensor core and the group
 // is promoted once; in the exact mode (k32) every k32 step is a group of its own. So a K block has
-// G = C (k128) or 4 C (k32) groups, C = N / cw. The decoded A fragments of two K blocks are held
-// (a[kb % 2]). Two schedules, by the registers the tile leaves:
-//   pipelined (tiles up to 128): groups are issued in order into two temporaries (tmp[q % 2]).
+// G = C (k128) or 4 C (k32) groups, C = N / cw. Two schedules, by the registers the tile leaves:
+//   pipelined (tiles up to 128): groups are issued in order into two temporaries (tmp[q % 2]);
+//     the decoded A fragments of two K blocks are held (a[kb % 2]).
 //     Step q retires group q - 2 (wait until only group q - 1 is in flight, wgmma.wait_group 1;
 //     promote tmp[q % 2], one FFMA per accumulator in the fast mode; after the last group of a K
 //     block release its stage, one empty-barrier arrival per warp) and issues group q. The A
 //     fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
 //     (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue,
 //     while kb - 1 runs). The only wait<0> is the item's last.
-//   serial (the wide tile, 256: 128 accumulators leave registers for one temporary; fast mode):
-//     each group is issued, waited for and promoted before the next, while the other warpgroup's
-//     groups keep the tensor core busy; the item's rows fill `chunks` of the C chunks and only those
-//     are computed. K block kb + 1 is decoded in halves, after the issues of chunks 0 and 1 of kb.
-// The fast mode loads a group's token scales before waiting for it, so their shared-memory latency
-// hides under the wait (after it, every promotion FFMA waited for them: the loop's largest stall,
-// ncu).
+//   serial (the wide tile, 256: 128 accumulators leave registers for one 64-register temporary
+//     and one A buffer; fast mode): a group is a pair of chunks (m64n128k32), issued, waited for
+//     and promoted before the next, while the other warpgroup's groups keep the tensor core busy;
+//     the item's rows fill `chunks` of the C chunks (whole pairs, pick_tile) and only those pairs
+//     are computed. K block kb + 1 is decoded after kb's last group.
+// The fast mode loads a group's token scales before waiting for it (the serial schedule: a
+// quarter of them, registers allow no more), so their shared-memory latency hides under the wait
+// (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
 #pragma once
 
 #include <cstdint>
@@ -79,8 +80,8 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
   // The serial schedule's group is a pair of chunks (one m64n128k32 per k32 step): twice the
   // tensor work per issue, wait and promotion round trip of a 64-token group.
-  constexpr int GW = T == 1 ? 2 * CW : CW;   // tokens per wgmma group
-  static_assert(T == 2 || C % 2 == 0, "the serial schedule runs pairs of chunks");
+  constexpr int GW = T == 1 ? kWideGroupN : CW;   // tokens per wgmma group
+  static_assert(T == 2 || (GW == 2 * CW && N % GW == 0), "the serial schedule runs pairs of chunks");
   using Mma = WgmmaRS<GW>;
 
   uint32_t a[2][4][4];          // decoded A fragments of two K blocks (the serial schedule: one)
@@ -189,10 +190,11 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   if constexpr (T == 1) {
     // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group, a
     // pair of chunks, is issued, waited for and promoted before the next; the other warpgroup's
-    // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
-    // charged the pairs its rows fill, not the whole tile (the second chunk of a pair beyond them
-    // computes columns nobody reads). The A fragments have one buffer (128 accumulators and a
-    // 64-register temporary leave no second): K block kb + 1 is decoded after kb's last group.
+    // groups run in the tensor core meanwhile. The item has `chunks` (2 .. C, even) chunks: an
+    // item is charged the pairs its rows fill, not the whole tile. The A fragments have one buffer
+    // (128 accumulators and a 64-register temporary leave no second): K block kb + 1 is decoded
+    // after kb's last group. (Groups of one chunk with the decode in halves under them ran at the
+    // same speed with 24 % more instructions; bench/NOTES.md v11.)
     using B0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
     decode(B0{});
