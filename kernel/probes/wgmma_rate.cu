@@ -120,9 +120,8 @@ static void run(int wgs, int sms, long long* cycles, float* sink) {
   std::free(host);
   const double macs = static_cast<double>(wgs) * iters * 4 * 64 * N * 32;
   const double per_clk = macs / mean;
-  std::printf("%-4s %4d %4d %-8s %10.0f %7.1f %10.1f %7.2f\n", kRS ? "RS" : "SS", N, wgs,
-              kPromote ? "FFMA" : "-", per_clk, 100.0 * per_clk / 4096.0,
-              2.0 * macs * sms / (ms * 1e-3) / 1e12, mean / (ms * 1e6));
+  std::printf("%-4s %4d %4d %-8s %10.0f %7.1f %10.1f %7.2f\n", kRS ? "RS" : "SS", N, wgs, kPromote ? "FFMA" : "-",
+              per_clk, 100.0 * per_clk / 4096.0, 2.0 * macs * sms / (ms * 1e-3) / 1e12, mean / (ms * 1e6));
 }
 
 int main() {
@@ -132,8 +131,8 @@ int main() {
   float* sink;
   check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
   check(cudaMalloc(&sink, sizeof(float) * 256), "cudaMalloc");
-  std::printf("%-4s %4s %4s %-8s %10s %7s %10s %7s\n", "form", "N", "wgs", "promote",
-              "MAC/clk/SM", "% peak", "TFLOP/s", "GHz");
+  std::printf("%-4s %4s %4s %-8s %10s %7s %10s %7s\n", "form", "N", "wgs", "promote", "MAC/clk/SM", "% peak", "TFLOP/s",
+              "GHz");
   run<true, 64, false>(2, sms, cycles, sink);
   run<true, 64, true>(2, sms, cycles, sink);
   run<true, 128, false>(1, sms, cycles, sink);
