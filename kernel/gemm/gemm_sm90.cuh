@@ -16,7 +16,7 @@
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
 // are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 when every item
 // is an 8-token tile). Stages (BK = 128) are handed over through full / empty mbarriers. Token
-// tiles 8 .. 128 (two per kernel) and the wide tile 256 (fast mode; charged per 128 tokens, see
+// tiles 8 .. 128 (two per kernel) and the wide tile 256 (fast mode; charged per 64-token chunk, see
 // scheduler.cuh and the serial schedule in mainloop.cuh).
 //
 // Promotion (kPerK32 = true, promotion "k32", the exact mode): every k32 product is added into the

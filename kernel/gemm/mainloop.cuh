@@ -17,8 +17,8 @@
 //   serial (the wide tile, 256: 128 accumulators leave registers for one 64-register temporary
 //     and one A buffer; fast mode): a group is a pair of chunks (m64n128k32), issued, waited for
 //     and promoted before the next, while the other warpgroup's groups keep the tensor core busy;
-//     the item's rows fill `chunks` of the C chunks (whole pairs, pick_tile) and only those pairs
-//     are computed. K block kb + 1 is decoded after kb's last group.
+//     the item's rows fill `chunks` of the C chunks and only the pairs that hold them are
+//     computed. K block kb + 1 is decoded after kb's last group.
 // The fast mode loads a group's token scales before waiting for it (the serial schedule: a
 // quarter of them, registers allow no more), so their shared-memory latency hides under the wait
 // (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
@@ -80,8 +80,8 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
   // The serial schedule's group is a pair of chunks (one m64n128k32 per k32 step): twice the
   // tensor work per issue, wait and promotion round trip of a 64-token group.
-  constexpr int GW = T == 1 ? kWideGroupN : CW;   // tokens per wgmma group
-  static_assert(T == 2 || (GW == 2 * CW && N % GW == 0), "the serial schedule runs pairs of chunks");
+  constexpr int GW = T == 1 ? 2 * CW : CW;   // tokens per wgmma group
+  static_assert(T == 2 || C % 2 == 0, "the serial schedule runs pairs of chunks");
   using Mma = WgmmaRS<GW>;
 
   uint32_t a[2][4][4];          // decoded A fragments of two K blocks (the serial schedule: one)
@@ -190,8 +190,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   if constexpr (T == 1) {
     // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group, a
     // pair of chunks, is issued, waited for and promoted before the next; the other warpgroup's
-    // groups run in the tensor core meanwhile. The item has `chunks` (2 .. C, even) chunks: an
-    // item is charged the pairs its rows fill, not the whole tile. The A fragments have one buffer
+    // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
+    // charged the pairs its rows fill, not the whole tile (with an odd count, the last pair's
+    // second chunk computes on shared memory the producer did not fill this time: columns nobody
+    // reads). The A fragments have one buffer
     // (128 accumulators and a 64-register temporary leave no second): K block kb + 1 is decoded
     // after kb's last group. (Groups of one chunk with the decode in halves under them ran at the
     // same speed with 24 % more instructions; bench/NOTES.md v11.)

@@ -7,8 +7,8 @@
 // with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
 // two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
 // third ptxas runs out of registers (measured: spills and serialised wgmmas). The wide kernel
-// (kMaxN 256) has one mainloop instead, charged per group of its serial schedule (two 64-token
-// chunks): an item of r rows costs ceil(r / 128) groups (pick_tile).
+// (kMaxN 256) has one mainloop instead, charged per 64-token chunk (pick_tile: an item of r rows
+// has ceil(r / 64) chunks), computed in pairs of chunks (mainloop.cuh's serial schedule).
 //
 // The pool layout (each expert's first row and row count) is copied into shared memory once per
 // CTA, before the roles split: in the fused kernel it is computed by the kernel itself, so nothing
@@ -38,17 +38,14 @@ __host__ __device__ constexpr int chunk_width(int n) {
 }
 
 // Tiles above this many tokens are wide: their kernels run every item at the largest tile's
-// mainloop, charged only the wgmma groups its rows fill (the serial schedule of mainloop.cuh,
-// whose groups are kWideGroupN tokens wide).
+// mainloop, charged only the 64-token chunks its rows fill (the serial schedule of mainloop.cuh).
 constexpr int kWideTile = 2 * kChunkN;
-constexpr int kWideGroupN = 2 * kChunkN;
 
 // The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN; in a
-// wide kernel, the valid rows rounded up to whole groups (the producer loads, and the mainloop
-// computes, exactly those rows).
+// wide kernel, the valid rows rounded up to whole chunks.
 template <int kMaxN>
 __device__ __forceinline__ int pick_tile(int valid) {
-  if constexpr (kMaxN > kWideTile) return (valid + kWideGroupN - 1) / kWideGroupN * kWideGroupN;
+  if constexpr (kMaxN > kWideTile) return (valid + kChunkN - 1) / kChunkN * kChunkN;
   return valid <= kSmallTile ? kSmallTile : kMaxN;
 }
 
