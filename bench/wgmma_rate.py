@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megamoe.jit.flags import NVCC_FLAGS
-from megamoe.kernel import KERNEL_DIR
+from megamoe.jit.build import probe_command
 
 
 def main() -> int:
@@ -28,11 +27,7 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "wgmma_rate"
-        build = subprocess.run(
-            [nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "wgmma_rate.cu")],
-            capture_output=True,
-            text=True,
-        )
+        build = subprocess.run(probe_command("wgmma_rate", exe, nvcc=nvcc), capture_output=True, text=True)
         if build.returncode:
             print(f"bench.wgmma_rate: nvcc failed:\n{build.stderr}", file=sys.stderr)
             return 1

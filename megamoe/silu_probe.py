@@ -12,8 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megamoe.jit.flags import NVCC_FLAGS
-from megamoe.kernel import KERNEL_DIR
+from megamoe.jit.build import probe_command
 from megamoe.reference.silu_tables import TABLE_FILES
 
 
@@ -23,11 +22,7 @@ def generate(out_dir: str | Path, nvcc: str = "nvcc") -> dict[bool, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "silu_tables"
-        build = subprocess.run(
-            [nvcc, *NVCC_FLAGS, "-o", str(exe), str(KERNEL_DIR / "probes" / "silu_tables.cu")],
-            capture_output=True,
-            text=True,
-        )
+        build = subprocess.run(probe_command("silu_tables", exe, nvcc=nvcc), capture_output=True, text=True)
         if build.returncode:
             raise RuntimeError(f"nvcc failed to build the SiLU probe:\n{build.stderr}")
         paths = {fast: out_dir / name for fast, name in TABLE_FILES.items()}

@@ -64,13 +64,8 @@ def test_the_tensor_rate_probe_compiles(tmp_path):
     that a GPU session can run it as it is."""
     import subprocess
 
-    from megamoe.jit.flags import NVCC_FLAGS
-    from megamoe.kernel import KERNEL_DIR
-
     out = subprocess.run(
-        ["nvcc", *NVCC_FLAGS, "-c", "-o", str(tmp_path / "wgmma_rate.o"), str(KERNEL_DIR / "probes" / "wgmma_rate.cu")],
-        capture_output=True,
-        text=True,
+        jb.probe_command("wgmma_rate", tmp_path / "wgmma_rate.o", "-c"), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
 

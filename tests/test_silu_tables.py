@@ -45,21 +45,11 @@ def test_silu_probe_compiles_with_the_kernel_flags(tmp_path):
 
     import pytest
 
-    from megamoe.jit.flags import NVCC_FLAGS
-    from megamoe.kernel import KERNEL_DIR
+    from megamoe.jit.build import probe_command
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
     run = subprocess.run(
-        [
-            "nvcc",
-            *NVCC_FLAGS,
-            "-cubin",
-            "-o",
-            str(tmp_path / "probe.cubin"),
-            str(KERNEL_DIR / "probes" / "silu_tables.cu"),
-        ],
-        capture_output=True,
-        text=True,
+        probe_command("silu_tables", tmp_path / "probe.cubin", "-cubin"), capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr

@@ -193,10 +193,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
     // charged the pairs its rows fill, not the whole tile (with an odd count, the last pair's
     // second chunk computes on shared memory the producer did not fill this time: columns nobody
-    // reads). The A fragments have one buffer
-    // (128 accumulators and a 64-register temporary leave no second): K block kb + 1 is decoded
-    // after kb's last group. (Groups of one chunk with the decode in halves under them ran at the
-    // same speed with 24 % more instructions; bench/NOTES.md v11.)
+    // reads). The A fragments have one buffer (128 accumulators and a 64-register temporary leave
+    // no second): K block kb + 1 is decoded after kb's last group. (Groups of one chunk with the
+    // decode in halves under them ran at the same speed with 24 % more instructions; bench/NOTES.md
+    // v11.)
     using B0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
     decode(B0{});

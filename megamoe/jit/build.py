@@ -163,6 +163,13 @@ class Built:
         return int(m.group(1)) if m else -1
 
 
+def probe_command(name: str, out: Path | str, *extra: str, nvcc: str = "nvcc") -> list[str]:
+    """The nvcc command that builds kernel/probes/<name>.cu into `out` with the kernel's own flags
+    (extra: e.g. "-cubin" or "-c" for a compile-only check), so a probe measures or rounds as the
+    kernel does."""
+    return [nvcc, *NVCC_FLAGS, *extra, "-o", str(out), str(KERNEL_DIR / "probes" / f"{name}.cu")]
+
+
 def flags() -> list[str]:
     return [*NVCC_FLAGS, *EXTRA_FLAGS]
 
