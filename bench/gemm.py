@@ -139,6 +139,9 @@ def main() -> None:
         "--max-tile", type=int, default=None, help="force our kernels' largest token tile (default: picked)"
     )
     ap.add_argument(
+        "--wgs", type=int, default=None, help="force our kernels' consumer warpgroups, 2 or 4 (default: picked)"
+    )
+    ap.add_argument(
         "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"
     )
     args = ap.parse_args()
@@ -202,6 +205,7 @@ def main() -> None:
                             max_tokens=max(counts),
                             x_sf128=x128,
                             max_tile=args.max_tile,
+                            wgs=args.wgs,
                             **extra,
                         )
 

@@ -65,8 +65,8 @@ def main() -> None:
 
     print(f"{'promotion':9} {'tile':>4} {'wgs':>3} {'instructions / stage / warp':>28} {'generic ld/st in loop':>22}")
     for promotion in ("k128", "k32"):
-        for tile, wgs in ((8, 4), (8, 2), (64, 2), (128, 2), (256, 2)):
-            if tile > jb.max_tile_of(promotion):
+        for tile, wgs in ((8, 4), (8, 2), (64, 4), (64, 2), (128, 2), (256, 2)):
+            if tile > jb.max_tile_of(promotion) or (wgs == 4 and tile > jb.max_wgs4_tile(promotion)):
                 continue
             spec = jb.GemmSpec(layer=1, max_tile=tile, promotion=promotion, wgs=wgs)
             cost = stage_cost(jb.build(spec).cubin, tile, promotion == "k32")

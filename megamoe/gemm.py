@@ -78,11 +78,12 @@ def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expe
     return top
 
 
-def pick_wgs(max_tile: int, n_rows: int) -> int:
-    """Consumer warpgroups per CTA: 4 (256 weight rows per CTA, 20 warps) when every item is an
-    8-token tile, where more warps per scheduler hide the per-stage latency; 2 otherwise (the
-    640 x 96 launch registers leave 4 consumer warpgroups 104 each, too few for larger tiles)."""
-    return 4 if max_tile == contract.SMALL_TILE and n_rows % 256 == 0 else 2
+def pick_wgs(max_tile: int, n_rows: int, promotion: str = "k128") -> int:
+    """Consumer warpgroups per CTA: 4 (256 weight rows per CTA, 20 warps) up to the promotion's
+    jb.max_wgs4_tile (8 tokens in the exact mode, 64 in the fast mode), where more warps per
+    scheduler hide the per-stage latency; 2 otherwise (the 640 x 96 launch registers leave 4
+    consumer warpgroups 104 each, too few for larger tiles)."""
+    return 4 if max_tile <= jb.max_wgs4_tile(promotion) and n_rows % 256 == 0 else 2
 
 
 def spec_for(
@@ -108,7 +109,7 @@ def spec_for(
         promotion=promotion,
         fast_math=bool(fast_math) if layer == 1 else True,
         debug=debug,
-        wgs=pick_wgs(tile, n_rows) if wgs is None else wgs,
+        wgs=pick_wgs(tile, n_rows, promotion) if wgs is None else wgs,
     )
 
 
@@ -118,7 +119,7 @@ def used_specs() -> list[jb.GemmSpec]:
     for promotion in PROMOTIONS:
         for debug in (False, True):
             for tile in (t for t in contract.TOKEN_TILES if t <= jb.max_tile_of(promotion)):
-                for wgs in (2, 4) if tile == contract.SMALL_TILE else (2,):
+                for wgs in (2, 4) if tile <= jb.max_wgs4_tile(promotion) else (2,):
                     for fast_math in (True, False):
                         specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
                     specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))

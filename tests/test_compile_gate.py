@@ -89,7 +89,10 @@ def test_spec_rejects_a_token_tile_the_kernel_cannot_have():
     with pytest.raises(ValueError, match="max_tile"):
         jb.GemmSpec(layer=1, max_tile=12)
     with pytest.raises(ValueError, match="wgs"):
-        jb.GemmSpec(layer=1, max_tile=64, wgs=4)
+        jb.GemmSpec(layer=1, max_tile=64, wgs=4)  # the exact mode: 4 warpgroups at 8 tokens only
+    with pytest.raises(ValueError, match="wgs"):
+        jb.GemmSpec(layer=1, max_tile=128, promotion="k128", wgs=4)
+    assert jb.GemmSpec(layer=1, max_tile=64, promotion="k128", wgs=4).threads == 640
 
 
 def test_registers_are_the_launch_allocation(built):

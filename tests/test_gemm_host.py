@@ -68,6 +68,11 @@ def test_the_largest_tile_holds_the_largest_expert_and_skewed_launches_take_64()
     assert G.pick_max_tile(100, rows_per_expert=64.0) == 64  # zipf: most experts are small
     assert G.pick_max_tile(600, rows_per_expert=576.0) == 256  # uniform prefill
     assert G.spec_for(1, max_tokens=8, n_rows=4096).wgs == 4 and G.spec_for(1, max_tokens=9, n_rows=4096).wgs == 2
+    # the fast mode keeps four consumer warpgroups up to 64 tokens (one serial mainloop), where the
+    # weight rows fill 256-row CTAs
+    assert G.spec_for(1, promotion="k128", max_tokens=64, n_rows=4096).wgs == 4
+    assert G.spec_for(1, promotion="k128", max_tokens=65, n_rows=4096).wgs == 2
+    assert G.spec_for(2, promotion="k128", max_tokens=64, n_rows=128 * 3).wgs == 2
 
 
 def test_concurrent_builds_of_one_specialisation_compile_it_once(tmp_path, monkeypatch):

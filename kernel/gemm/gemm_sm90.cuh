@@ -14,10 +14,11 @@
 // the 128-byte swizzle.
 //
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
-// are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 when every item
-// is an 8-token tile). Stages (BK = 128) are handed over through full / empty mbarriers. Token
-// tiles 8 .. 128 (two per kernel) and the wide tile 256 (fast mode; charged per 64-token chunk, see
-// scheduler.cuh and the serial schedule in mainloop.cuh).
+// are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 for token tiles
+// up to 64 in the fast mode and 8 in the exact mode). Stages (BK = 128) are handed over through
+// full / empty mbarriers. Token tiles 8 .. 128 (two per kernel), the four-warpgroup tiles 16 .. 64
+// (fast mode; one mainloop, each item as wide as its rows) and the wide tile 256 (fast mode;
+// charged per 64-token chunk): see scheduler.cuh and the serial schedule in mainloop.cuh.
 //
 // Promotion (kPerK32 = true, promotion "k32", the exact mode): every k32 product is added into the
 // fp32 result with both per-32 scales. kPerK32 = false ("k128", the fast mode): each weight row r
@@ -80,7 +81,8 @@ struct GemmConfig {
   static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWide ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
-  static_assert(kWGs == 2 || kMaxN == kSmallTile, "four consumer warpgroups hold 8-token tiles only");
+  static_assert(kWGs == 2 || kMaxN == kSmallTile || (!kPerK32 && kMaxN <= kChunkN),
+                "four consumer warpgroups: tiles up to 64 tokens in the fast mode, 8 in the exact mode");
 };
 
 // The kernels' dynamic shared memory. They have no static shared memory, so it starts the CTA's
@@ -149,8 +151,8 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   // under it instead of stalling every consumer warp of the item at its end (short items: decode
   // sizes). In a kernel with the 128-token tile, three registers held across any of its mainloops
   // cost more per stage (253 -> 257 instructions at tile 128, bench.sass_stage) than one stall
-  // per long item.
-  constexpr bool kEarly = !kPerK32 && kMaxN <= kChunkN;
+  // per long item; nor in the four-warpgroup serial kernels (104 registers: the L1 epilogue spilled).
+  constexpr bool kEarly = !kPerK32 && kMaxN <= kChunkN && !serial_tile(kMaxN, Cfg::kRows);
   int row_base_a = 0, row_base_b = 0, expert_base = 0;
   auto load_row_bases = [&] {
     const GemmParams& p = *ctx.p;
@@ -163,7 +165,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
-  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile / chunk_width(N), acc);
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
     const float fa = exp2i(row_base_a - expert_base);
@@ -208,11 +210,11 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   while (item < (second ? nb : na)) {
     const GemmParams& p = second ? pb : pa;
     ctx.p = &p;
-    const WorkItem wi = decode_item<kMaxN>(item, *sm.sched, p.n_rows / Cfg::kRows);
+    const WorkItem wi = decode_item<kMaxN, Cfg::kRows>(item, *sm.sched, p.n_rows / Cfg::kRows);
     // One instantiation of the mainloop and epilogue per (layer, token tile); the branches are uniform.
     auto run = [&](auto layer_c) {
       constexpr int L = decltype(layer_c)::value;
-      if (kMaxN == kSmallTile || Cfg::kWide || wi.tile == kMaxN)
+      if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
         run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
       else
         run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);

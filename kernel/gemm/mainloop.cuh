@@ -14,11 +14,15 @@
 //     fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
 //     (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue,
 //     while kb - 1 runs). The only wait<0> is the item's last.
-//   serial (the wide tile, 256: 128 accumulators leave registers for one 64-register temporary
-//     and one A buffer; fast mode): a group is a pair of chunks (m64n128k32), issued, waited for
-//     and promoted before the next, while the other warpgroup's groups keep the tensor core busy;
-//     the item's rows fill `chunks` of the C chunks and only the pairs that hold them are
-//     computed. K block kb + 1 is decoded after kb's last group.
+//   serial (fast mode; one temporary and one A buffer, as the registers leave): each group is
+//     issued, waited for and promoted before the next, while the other warpgroups' groups keep
+//     the tensor core busy; K block kb + 1 is decoded after kb's last group. Two users:
+//     the wide tile (256, two warpgroups; 128 accumulators): a group is a pair of chunks
+//       (m64n128k32); the item's rows fill `tile / 64` of the C chunks and only the pairs that
+//       hold them are computed;
+//     the four-warpgroup tiles 16 .. 64 (104 registers a thread): one group per K block, as wide
+//       as the item's tile (8, 16, 32 or 64 tokens: pick_tile), so one mainloop serves every item
+//       (a second instantiation beside it made ptxas serialise the wgmmas, C7512).
 // The fast mode loads a group's token scales before waiting for it (the serial schedule: a
 // quarter of them, registers allow no more), so their shared-memory latency hides under the wait
 // (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
@@ -36,6 +40,16 @@
 #include "wgmma_fp8_rs.cuh"
 
 namespace megamoe {
+
+// The first W elements of an array, as an array (the whole array itself when W == M).
+template <int W, typename T, int M>
+__device__ __forceinline__ auto prefix(T (&a)[M]) -> T (&)[W] {
+  static_assert(W <= M, "prefix");
+  if constexpr (W == M)
+    return a;
+  else
+    return *reinterpret_cast<T(*)[W]>(a);
+}
 
 template <int I, int End, typename F>
 __device__ __forceinline__ void static_for(F&& f) {
@@ -67,22 +81,23 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
 
 template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
-                                         int num_kb, int chunks, float (&acc)[N / 2]) {
+                                         int num_kb, int tile, float (&acc)[N / 2]) {
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
   constexpr int CW = chunk_width(N);
   constexpr int C = N / CW;
   constexpr int G = kPerK32 ? 4 * C : C;
   constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
-  // Temporaries (groups in flight): two, except at tiles of more than two chunks, whose
-  // accumulators leave registers for one (the serial schedule below).
-  constexpr int T = N > kWideTile ? 1 : 2;
+  // Temporaries (groups in flight): two, except where the registers leave one (the serial
+  // schedule below): the wide tile (128 accumulators) and, with four consumer warpgroups (104
+  // registers a thread), the 64-token tile.
+  constexpr int T = serial_tile(N, kRows) ? 1 : 2;
   static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
   static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
-  // The serial schedule's group is a pair of chunks (one m64n128k32 per k32 step): twice the
-  // tensor work per issue, wait and promotion round trip of a 64-token group.
-  constexpr int GW = T == 1 ? 2 * CW : CW;   // tokens per wgmma group
-  static_assert(T == 2 || C % 2 == 0, "the serial schedule runs pairs of chunks");
-  using Mma = WgmmaRS<GW>;
+  // Chunks per wgmma group: the wide tile's serial group is a pair of chunks (one m64n128k32 per
+  // k32 step): twice the tensor work per issue, wait and promotion round trip of a 64-token group.
+  constexpr int P = T == 1 && C >= 2 ? 2 : 1;
+  constexpr int GW = P * CW;   // tokens per wgmma group
+  static_assert(C % P == 0, "the serial schedule runs pairs of chunks");
 
   uint32_t a[2][4][4];          // decoded A fragments of two K blocks (the serial schedule: one)
   float tmp[T][GW / 2];         // products of the groups in flight
@@ -116,10 +131,14 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
 
   // Group gi of a K block: its first chunk and its k32 step (exact mode: one k32 step of one
   // chunk; fast mode: the chunk, or in the serial schedule the pair of chunks 2 gi, 2 gi + 1).
-  auto first_chunk = [](int gi) { return kPerK32 ? gi % C : T == 1 ? 2 * gi : gi; };
+  auto first_chunk = [](int gi) { return kPerK32 ? gi % C : P * gi; };
   auto first_ks = [](int gi) { return kPerK32 ? gi / C : 0; };
 
-  auto issue = [&](auto gi_c, auto tt_c, auto b_c) {
+  // W: the tokens of the group's wgmmas: GW, or in the four-warpgroup 64-token kernel the item's
+  // tile (8 .. 64), a prefix of the temporary.
+  auto issue = [&](auto gi_c, auto tt_c, auto b_c, auto w_c) {
+    constexpr int W = decltype(w_c)::value;
+    float (&d)[W / 2] = prefix<W / 2>(tmp[decltype(tt_c)::value]);
     constexpr int gi = decltype(gi_c)::value;
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
@@ -139,9 +158,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       const int ks = ks0 + k;
       const uint64_t desc = ptx::smem_desc_sw128_from_lo(lo + ks * 2);
       if (k == 0)
-        Mma::mma_overwrite(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc);
+        WgmmaRS<W>::mma_overwrite(d, a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc);
       else
-        Mma::mma(tmp[tt], a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc, 1);
+        WgmmaRS<W>::mma(d, a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc, 1);
     }
     ptx::wgmma_commit();
   };
@@ -158,8 +177,10 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     return ctx.ring.sx + bstage[decltype(b_c)::value] * Ring::kSxWords + first_ks(gi) * kMaxN + c * CW;
   };
 
-  // Chunk first_chunk(gi) + h of group gi's products (temporary tt) into the result.
-  auto promote = [&](auto gi_c, auto h_c, auto tt_c, auto b_c, const Scales& s) {
+  // Chunk first_chunk(gi) + h of group gi's products (temporary tt) into the result; W: the
+  // chunk's first W tokens (as issue's).
+  auto promote = [&](auto gi_c, auto h_c, auto tt_c, auto b_c, const Scales& s, auto w_c) {
+    constexpr int W = decltype(w_c)::value;
     constexpr int gi = decltype(gi_c)::value;
     constexpr int h = decltype(h_c)::value;
     constexpr int tt = decltype(tt_c)::value;
@@ -168,17 +189,17 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int ks = first_ks(gi);
     float* prod = tmp[tt] + h * (CW / 2);
 #pragma unroll
-    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(prod[i]);
+    for (int i = 0; i < W / 2; ++i) ptx::fence_operand(prod[i]);
     if constexpr (kPerK32) {
       promote_k32<CW>(acc + c * (CW / 2), prod, s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
                       ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
     } else {
-      promote_k128<CW>(acc + c * (CW / 2), prod, s);
+      promote_k128<W>(acc + c * (CW / 2), prod, prefix<W / 4>(s));
     }
     // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
     // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
 #pragma unroll
-    for (int i = 0; i < CW / 2; ++i) ptx::fence_operand(acc[c * (CW / 2) + i]);
+    for (int i = 0; i < W / 2; ++i) ptx::fence_operand(acc[c * (CW / 2) + i]);
   };
 
   auto release = [&](auto b_c) {
@@ -188,7 +209,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   };
 
   if constexpr (T == 1) {
-    // Serial schedule (one temporary; fast mode, tiles of more than two chunks): each group, a
+    // Serial schedule (one temporary; fast mode). The wide tile: each group, a
     // pair of chunks, is issued, waited for and promoted before the next; the other warpgroup's
     // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
     // charged the pairs its rows fill, not the whole tile (with an odd count, the last pair's
@@ -199,22 +220,49 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // v11.)
     using B0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
+    using CWc = std::integral_constant<int, CW>;
+    // One chunk (the four-warpgroup kernels): the group is as wide as the item's tile (W tokens);
+    // up to 8 of its scales are loaded before the wait, the rest (8 more at 64 tokens) after it.
+    auto group = [&](auto w_c) {
+      constexpr int W = decltype(w_c)::value;
+      constexpr int kVecs = W < 16 ? 1 : W / 16;
+      constexpr int kPre = kVecs < 2 ? kVecs : 2;
+      issue(B0{}, B0{}, B0{}, w_c);
+      Scales s;
+      load_token_scales<CW, 0, kPre>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
+      ptx::wgmma_wait<0>();
+      if constexpr (kPre < kVecs) load_token_scales<CW, kPre, kVecs>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
+      promote(B0{}, B0{}, B0{}, B0{}, s, w_c);
+    };
+    const int chunks = tile / CW;
     decode(B0{});
     for (int kb = 0; kb < num_kb; ++kb) {
-      static_for<0, C / 2>([&](auto g_c) {
-        if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {
-          issue(g_c, B0{}, B0{});
-          // Half the first chunk's scales before the wait: all of them made the L1 epilogue
-          // spill (12-48 bytes; the 64-register temporary has their registers).
-          Scales s;
-          load_token_scales<CW, 0, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
-          ptx::wgmma_wait<0>();
-          load_token_scales<CW, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
-          promote(g_c, B0{}, B0{}, B0{}, s);
-          load_token_scales<CW>(scales_of(g_c, H1{}, B0{}), ctx.t, s);
-          promote(g_c, H1{}, B0{}, B0{}, s);
-        }
-      });
+      if constexpr (P == 2) {
+        static_for<0, C / 2>([&](auto g_c) {
+          if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {
+            issue(g_c, B0{}, B0{}, std::integral_constant<int, GW>{});
+            // Half the first chunk's scales before the wait: all of them made the L1 epilogue
+            // spill (12-48 bytes; the 64-register temporary has their registers).
+            Scales s;
+            load_token_scales<CW, 0, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+            ptx::wgmma_wait<0>();
+            load_token_scales<CW, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
+            promote(g_c, B0{}, B0{}, B0{}, s, CWc{});
+            load_token_scales<CW>(scales_of(g_c, H1{}, B0{}), ctx.t, s);
+            promote(g_c, H1{}, B0{}, B0{}, s, CWc{});
+          }
+        });
+      } else {
+        static_assert(C == 1, "the serial schedule's single-chunk tile");
+        if (tile <= 8)
+          group(std::integral_constant<int, 8>{});
+        else if (tile <= 16)
+          group(std::integral_constant<int, (N < 16 ? N : 16)>{});
+        else if (tile <= 32)
+          group(std::integral_constant<int, (N < 32 ? N : 32)>{});
+        else
+          group(std::integral_constant<int, N>{});
+      }
       release(B0{});
       if (kb + 1 < num_kb) decode(B0{});
     }
@@ -252,7 +300,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       else
         ptx::wgmma_wait<1>();
       if constexpr (kPerK32) load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
-      promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, B{}, s);
+      promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, B{}, s, std::integral_constant<int, CW>{});
       if constexpr (pu % G == G - 1) release(B{});
     };
     if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
@@ -269,7 +317,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
           // group's issue, while two of this warpgroup's groups run.
           if constexpr (G == 1) decode(std::integral_constant<int, b>{});
           issue(std::integral_constant<int, gi>{}, std::integral_constant<int, u % 2>{},
-                std::integral_constant<int, b>{});
+                std::integral_constant<int, b>{}, std::integral_constant<int, GW>{});
           if constexpr (G >= 2 && gi == 1) {
             if (q < total - G) decode(std::integral_constant<int, 1 - b>{});
           }

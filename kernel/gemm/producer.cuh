@@ -39,7 +39,10 @@ struct StageRing {
   // cw = min(tile, 64) tokens, then the wgmma accumulator thread t = (tok % 8) / 2 that owns it,
   // then its column pair (j, h). Consumer thread t of chunk c reads its cw/4 scales contiguously.
   __device__ __forceinline__ static int scale_index(int tok, int ks, int tile) {
-    const int cw = chunk_width(tile);
+    // The four-warpgroup serial kernel's one mainloop reads every item in its largest tile's
+    // layout. (The wide tile's chunks are 64 wide anyway; written as a constant there, ptxas hoists
+    // each token's place out of the stage loop and the 40-register scale warps spill.)
+    const int cw = kMaxN <= kChunkN && serial_tile(kMaxN, kRows) ? kMaxN : chunk_width(tile);
     const int c = tok / cw;
     const int r = tok - c * cw;
     return ks * kMaxN + c * cw + ((r & 7) >> 1) * (cw >> 2) + (r >> 3) * 2 + (r & 1);
@@ -88,7 +91,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
     ptx::prefetch_tma_desc(&p.tmap_x8);
     ptx::prefetch_tma_desc(&p.tmap_x64);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
+      const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
       wait_token_block(p, wi);
       const uint8_t* w_base =
           p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
@@ -122,7 +125,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
     for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<kMaxN>(item, sched, n_rb);
+      const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
       // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
       // in the fused kernel other SMs write them.
       if (lane == 0) wait_token_block(p, wi);

@@ -6,9 +6,11 @@
 // of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
 // with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
 // two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
-// third ptxas runs out of registers (measured: spills and serialised wgmmas). The wide kernel
-// (kMaxN 256) has one mainloop instead, charged per 64-token chunk (pick_tile: an item of r rows
-// has ceil(r / 64) chunks), computed in pairs of chunks (mainloop.cuh's serial schedule).
+// third ptxas runs out of registers (measured: spills and serialised wgmmas). The serial kernels
+// have one mainloop instead (mainloop.cuh's serial schedule): the wide kernel (kMaxN 256) charges
+// an item per 64-token chunk (pick_tile: an item of r rows has ceil(r / 64) chunks), computed in
+// pairs of chunks; the four-warpgroup kernels of tiles 16 .. 64 run an item of r rows as one wgmma
+// group of 8, 16, 32 or 64 tokens, the smallest that holds them.
 //
 // The pool layout (each expert's first row and row count) is copied into shared memory once per
 // CTA, before the roles split: in the fused kernel it is computed by the kernel itself, so nothing
@@ -41,11 +43,26 @@ __host__ __device__ constexpr int chunk_width(int n) {
 // mainloop, charged only the 64-token chunks its rows fill (the serial schedule of mainloop.cuh).
 constexpr int kWideTile = 2 * kChunkN;
 
-// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN; in a
-// wide kernel, the valid rows rounded up to whole chunks.
-template <int kMaxN>
+// Whether a token tile of n tokens, in a CTA of `rows` weight rows, runs the serial schedule of
+// mainloop.cuh (one temporary): the wide tile (its 128 accumulators), and the tiles above 8 with
+// four consumer warpgroups (104 registers a thread). A kernel whose largest tile is serial runs
+// every item at that one mainloop, charged what the item's rows fill: pick_tile.
+__host__ __device__ constexpr bool serial_tile(int n, int rows) {
+  return n > kWideTile || (rows > 2 * kRowsPerWg && n > kSmallTile);
+}
+
+// The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN. In a
+// serial kernel, which has one mainloop: the wide tile's valid rows rounded up to whole chunks
+// (its groups are pairs of chunks, computed where they hold rows); four warpgroups' rows rounded
+// up to 8, 16, 32 or 64 (its group is a wgmma of that width).
+template <int kMaxN, int kRows>
 __device__ __forceinline__ int pick_tile(int valid) {
   if constexpr (kMaxN > kWideTile) return (valid + kChunkN - 1) / kChunkN * kChunkN;
+  if constexpr (serial_tile(kMaxN, kRows)) {
+    int tile = kSmallTile;
+    while (tile < valid) tile *= 2;
+    return tile;
+  }
   return valid <= kSmallTile ? kSmallTile : kMaxN;
 }
 
@@ -105,7 +122,7 @@ __device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Off
 
 // Item `item` of a layer with n_rb blocks of weight rows: items of expert e are
 // [tb_prefix[e] n_rb, tb_prefix[e + 1] n_rb), N block outer, token block inner.
-template <int kMaxN>
+template <int kMaxN, int kRows>
 __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int n_rb) {
   int lo = 0, hi = s.num_experts - 1;
   while (lo < hi) {
@@ -124,7 +141,7 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   w.row0 = s.offset[lo] + tb * kMaxN;
   w.valid = min(kMaxN, s.count[lo] - tb * kMaxN);
   w.end = s.offset[lo] + s.count[lo];
-  w.tile = pick_tile<kMaxN>(w.valid);
+  w.tile = pick_tile<kMaxN, kRows>(w.valid);
   return w;
 }
 

@@ -57,6 +57,13 @@ def max_tile_of(promotion: str) -> int:
     return 64 if promotion == "k32" else contract.TOKEN_TILES[-1]
 
 
+def max_wgs4_tile(promotion: str) -> int:
+    """The largest token tile of a kernel with four consumer warpgroups (104 registers a consumer
+    thread): 64 in the fast mode (its 64-token items run the serial schedule, one temporary), 8 in
+    the exact mode (its per-k32 promotion needs the pipelined schedule's two temporaries)."""
+    return 8 if promotion == "k32" else 64
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmSpec:
     """One compiled specialisation of the grouped GEMM (kernel/gemm/gemm_sm90.cuh): the knobs have
@@ -68,7 +75,7 @@ class GemmSpec:
     promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode): how often products are promoted
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # dump the fp32 accumulators (D5 / D7)
-    wgs: int = 2  # consumer warpgroups (64 weight rows each): 2, or 4 for max_tile 8
+    wgs: int = 2  # consumer warpgroups (64 weight rows each): 2, or 4 up to max_wgs4_tile
     kernel = "megamoe_gemm"  # the cubin's entry point
 
     def __post_init__(self):
@@ -80,9 +87,10 @@ class GemmSpec:
             raise ValueError(
                 f"max_tile: promotion {self.promotion!r} goes up to {max_tile_of(self.promotion)}, got {self.max_tile}"
             )
-        if self.wgs not in (2, 4) or (self.wgs == 4 and self.max_tile != contract.SMALL_TILE):
+        if self.wgs not in (2, 4) or (self.wgs == 4 and self.max_tile > max_wgs4_tile(self.promotion)):
             raise ValueError(
-                f"wgs: 2, or 4 with max_tile {contract.SMALL_TILE}; got wgs={self.wgs}, max_tile={self.max_tile}"
+                f"wgs: 2, or 4 with max_tile up to {max_wgs4_tile(self.promotion)} (promotion {self.promotion!r});"
+                f" got wgs={self.wgs}, max_tile={self.max_tile}"
             )
         if self.layer not in (1, 2):
             raise ValueError(f"layer: expected 1 or 2, got {self.layer}")

@@ -183,10 +183,23 @@ def test_wide_scale_spread():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("max_tile", [8, 64, 128, 256])
-def test_fast_l1_bound_and_epilogue(max_tile):
+# Expert sizes whose token blocks take every width of the four-warpgroup kernels' one mainloop at
+# max_tile 64 (items of 1-8, 9-16, 17-32 and 33-64 rows: 100 = 64 + 36, 130 = 64 + 64 + 2).
+WIDTH_COUNTS = [3, 12, 16, 17, 32, 0, 33, 64, 100, 130]
+FAST_CASES = [(8, COUNTS), (64, COUNTS), (64, WIDTH_COUNTS), (128, COUNTS), (256, COUNTS)]
+
+
+def _fast_case_id(case):
+    tile, counts = case
+    return f"tile{tile}" + ("-widths" if counts is WIDTH_COUNTS else "")
+
+
+@pytest.mark.parametrize("max_tile,counts", FAST_CASES, ids=[_fast_case_id(c) for c in FAST_CASES])
+def test_fast_l1_bound_and_epilogue(max_tile, counts):
     H, inter = 2048, 1024
-    pool, (w1, s1, _, _), kw = _setup_l1(H, inter, COUNTS, seed=200 + max_tile)
+    if max_tile == 64:  # the case is there for the four-warpgroup kernel's widths
+        assert G.spec_for(1, promotion="k128", n_rows=2 * inter, max_tile=64).wgs == 4
+    pool, (w1, s1, _, _), kw = _setup_l1(H, inter, counts, seed=200 + max_tile + len(counts))
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)  # against the ORIGINAL per-32 operands
     res = G.l1_gemm(
         pool.x,
@@ -209,12 +222,14 @@ def test_fast_l1_bound_and_epilogue(max_tile):
     assert worst <= G.TAU["k128"]
 
 
-@pytest.mark.parametrize("max_tile", [8, 128, 256])
-def test_fast_l2_bound_and_epilogue(max_tile):
+@pytest.mark.parametrize("max_tile,counts", FAST_CASES, ids=[_fast_case_id(c) for c in FAST_CASES])
+def test_fast_l2_bound_and_epilogue(max_tile, counts):
     H, inter = 1024, 2048
-    gen = torch.Generator().manual_seed(300 + max_tile)
-    pool = Pool(COUNTS, inter, gen=gen)
-    E = len(COUNTS)
+    if max_tile == 64:
+        assert G.spec_for(2, promotion="k128", n_rows=H, max_tile=64).wgs == 4
+    gen = torch.Generator().manual_seed(300 + max_tile + len(counts))
+    pool = Pool(counts, inter, gen=gen)
+    E = len(counts)
     w1, s1 = random_weights(E, 2 * inter, H, gen=gen)
     w2, s2 = random_weights(E, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)

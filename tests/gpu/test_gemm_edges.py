@@ -20,8 +20,17 @@ from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, lo
 
 
 # (promotion, max_tile, wgs): the 4-warpgroup 8-token kernel, the 2-warpgroup kernel whose items run
-# at 8 tokens, and the largest tile.
-KERNELS = [("k32", 8, 4), ("k32", 64, 2), ("k128", 8, 4), ("k128", 8, 2), ("k128", 128, 2), ("k128", 256, 2)]
+# at 8 tokens, the 4-warpgroup 64-token kernel (one serial mainloop, items 8 .. 64 wide), and the
+# largest tiles.
+KERNELS = [
+    ("k32", 8, 4),
+    ("k32", 64, 2),
+    ("k128", 8, 4),
+    ("k128", 8, 2),
+    ("k128", 64, 4),
+    ("k128", 128, 2),
+    ("k128", 256, 2),
+]
 
 
 def _experts_with_scale_ranges(ranges, H, inter, counts, seed):
@@ -144,7 +153,7 @@ def _fast_rule_reference(pool: Pool, w, w_sf):
     return out
 
 
-@pytest.mark.parametrize("max_tile,wgs", [(8, 4), (128, 2), (256, 2)])
+@pytest.mark.parametrize("max_tile,wgs", [(8, 4), (64, 4), (128, 2), (256, 2)])
 def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs):
     """In every K128 block, weight group 0 has scale byte 124 and groups 1-3 have 107 (17 binades
     under it: the scaled tables round them onto E4M3's subnormal grid), and token group 0 has 110
