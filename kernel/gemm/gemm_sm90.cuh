@@ -73,12 +73,11 @@ struct GemmConfig {
   // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
   // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224, or
   // for the wide tile (its 128 accumulators) 128 x 40 + 256 x 232, where the TMA thread's and the
-  // scale warps' loops are written to fit 40; 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104, or 128 x
-  // 56 in the balanced kernels (whose TMA thread holds its item range; at 40 it spilled). (The
+  // scale warps' loops are written to fit 40; 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104. (The
   // fused kernel's producer warpgroup also runs the dispatch tail and the combine.)
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;   // what ptxas allocates (compile gate)
   static constexpr bool kWide = kMaxN > kWideTile;
-  static constexpr int kProducerRegs = (kWGs == 4 && !balanced_items(kMaxN, kRows)) || kWide ? 40 : 56;
+  static constexpr int kProducerRegs = kWGs == 4 || kWide ? 40 : 56;
   static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWide ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
@@ -200,14 +199,10 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.lane = clane;
   ctx.t = clane % 4;
   uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
-  // Layer A's items: cta_items (a balanced kernel's run of them, else round robin); layer B's
-  // (the fused kernel's L2): round robin.
-  const ItemRange ra = cta_items<kMaxN, Cfg::kRows>(*sm.sched, pa.n_rows / Cfg::kRows);
-  const int na = ra.end;
+  const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows);
   const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows) : 0;
-  static_assert(kLayerB == 0 || !balanced_items(kMaxN, Cfg::kRows), "two layers' items are round robin");
   bool second = false;
-  int item = ra.begin;
+  int item = blockIdx.x;
   if (item >= na) {
     second = true;
     item = kLayerB != 0 ? item : nb;
@@ -228,7 +223,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
       run(std::integral_constant<int, kLayerA>{});
     else
       run(std::integral_constant<int, (kLayerB != 0 ? kLayerB : kLayerA)>{});
-    item += ra.stride;
+    item += gridDim.x;
     if (!second && item >= na && kLayerB != 0) {
       second = true;
       item = blockIdx.x;
@@ -247,16 +242,10 @@ template <int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int 
 __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
   gemm_setup<Cfg, kPerK32>(p.err);
-  if (threadIdx.x < 32) {
+  if (threadIdx.x < 32)
     build_schedule<kMaxN>(
         *GemmSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
         [&](int e) { return __ldg(p.num_tokens + e); });
-    if constexpr (balanced_items(kMaxN, Cfg::kRows)) {   // the ring is free until the barrier
-      balance_items<kMaxN, Cfg::kRows>(*GemmSmem<Cfg>().sched, reinterpret_cast<int*>(GemmSmem<Cfg>().ring.x),
-                                       p.n_rows / Cfg::kRows);
-      ptx::fence_proxy_async_smem();   // its generic writes there before the TMA's
-    }
-  }
   __syncthreads();
 
   // Each role reads what it needs after its setmaxnreg: a value held across it is spilled.

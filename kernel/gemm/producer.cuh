@@ -86,11 +86,11 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
   const int lane = threadIdx.x % 32;
   const int num_kb = p.k / kBlockK;
   const int n_rb = p.n_rows / kRows;
-  const ItemRange items = cta_items<kMaxN, kRows>(sched, n_rb);
+  const int num_items = sched.num_items(n_rb);
   if (warp == 0 && lane == 0) {
     ptx::prefetch_tma_desc(&p.tmap_x8);
     ptx::prefetch_tma_desc(&p.tmap_x64);
-    for (int item = items.begin; item < items.end; item += items.stride) {
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
       const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
       wait_token_block(p, wi);
       const uint8_t* w_base =
@@ -124,7 +124,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
     const int t0 = 32 * (warp - 1) + lane;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    for (int item = items.begin; item < items.end; item += items.stride) {
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
       const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
       // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
       // in the fused kernel other SMs write them.

@@ -73,7 +73,6 @@ struct Schedule {
   int offset[kMaxExperts];         // first pool row of each expert
   int count[kMaxExperts];          // valid pool rows of each expert
   int num_experts;
-  int first_item, end_item;        // balanced kernels: this CTA's items (balance_items)
 
   __device__ __forceinline__ int num_items(int n_rb) const {
     return tb_prefix[num_experts] * n_rb;
@@ -144,117 +143,6 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   w.end = s.offset[lo] + s.count[lo];
   w.tile = pick_tile<kMaxN, kRows>(w.valid);
   return w;
-}
-
-// Which items a CTA runs. Round robin (item blockIdx.x, then every gridDim.x-th), so that the CTAs
-// running at the same time share weight tiles in L2, except in the balanced kernels: the
-// four-warpgroup serial ones, whose items are 8 to 64 tokens wide and cost up to 1.65x one another
-// (DSV3 L1: 32.6 us at 8 tokens, 53.6 at 64). There, round robin gave each CTA the same number of
-// items, and under a skewed routing the CTAs that drew the widest ones set the time (zipf, 256
-// tokens over 32 experts: 4 items per CTA, the widest CTA 53.6 + 3 x 32.6 us, 152 us against 137
-// on average). A balanced kernel gives each CTA a contiguous run of items of about equal cost.
-__host__ __device__ constexpr bool balanced_items(int max_n, int rows) {
-  return max_n <= kChunkN && serial_tile(max_n, rows);
-}
-
-// An item's cost, in tokens: its width (pick_tile) plus what it costs regardless of width, about
-// 80 tokens' worth (fitted to the two figures above: 32.6 = c (F + 8), 53.6 = c (F + 64)).
-constexpr int kItemFixedCost = 80;
-
-struct ItemRange {
-  int begin, end, stride;
-};
-
-template <int kMaxN, int kRows>
-__device__ __forceinline__ ItemRange cta_items(const Schedule& s, int n_rb) {
-  if constexpr (balanced_items(kMaxN, kRows)) return {s.first_item, s.end_item, 1};
-  return {static_cast<int>(blockIdx.x), s.num_items(n_rb), static_cast<int>(gridDim.x)};
-}
-
-// Balanced kernels: this CTA's items, computed by the warp that built the schedule (after
-// build_schedule, before the CTA's first barrier). Item i (cost c_i, cost C_i of the items before
-// it, total T) belongs to CTA floor((C_i + c_i / 2) G / T): the CTA's run starts at the first item
-// whose midpoint reaches blockIdx.x T / G. Found by a 32-way search (each lane one candidate).
-// cost_prefix: kMaxExperts + 1 words of shared memory free until the barrier (the ring's), for the
-// cost of each expert's token blocks (one block of weight rows) before it.
-template <int kMaxN, int kRows>
-__device__ __forceinline__ void balance_items(Schedule& s, int* cost_prefix, int n_rb) {
-  constexpr int kRounds = kMaxExperts / 32;
-  constexpr int kFull = kItemFixedCost + kMaxN;   // a token block of kMaxN rows
-  const int lane = threadIdx.x % 32;
-  __syncwarp();   // build_schedule's count[] and tb_prefix[]
-  // Cost of one block of weight rows of each expert: its full token blocks and its last one.
-  auto expert_cost = [&](int e) {
-    const int n = s.count[e];
-    const int blocks = (n + kMaxN - 1) / kMaxN;
-    return blocks == 0 ? 0 : (blocks - 1) * kFull + kItemFixedCost + pick_tile<kMaxN, kRows>(n - (blocks - 1) * kMaxN);
-  };
-  int carry = 0;
-  for (int r = 0; r < kRounds && 32 * r < s.num_experts; ++r) {
-    const int e = 32 * r + lane;
-    const int c = e < s.num_experts ? expert_cost(e) : 0;
-    int incl = c;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    if (e < s.num_experts) cost_prefix[e] = carry + incl - c;
-    carry += __shfl_sync(0xFFFFFFFFu, incl, 31);
-  }
-  if (lane == 0) cost_prefix[s.num_experts] = carry;
-  __syncwarp();
-  const int n = s.num_items(n_rb);
-  const long long total = static_cast<long long>(carry) * n_rb;
-  const long long grid = gridDim.x;
-  // 2 (C_i + c_i / 2) G of item i < n.
-  auto key = [&](int i) -> long long {
-    int lo = 0, hi = s.num_experts - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (s.tb_prefix[mid] * n_rb <= i)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int nb = s.tb_prefix[lo + 1] - s.tb_prefix[lo];
-    const int local = i - s.tb_prefix[lo] * n_rb;
-    const int row = local / nb;
-    const int tb = local - row * nb;
-    const int ecost = cost_prefix[lo + 1] - cost_prefix[lo];
-    const long long before = static_cast<long long>(cost_prefix[lo]) * n_rb + static_cast<long long>(row) * ecost +
-                             static_cast<long long>(tb) * kFull;
-    const int cost = tb == nb - 1 ? ecost - (nb - 1) * kFull : kFull;
-    return (2 * before + cost) * grid;
-  };
-  // The first item whose key reaches target (n if none).
-  auto first_at = [&](long long target) {
-    int lo = 0, hi = n;   // the answer is in [lo, hi]
-    while (lo < hi) {
-      const int step = (hi - lo + 31) / 32;
-      const int cand = lo + lane * step;
-      const bool ok = cand >= hi || key(cand) >= target;
-      const unsigned m = __ballot_sync(0xFFFFFFFFu, ok);
-      if (m == 0) {
-        lo += 31 * step + 1;
-      } else {
-        const int f = __ffs(m) - 1;
-        if (f == 0) {
-          hi = lo;
-        } else {
-          hi = min(hi, lo + f * step);
-          lo = lo + (f - 1) * step + 1;
-        }
-      }
-    }
-    return lo;
-  };
-  const int first = first_at(2 * total * blockIdx.x);
-  const int end = first_at(2 * total * (blockIdx.x + 1));
-  if (lane == 0) {
-    s.first_item = first;
-    s.end_item = end;
-  }
 }
 
 // Fused kernel: wait until every pool block under the token block is complete. L1 (arrival_need
