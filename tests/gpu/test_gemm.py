@@ -186,12 +186,15 @@ def test_wide_scale_spread():
 # Expert sizes whose token blocks take every width of the four-warpgroup kernels' one mainloop at
 # max_tile 64 (items of 1-8, 9-16, 17-32 and 33-64 rows: 100 = 64 + 36, 130 = 64 + 64 + 2).
 WIDTH_COUNTS = [3, 12, 16, 17, 32, 0, 33, 64, 100, 130]
-FAST_CASES = [(8, COUNTS), (64, COUNTS), (64, WIDTH_COUNTS), (128, COUNTS), (256, COUNTS)]
+# A skewed routing with more items than the H200's 132 CTAs (42 token blocks: 336 L1 items, 168
+# L2), so that the four-warpgroup kernel's CTAs each take several items of unequal width.
+SKEW_COUNTS = [700, 3, 9, 17, 33, 0, 64, 200, 5, 1, 70, 150, 2, 2, 2, 2, 40, 600]
+FAST_CASES = [(8, COUNTS), (64, COUNTS), (64, WIDTH_COUNTS), (64, SKEW_COUNTS), (128, COUNTS), (256, COUNTS)]
 
 
 def _fast_case_id(case):
     tile, counts = case
-    return f"tile{tile}" + ("-widths" if counts is WIDTH_COUNTS else "")
+    return f"tile{tile}" + {id(WIDTH_COUNTS): "-widths", id(SKEW_COUNTS): "-skew"}.get(id(counts), "")
 
 
 @pytest.mark.parametrize("max_tile,counts", FAST_CASES, ids=[_fast_case_id(c) for c in FAST_CASES])
