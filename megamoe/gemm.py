@@ -27,9 +27,11 @@ Token tiles: a launch's kernel has a largest token tile (max_tile: 8..256 for k1
 picked from max_tokens; without it, the largest); each work item (an expert's block of up to
 max_tile tokens) with at most 8 rows runs at the 8-token tile, the others at max_tile, so the
 many small experts of a skewed routing cost what they cost in a uniform one. The wide tile (256,
-k128) runs every item at its one mainloop, charged per 64-token chunk its rows fill (computed in pairs). The entry points
-never synchronise with the device, cache the launch (tensor maps and packed parameters) for the
-same tensors and arguments, and can be captured in a CUDA graph.
+k128) runs every item at its one mainloop, charged per 64-token chunk its rows fill (computed in
+pairs); so do the fast mode's four-warpgroup kernels of tiles 16..64 (pick_wgs), whose one
+mainloop runs an item as one wgmma group of 8, 16, 32 or 64 tokens, the smallest that holds its
+rows. The entry points never synchronise with the device, cache the launch (tensor maps and packed
+parameters) for the same tensors and arguments, and can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
