@@ -167,6 +167,12 @@ def main() -> None:
             cases = [("uniform", int(t)) for t in args.tokens.split(",")] if "uniform" in args.routings else []
             if "zipf" in args.routings:
                 cases += [("zipf", int(t)) for t in args.zipf_tokens.split(",")]
+            # Smallest launches first, after an idle pause: right after seconds of prefill at the
+            # power cap (~690 W) the next launches ran slower (zipf 8 tok L1 165.6 us in the full
+            # table, 151.9 us for the same kernel in a short run of the same call, bench/NOTES.md v12).
+            cases.sort(key=lambda c: sum(routing_counts(*c)))
+            if rows:
+                time.sleep(3)
             for routing, m in cases:
                 counts = routing_counts(routing, m)
                 padded = [(n + ALIGN - 1) // ALIGN * ALIGN for n in counts]
