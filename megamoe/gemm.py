@@ -80,7 +80,7 @@ def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expe
     return top
 
 
-def pick_wgs(max_tile: int, n_rows: int, promotion: str = "k128") -> int:
+def pick_wgs(max_tile: int, n_rows: int, promotion: str) -> int:
     """Consumer warpgroups per CTA: 4 (256 weight rows per CTA, 20 warps) up to the promotion's
     jb.max_wgs4_tile (8 tokens in the exact mode, 64 in the fast mode), where more warps per
     scheduler hide the per-stage latency; 2 otherwise (the 640 x 96 launch registers leave 4
