@@ -23,9 +23,10 @@
 //     the four-warpgroup tiles 16 .. 64 (104 registers a thread): one group per K block, as wide
 //       as the item's tile (8, 16, 32 or 64 tokens: pick_tile), so one mainloop serves every item
 //       (a second instantiation beside it made ptxas serialise the wgmmas, C7512).
-// The fast mode loads a group's token scales before waiting for it (the serial schedule: a
-// quarter of them, registers allow no more), so their shared-memory latency hides under the wait
-// (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
+// The fast mode loads a group's token scales before waiting for it (the serial schedule: at most
+// 8 of them, a quarter of the wide tile's pair, half of a 64-token group: registers allow no more),
+// so their shared-memory latency hides under the wait (after it, every promotion FFMA waited for
+// them: the loop's largest stall, ncu).
 #pragma once
 
 #include <cstdint>
@@ -88,8 +89,8 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   constexpr int G = kPerK32 ? 4 * C : C;
   constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
   // Temporaries (groups in flight): two, except where the registers leave one (the serial
-  // schedule below): the wide tile (128 accumulators) and, with four consumer warpgroups (104
-  // registers a thread), the 64-token tile.
+  // schedule below, serial_tile): the wide tile (128 accumulators) and, with four consumer
+  // warpgroups (104 registers a thread), the tiles above 8 tokens.
   constexpr int T = serial_tile(N, kRows) ? 1 : 2;
   static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
   static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
@@ -134,7 +135,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   auto first_chunk = [](int gi) { return kPerK32 ? gi % C : P * gi; };
   auto first_ks = [](int gi) { return kPerK32 ? gi / C : 0; };
 
-  // W: the tokens of the group's wgmmas: GW, or in the four-warpgroup 64-token kernel the item's
+  // W: the tokens of the group's wgmmas: GW, or in the four-warpgroup serial kernels the item's
   // tile (8 .. 64), a prefix of the temporary.
   auto issue = [&](auto gi_c, auto tt_c, auto b_c, auto w_c) {
     constexpr int W = decltype(w_c)::value;
@@ -209,9 +210,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   };
 
   if constexpr (T == 1) {
-    // Serial schedule (one temporary; fast mode). The wide tile: each group, a
-    // pair of chunks, is issued, waited for and promoted before the next; the other warpgroup's
-    // groups run in the tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
+    // Serial schedule (one temporary; fast mode). The wide tile: each group, a pair of chunks, is
+    // issued, waited for and promoted before the next; the other warpgroup's groups run in the
+    // tensor core meanwhile. The item has `chunks` (1 .. C) chunks: an item is
     // charged the pairs its rows fill, not the whole tile (with an odd count, the last pair's
     // second chunk computes on shared memory the producer did not fill this time: columns nobody
     // reads). The A fragments have one buffer (128 accumulators and a 64-register temporary leave

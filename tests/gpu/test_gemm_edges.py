@@ -20,14 +20,15 @@ from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, lo
 
 
 # (promotion, max_tile, wgs): the 4-warpgroup 8-token kernel, the 2-warpgroup kernel whose items run
-# at 8 tokens, the 4-warpgroup 64-token kernel (one serial mainloop, items 8 .. 64 wide), and the
-# largest tiles.
+# at 8 tokens, the 4-warpgroup 64-token kernel (one serial mainloop, items 8 .. 64 wide) and the
+# 2-warpgroup one it replaces where the weight rows do not fill 256-row CTAs, and the largest tiles.
 KERNELS = [
     ("k32", 8, 4),
     ("k32", 64, 2),
     ("k128", 8, 4),
     ("k128", 8, 2),
     ("k128", 64, 4),
+    ("k128", 64, 2),
     ("k128", 128, 2),
     ("k128", 256, 2),
 ]
