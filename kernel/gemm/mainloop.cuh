@@ -222,23 +222,39 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     using B0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
     using CWc = std::integral_constant<int, CW>;
-    // One chunk (the four-warpgroup kernels): the group is as wide as the item's tile (W tokens);
-    // up to 8 of its scales are loaded before the wait, the rest (8 more at 64 tokens) after it.
+    // One chunk (the four-warpgroup kernels): the group is as wide as the item's tile (W tokens),
+    // its scales all loaded before the wait.
     auto group = [&](auto w_c) {
       constexpr int W = decltype(w_c)::value;
       constexpr int kVecs = W < 16 ? 1 : W / 16;
-      constexpr int kPre = kVecs < 2 ? kVecs : 2;
       issue(B0{}, B0{}, B0{}, w_c);
       Scales s;
-      load_token_scales<CW, 0, kPre>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
+      load_token_scales<CW, 0, kVecs>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
       ptx::wgmma_wait<0>();
-      if constexpr (kPre < kVecs) load_token_scales<CW, kPre, kVecs>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
       promote(B0{}, B0{}, B0{}, B0{}, s, w_c);
+    };
+    // The K-block loop at one width: the width is chosen once per item.
+    auto single = [&](auto w_c) {
+      for (int kb = 0; kb < num_kb; ++kb) {
+        group(w_c);
+        release(B0{});
+        if (kb + 1 < num_kb) decode(B0{});
+      }
     };
     const int chunks = tile / CW;
     decode(B0{});
-    for (int kb = 0; kb < num_kb; ++kb) {
-      if constexpr (P == 2) {
+    if constexpr (P == 1) {
+      static_assert(C == 1, "the serial schedule's single-chunk tile");
+      if (tile <= 8)
+        single(std::integral_constant<int, 8>{});
+      else if (tile <= 16)
+        single(std::integral_constant<int, (N < 16 ? N : 16)>{});
+      else if (tile <= 32)
+        single(std::integral_constant<int, (N < 32 ? N : 32)>{});
+      else
+        single(std::integral_constant<int, N>{});
+    } else {
+      for (int kb = 0; kb < num_kb; ++kb) {
         static_for<0, C / 2>([&](auto g_c) {
           if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {
             issue(g_c, B0{}, B0{}, std::integral_constant<int, GW>{});
@@ -253,19 +269,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
             promote(g_c, H1{}, B0{}, B0{}, s, CWc{});
           }
         });
-      } else {
-        static_assert(C == 1, "the serial schedule's single-chunk tile");
-        if (tile <= 8)
-          group(std::integral_constant<int, 8>{});
-        else if (tile <= 16)
-          group(std::integral_constant<int, (N < 16 ? N : 16)>{});
-        else if (tile <= 32)
-          group(std::integral_constant<int, (N < 32 ? N : 32)>{});
-        else
-          group(std::integral_constant<int, N>{});
+        release(B0{});
+        if (kb + 1 < num_kb) decode(B0{});
       }
-      release(B0{});
-      if (kb + 1 < num_kb) decode(B0{});
     }
   } else {
     // Pipelined schedule (two temporaries): step q retires group q - 2 (same temporary) and issues
