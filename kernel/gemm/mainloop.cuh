@@ -23,10 +23,9 @@
 //     the four-warpgroup tiles 16 .. 64 (104 registers a thread): one group per K block, as wide
 //       as the item's tile (8, 16, 32 or 64 tokens: pick_tile), so one mainloop serves every item
 //       (a second instantiation beside it made ptxas serialise the wgmmas, C7512).
-// The fast mode loads a group's token scales before waiting for it (the serial schedule: at most
-// 8 of them, a quarter of the wide tile's pair, half of a 64-token group: registers allow no more),
-// so their shared-memory latency hides under the wait (after it, every promotion FFMA waited for
-// them: the loop's largest stall, ncu).
+// The fast mode loads a group's token scales before waiting for it (the wide tile: 8 of them, a
+// quarter of its pair, as registers allow), so their shared-memory latency hides under the wait
+// (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
 #pragma once
 
 #include <cstdint>
