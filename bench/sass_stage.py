@@ -6,8 +6,8 @@
 The hot loop is the innermost backward branch whose body holds wgmma (QGMMA) instructions; its
 instruction count divided by the K blocks it covers (wgmmas in it / wgmmas per K block) is the
 cost of one stage for one consumer warp, including loop control and the runtime guards. (The
-four-warpgroup 64-token kernel's loop holds one branch per item width, 8 to 64 tokens: its count
-is all four branches', an upper bound on what one item executes.)"""
+four-warpgroup 64-token kernel has one such loop per item width, 8 to 64 tokens: the count is the
+64-token one's.)"""
 
 from __future__ import annotations
 
