@@ -152,7 +152,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   // sizes). In a kernel with the 128-token tile, three registers held across any of its mainloops
   // cost more per stage (253 -> 257 instructions at tile 128, bench.sass_stage) than one stall
   // per long item; nor in the four-warpgroup serial kernels (104 registers: the L1 epilogue spilled).
-  constexpr bool kEarly = !kPerK32 && kMaxN <= kChunkN && !serial_tile(kMaxN, Cfg::kRows);
+  constexpr bool kEarly = !kPerK32 && kMaxN <= kChunkN && !narrow_serial(kMaxN, Cfg::kRows);
   int row_base_a = 0, row_base_b = 0, expert_base = 0;
   auto load_row_bases = [&] {
     const GemmParams& p = *ctx.p;

@@ -240,7 +240,6 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
         if (kb + 1 < num_kb) decode(B0{});
       }
     };
-    const int chunks = tile / CW;
     decode(B0{});
     if constexpr (P == 1) {
       static_assert(C == 1, "the serial schedule's single-chunk tile");
@@ -253,6 +252,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       else
         single(std::integral_constant<int, N>{});
     } else {
+      const int chunks = tile / CW;
       for (int kb = 0; kb < num_kb; ++kb) {
         static_for<0, C / 2>([&](auto g_c) {
           if (decltype(g_c)::value == 0 || 2 * decltype(g_c)::value < chunks) {

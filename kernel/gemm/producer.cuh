@@ -42,7 +42,7 @@ struct StageRing {
     // The four-warpgroup serial kernel's one mainloop reads every item in its largest tile's
     // layout. (The wide tile's chunks are 64 wide anyway; written as a constant there, ptxas hoists
     // each token's place out of the stage loop and the 40-register scale warps spill.)
-    const int cw = kMaxN <= kChunkN && serial_tile(kMaxN, kRows) ? kMaxN : chunk_width(tile);
+    const int cw = narrow_serial(kMaxN, kRows) ? kMaxN : chunk_width(tile);
     const int c = tok / cw;
     const int r = tok - c * cw;
     return ks * kMaxN + c * cw + ((r & 7) >> 1) * (cw >> 2) + (r >> 3) * 2 + (r & 1);

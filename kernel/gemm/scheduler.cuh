@@ -51,6 +51,12 @@ __host__ __device__ constexpr bool serial_tile(int n, int rows) {
   return n > kWideTile || (rows > 2 * kRowsPerWg && n > kSmallTile);
 }
 
+// The four-warpgroup serial kernels (tiles 16 .. 64): their items are 8 .. 64 tokens wide, each in
+// the largest tile's scale layout, and their registers hold nothing across the mainloop.
+__host__ __device__ constexpr bool narrow_serial(int max_n, int rows) {
+  return max_n <= kChunkN && serial_tile(max_n, rows);
+}
+
 // The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN. In a
 // serial kernel, which has one mainloop: the wide tile's valid rows rounded up to whole chunks
 // (its groups are pairs of chunks, computed where they hold rows); four warpgroups' rows rounded
