@@ -19,6 +19,9 @@ constexpr int kRowsPerWg = 64;      // weight rows per consumer warpgroup (wgmma
 // A kernel's items run at kSmallTile when they have at most that many rows, else at its largest
 // tile kMaxN (scheduler.cuh pick_tile; the host picks kMaxN from TOKEN_TILES).
 constexpr int kSmallTile = 8;
+// The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.
+constexpr int kMaxTileExact = 64, kMaxTileFast = 256;
+constexpr int kMaxWgs4TileExact = 8, kMaxWgs4TileFast = 64;
 
 // Trap record codes (megamoe.gemm.timeout_message).
 enum WaitKind : int {

@@ -81,8 +81,9 @@ struct GemmConfig {
   static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWide ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
-  static_assert(kWGs == 2 || kMaxN == kSmallTile || (!kPerK32 && kMaxN <= kChunkN),
-                "four consumer warpgroups: tiles up to 64 tokens in the fast mode, 8 in the exact mode");
+  static_assert(kMaxN <= (kPerK32 ? kMaxTileExact : kMaxTileFast), "the promotion's largest token tile");
+  static_assert(kWGs == 2 || kMaxN <= (kPerK32 ? kMaxWgs4TileExact : kMaxWgs4TileFast),
+                "the largest token tile of four consumer warpgroups");
 };
 
 // The kernels' dynamic shared memory. They have no static shared memory, so it starts the CTA's

@@ -52,16 +52,13 @@ def _sources_digest(kdir: Path) -> bytes:
 
 
 def max_tile_of(promotion: str) -> int:
-    """The largest token tile of a promotion: the exact mode's per-k32 promotion needs more
-    registers, and at 128 tokens its L1 epilogue spills (precise SiLU, debug builds)."""
-    return 64 if promotion == "k32" else contract.TOKEN_TILES[-1]
+    """The largest token tile of a promotion (contract.MAX_TILE says why)."""
+    return contract.MAX_TILE[promotion]
 
 
 def max_wgs4_tile(promotion: str) -> int:
-    """The largest token tile of a kernel with four consumer warpgroups (104 registers a consumer
-    thread): 64 in the fast mode (its 64-token items run the serial schedule, one temporary), 8 in
-    the exact mode (its per-k32 promotion needs the pipelined schedule's two temporaries)."""
-    return 8 if promotion == "k32" else 64
+    """The largest token tile of a kernel with four consumer warpgroups (contract.MAX_WGS4_TILE)."""
+    return contract.MAX_WGS4_TILE[promotion]
 
 
 @dataclasses.dataclass(frozen=True)

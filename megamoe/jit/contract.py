@@ -23,6 +23,13 @@ MAX_EXPERTS = 256  # local experts of one launch (the schedule's shared-memory t
 SMEM_LIMIT = 232448  # sm_90 opt-in dynamic shared memory per block
 MAX_STAGES = 12
 ROWS_PER_WG = 64  # weight rows per consumer warpgroup (wgmma M)
+# The largest token tile of each promotion, and of its kernels with four consumer warpgroups (104
+# registers a consumer thread). The exact mode's per-k32 promotion needs more registers: at 128
+# tokens its L1 epilogue spills (precise SiLU, debug builds), and with four warpgroups it needs the
+# pipelined schedule's two temporaries (8 tokens); the fast mode's four-warpgroup items up to 64
+# tokens run the serial schedule, one temporary. The kernel static_asserts the same limits.
+MAX_TILE = {"k32": 64, "k128": 256}
+MAX_WGS4_TILE = {"k32": 8, "k128": 64}
 
 # Trap record codes (kernel/common/ptx.cuh report_trap; megamoe.gemm.timeout_message words them).
 WAITS = {
@@ -365,6 +372,9 @@ def header() -> str:
         "// A kernel's items run at kSmallTile when they have at most that many rows, else at its largest",
         "// tile kMaxN (scheduler.cuh pick_tile; the host picks kMaxN from TOKEN_TILES).",
         f"constexpr int kSmallTile = {SMALL_TILE};",
+        "// The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.",
+        f"constexpr int kMaxTileExact = {MAX_TILE['k32']}, kMaxTileFast = {MAX_TILE['k128']};",
+        f"constexpr int kMaxWgs4TileExact = {MAX_WGS4_TILE['k32']}, kMaxWgs4TileFast = {MAX_WGS4_TILE['k128']};",
         "",
         "// Trap record codes (megamoe.gemm.timeout_message).",
         "enum WaitKind : int {",
