@@ -31,6 +31,16 @@ def test_committed_wgmma_wrappers_are_what_gen_wgmma_writes():
         )
 
 
+def test_the_tile_limits_name_every_promotion_and_are_token_tiles():
+    from megamoe.jit import build as jb
+
+    for limits in (contract.MAX_TILE, contract.MAX_WGS4_TILE):
+        assert set(limits) == set(jb.PROMOTIONS)
+        assert all(t in contract.TOKEN_TILES for t in limits.values())
+    assert all(contract.MAX_WGS4_TILE[p] <= contract.MAX_TILE[p] for p in jb.PROMOTIONS)
+    assert max(contract.MAX_TILE.values()) == contract.TOKEN_TILES[-1]
+
+
 def test_packed_parameters_put_each_field_at_its_offset():
     values = {f.name: (bytes([i]) * 128 if f.kind == "tmap" else 1000 + i) for i, f in enumerate(contract.PARAMS)}
     values["clamp_value"] = 1.5
