@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from megamoe import reference as ref
+from megamoe.jit import build as jb
 from megamoe.jit import contract
 
 
@@ -32,8 +33,6 @@ def test_committed_wgmma_wrappers_are_what_gen_wgmma_writes():
 
 
 def test_the_tile_limits_name_every_promotion_and_are_token_tiles():
-    from megamoe.jit import build as jb
-
     for limits in (contract.MAX_TILE, contract.MAX_WGS4_TILE):
         assert set(limits) == set(jb.PROMOTIONS)
         assert all(t in contract.TOKEN_TILES for t in limits.values())
