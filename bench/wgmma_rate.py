@@ -11,32 +11,9 @@ promotion). MAC/clk/SM is per SM clock (clock64), against the dense FP8 peak of 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from megamoe.jit.build import probe_command
-
-
-def main() -> int:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        print("bench.wgmma_rate: needs nvcc on the PATH", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "wgmma_rate"
-        build = subprocess.run(probe_command("wgmma_rate", exe, nvcc=nvcc), capture_output=True, text=True)
-        if build.returncode:
-            print(f"bench.wgmma_rate: nvcc failed:\n{build.stderr}", file=sys.stderr)
-            return 1
-        run = subprocess.run([str(exe)], capture_output=True, text=True)
-        print(run.stdout, end="")
-        if run.returncode:
-            print(run.stderr, file=sys.stderr, end="")
-        return run.returncode
-
+from bench.probe import run_probe
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_probe("wgmma_rate"))

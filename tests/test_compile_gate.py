@@ -59,15 +59,19 @@ def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):
     assert not bad, "ptxas:\n" + "\n".join(bad)
 
 
-def test_the_tensor_rate_probe_compiles(tmp_path):
-    """kernel/probes/wgmma_rate.cu (python -m bench.wgmma_rate) builds with the kernel's flags, so
-    that a GPU session can run it as it is."""
+@pytest.mark.parametrize("probe", ["wgmma_rate", "prefill_rate"])
+def test_the_rate_probes_compile_without_spills(tmp_path, probe):
+    """kernel/probes/<probe>.cu (python -m bench.<probe>) builds with the kernel's flags, so that a
+    GPU session can run it as it is, and without spills: a probe that spills measures the spills."""
     import subprocess
 
     out = subprocess.run(
-        jb.probe_command("wgmma_rate", tmp_path / "wgmma_rate.o", "-c"), capture_output=True, text=True
+        jb.probe_command(probe, tmp_path / f"{probe}.o", "-c", "-Xptxas", "-v"), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+    assert spills, "ptxas -v printed no spill counts"
+    assert all(a == "0" and b == "0" for a, b in spills), out.stderr
 
 
 def test_cache_hit_and_key(built):
