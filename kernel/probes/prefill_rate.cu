@@ -43,8 +43,9 @@ constexpr int kSmemMax = 227 * 1024;
 // Where the stage's FP4 weights are decoded: nowhere (an ablation: the B tiles keep what they
 // hold), by the consumer warps (the next stage's, under their own wgmmas), by warps 1 .. 3 of the
 // producer warpgroup, or by those and a warpgroup of its own (seven warps; both of these at their
-// own pace, as far ahead as the ring allows).
-enum Decoder { kNoDecode, kConsumerDecode, kProducerDecode, kWarpgroupDecode };
+// own pace, as far ahead as the ring allows); or before the kernel (kPredecoded: the TMA brings
+// the B tile as E4M3, as from a pass that decodes each weight once per call).
+enum Decoder { kNoDecode, kConsumerDecode, kProducerDecode, kWarpgroupDecode, kPredecoded };
 
 template <int kWGs, int kRows, Decoder kDecode>
 struct Layout {
@@ -54,8 +55,13 @@ struct Layout {
   static constexpr int kW = kRows * kBlockK / 2;  // packed FP4, kernel layout
   static constexpr int kWsf = kRows * 4;          // LUT byte offsets [row][4]
   static constexpr int kSx = kM * 4;              // fp32 token scales
-  static constexpr int kCopy = kX + kW + kWsf + kSx;
-  static constexpr int kStage = (kX + kB + kCopy - kX + 1023) / 1024 * 1024;
+  static constexpr int kStage = (kX + kB + kW + kWsf + kSx + 1023) / 1024 * 1024;
+  // One source stage in global memory: x | the weights (packed, or E4M3 when predecoded) | their
+  // LUT offsets (not when predecoded) | sx; what the producer copies per stage.
+  static constexpr bool kPre = kDecode == kPredecoded;
+  static constexpr int kSrcW = kPre ? kB : kW;
+  static constexpr int kSrcWsf = kPre ? 0 : kWsf;
+  static constexpr int kCopy = kX + kSrcW + kSrcWsf + kSx;
   static constexpr int kFixed = kLutEntries * 8 + 3 * 8 * 8;   // tables + up to 8 stages x 3 barriers
   static constexpr int kStagesFit = (kSmemMax - kFixed) / kStage;
   static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
@@ -151,8 +157,13 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows, kDecode>::kThreads, 1)
         ptx::mbar_arrive_expect_tx(&full[stage], L::kCopy);
         const uint8_t* from = src + static_cast<int64_t>(kb % kSrcSlots) * L::kCopy;
         uint8_t* to = smem + stage * L::kStage;
-        ptx::bulk_g2s(to, from, L::kX, &full[stage]);
-        ptx::bulk_g2s(to + L::kOffW, from + L::kX, L::kW + L::kWsf + L::kSx, &full[stage]);
+        if constexpr (L::kPre) {   // x | B, then sx
+          ptx::bulk_g2s(to, from, L::kX + L::kB, &full[stage]);
+          ptx::bulk_g2s(to + L::kOffSx, from + L::kX + L::kB, L::kSx, &full[stage]);
+        } else {   // x, then w | wsf | sx
+          ptx::bulk_g2s(to, from, L::kX, &full[stage]);
+          ptx::bulk_g2s(to + L::kOffW, from + L::kX, L::kW + L::kWsf + L::kSx, &full[stage]);
+        }
         if (++stage == S) {
           stage = 0;
           phase ^= 1;
@@ -273,9 +284,8 @@ void check(cudaError_t e, const char* what) {
 
 // Source stages: E4M3 activations near 1, random FP4 codes, LUT offsets 8 d (d in 0 .. 13: rows
 // spread over 14 binades, as the fast mode's tables allow), token scales near 1.
-template <int kWGs, int kRows>
+template <typename L>
 uint8_t* make_source() {
-  using L = Layout<kWGs, kRows, kNoDecode>;
   const size_t bytes = static_cast<size_t>(kSrcSlots) * L::kCopy;
   uint8_t* host = static_cast<uint8_t*>(std::malloc(bytes));
   uint32_t x = 12345u;
@@ -286,9 +296,10 @@ uint8_t* make_source() {
   for (int s = 0; s < kSrcSlots; ++s) {
     uint8_t* p = host + static_cast<size_t>(s) * L::kCopy;
     for (int i = 0; i < L::kX; ++i) p[i] = static_cast<uint8_t>(0x30 + rnd() % 16);
-    for (int i = 0; i < L::kW; ++i) p[L::kX + i] = static_cast<uint8_t>(rnd());
-    for (int i = 0; i < L::kWsf; ++i) p[L::kX + L::kW + i] = static_cast<uint8_t>(8 * (rnd() % 14));
-    float* sx = reinterpret_cast<float*>(p + L::kX + L::kW + L::kWsf);
+    for (int i = 0; i < L::kSrcW; ++i)
+      p[L::kX + i] = static_cast<uint8_t>(L::kPre ? 0x30 + rnd() % 16 : rnd());   // E4M3 near 1 / FP4 codes
+    for (int i = 0; i < L::kSrcWsf; ++i) p[L::kX + L::kSrcW + i] = static_cast<uint8_t>(8 * (rnd() % 14));
+    float* sx = reinterpret_cast<float*>(p + L::kX + L::kSrcW + L::kSrcWsf);
     for (int i = 0; i < L::kM; ++i) sx[i] = 1.0f + static_cast<float>(rnd() % 64) * 0x1p-10f;
   }
   uint8_t* dev;
@@ -303,7 +314,7 @@ void run(int sms, long long* cycles, float* sink, int* err) {
   using L = Layout<kWGs, kRows, kDecode>;
   auto kernel = prefill_kernel<kWGs, kRows, kDecode, kPromote>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem), "cudaFuncSetAttribute");
-  uint8_t* src = make_source<kWGs, kRows>();
+  uint8_t* src = make_source<L>();
   const int num_kb = 1 << 20 >> (kRows / 128 + kWGs);   // about the same work per variant
   cudaEvent_t e0, e1;
   check(cudaEventCreate(&e0), "cudaEventCreate");
@@ -327,6 +338,7 @@ void run(int sms, long long* cycles, float* sink, int* err) {
               kDecode == kNoDecode         ? "-"
               : kDecode == kConsumerDecode ? "consumer"
               : kDecode == kProducerDecode ? "producer"
+              : kDecode == kPredecoded     ? "before"
                                            : "7 warps",
               kPromote ? "FFMA" : "-", per_clk, 100.0 * per_clk / 4096.0, 2.0 * macs * sms / (ms * 1e-3) / 1e12,
               mean / (ms * 1e6));
@@ -349,9 +361,11 @@ int main() {
   run<2, 128, kConsumerDecode, true>(sms, cycles, sink, err);
   run<2, 128, kProducerDecode, true>(sms, cycles, sink, err);
   run<2, 128, kNoDecode, true>(sms, cycles, sink, err);
+  run<2, 128, kPredecoded, true>(sms, cycles, sink, err);
   run<2, 256, kConsumerDecode, true>(sms, cycles, sink, err);
   run<2, 256, kProducerDecode, true>(sms, cycles, sink, err);
   run<2, 256, kNoDecode, true>(sms, cycles, sink, err);
+  run<2, 256, kPredecoded, true>(sms, cycles, sink, err);
   run<2, 128, kWarpgroupDecode, true>(sms, cycles, sink, err);
   run<2, 256, kWarpgroupDecode, true>(sms, cycles, sink, err);
   run<2, 256, kProducerDecode, false>(sms, cycles, sink, err);
