@@ -142,6 +142,12 @@ def main() -> None:
         "--wgs", type=int, default=None, help="force our kernels' consumer warpgroups, 2 or 4 (default: picked)"
     )
     ap.add_argument(
+        "--prefill",
+        choices=("auto", "off"),
+        default="auto",
+        help="the fast mode's prefill path (predecode + tokens-as-M GEMM) where use_prefill picks it, or never",
+    )
+    ap.add_argument(
         "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"
     )
     args = ap.parse_args()
@@ -212,6 +218,7 @@ def main() -> None:
                             x_sf128=x128,
                             max_tile=args.max_tile,
                             wgs=args.wgs,
+                            prefill=None if args.prefill == "auto" else False,
                             **extra,
                         )
 

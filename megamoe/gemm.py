@@ -61,6 +61,46 @@ PROMOTIONS = jb.PROMOTIONS
 # that at 0.58.
 TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 
+# The prefill path (fast mode): from this many tokens in the largest expert, a launch decodes its
+# weights once into E4M3 tiles (the predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as
+# wgmma M) instead of the swap-AB kernel, which decodes every weight tile once per token block.
+# Measured crossovers (bench/NOTES.md v15, DSV3 / V4-Flash, graph-timed): L1 (K = H) gains from 512
+# tokens (1.11x there, 1.3-1.4x at 1024 and 2048); L2 (K = I = 2048: a short mainloop per item) was
+# 6 % slower at 512 and gains from 1024 (1.11-1.14x).
+PREFILL_MIN_TOKENS = {1: 512, 2: 1024}
+PREFILL_ROWS = jb.PrefillSpec.rows_per_cta
+
+
+def _prefill_path(layer: int, prefill, max_tokens, promotion: str, n_rows: int, arrival, max_tile, wgs) -> bool:
+    """The entry points' choice: the caller's `prefill`, else use_prefill without a gate or a forced
+    specialisation. A forced prefill path the launch cannot take is an input error."""
+    if prefill is None:
+        return (
+            arrival is None and max_tile is None and wgs is None and use_prefill(layer, max_tokens, promotion, n_rows)
+        )
+    if prefill:
+        if promotion != "k128":
+            fail("prefill", "promotion 'k128' (the prefill path is fast mode only)", f"promotion {promotion!r}")
+        if n_rows % PREFILL_ROWS:
+            raise MegaMoEInputError(
+                f"argument 'prefill': weight rows must be a multiple of {PREFILL_ROWS}, got {n_rows}"
+            )
+        if arrival is not None:
+            fail("prefill", "no arrival gate (the prefill path is standalone)", "an arrival tensor")
+    return bool(prefill)
+
+
+def use_prefill(layer: int, max_tokens: int | None, promotion: str, n_rows: int) -> bool:
+    """Whether a launch of `layer` takes the prefill path by default: fast mode, weight rows a
+    multiple of 256, and a largest expert of at least PREFILL_MIN_TOKENS[layer] rows (known:
+    max_tokens)."""
+    return (
+        promotion == "k128"
+        and max_tokens is not None
+        and max_tokens >= PREFILL_MIN_TOKENS[layer]
+        and n_rows % PREFILL_ROWS == 0
+    )
+
 
 def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expert: float | None = None) -> int:
     """The kernel's largest token tile for a launch whose largest expert has max_tokens rows: the
@@ -125,7 +165,9 @@ def used_specs() -> list[jb.GemmSpec]:
                     for fast_math in (True, False):
                         specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
                     specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))
-    return specs
+    for debug in (False, True):
+        specs += [jb.PrefillSpec(1, True, debug), jb.PrefillSpec(1, False, debug), jb.PrefillSpec(2, True, debug)]
+    return specs + [jb.PredecodeSpec()]
 
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,7 +437,9 @@ def _remember(key, launch) -> None:
     _CALLS[key] = launch
 
 
-def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts: int, fields: dict) -> driver.Launch:
+def _launch(
+    spec: jb.GemmSpec | jb.PrefillSpec, x: torch.Tensor, k: int, n_rows: int, num_experts: int, fields: dict
+) -> driver.Launch:
     """Launches on the current stream; the tensor maps and packed parameters are built once per
     distinct (spec, tensors, arguments) and reused."""
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
@@ -403,10 +447,8 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
     key = (spec, dev, x.data_ptr(), P, k, n_rows, num_experts, *fields.values())
     launch = _LAUNCHES.get(key)
     if launch is None:
-        if n_rows % (contract.ROWS_PER_WG * spec.wgs):
-            raise MegaMoEInputError(
-                f"weight rows: expected a multiple of {contract.ROWS_PER_WG * spec.wgs}, got {n_rows}"
-            )
+        if n_rows % spec.rows_per_cta:
+            raise MegaMoEInputError(f"weight rows: expected a multiple of {spec.rows_per_cta}, got {n_rows}")
         kern = kernel(spec, dev)
         # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer
         # buffers, a fixed arrival count).
@@ -418,6 +460,7 @@ def _launch(spec: jb.GemmSpec, x: torch.Tensor, k: int, n_rows: int, num_experts
             "peer_offsets": 0,
             "arrival_need": 0,
             "combine_rows": 0,
+            "w_e4m3": 0,
             **fields,
         }
         params = contract.pack_params(
@@ -452,6 +495,58 @@ def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
     )
 
 
+class _Sequence:
+    """Launches called one after another on the same stream (the prefill path: predecode, GEMM)."""
+
+    def __init__(self, *launches):
+        self.launches = launches
+
+    def __call__(self, stream: int) -> None:
+        for launch in self.launches:
+            launch(stream)
+
+
+# The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by
+# every call (launches on one stream run in order; two streams get two buffers).
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def _predecode(kw: KernelWeights, layer: int, x: torch.Tensor) -> tuple[driver.Launch, torch.Tensor]:
+    """Launches the predecode pass of `layer`'s weights into its scratch buffer (E4M3 [E, K/128,
+    R/256] tiles of 256 x 128 bytes: E * K * R bytes) and returns the launch and the buffer."""
+    w, lut = (kw.w1, kw.w1_lut) if layer == 1 else (kw.w2, kw.w2_lut)
+    k, n_rows = (kw.hidden, 2 * kw.intermediate) if layer == 1 else (kw.intermediate, kw.hidden)
+    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    size = kw.num_experts * k * n_rows
+    skey = (dev, _stream(x), layer, size)
+    scratch = _SCRATCH.get(skey)
+    if scratch is None:
+        scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
+    key = ("predecode", dev, w.data_ptr(), lut.data_ptr(), scratch.data_ptr(), k, n_rows, kw.num_experts)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        spec = jb.PredecodeSpec()
+        kern = kernel(spec, dev)
+        params = contract.pack_params(
+            **{
+                **{f.name: (bytes(128) if f.kind == "tmap" else 0) for f in contract.PARAMS},
+                "w": w.data_ptr(),
+                "w_sf": lut.data_ptr(),
+                "w_e4m3": scratch.data_ptr(),
+                "num_experts": kw.num_experts,
+                "k": k,
+                "n_rows": n_rows,
+                "err": _err_record(dev).data_ptr(),
+            }
+        )
+        groups = kw.num_experts * (k // BLOCK_K) * (n_rows // 16)
+        launch = _LAUNCHES[key] = driver.Launch(
+            kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params
+        )
+    launch(_stream(x))
+    return launch, scratch
+
+
 def l1_gemm(
     x_pool: torch.Tensor,
     x_sf: torch.Tensor,
@@ -472,6 +567,7 @@ def l1_gemm(
     x_sf128: torch.Tensor | None = None,
     arrival: torch.Tensor | None = None,
     arrival_block: int = 0,
+    prefill: bool | None = None,
 ) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
     expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
@@ -496,10 +592,18 @@ def l1_gemm(
     that would need a device sync). A counter that never fills makes the kernel trap after its spin
     timeout (~10 s) with a record readable by timeout_message(). With promotion "k128" pass the
     rebased operand (x_sf128): without it the rows are rebased with torch ops before the launch,
-    which reads them ahead of the gate. arrival=None (default): all rows present, no gate."""
+    which reads them ahead of the gate. arrival=None (default): all rows present, no gate.
+
+    prefill: the prefill path (fast mode only: the weights decoded once into an E4M3 scratch buffer
+    of E * H * 2I bytes, kept per device, stream and layer, then the GEMM with tokens as wgmma M);
+    None (default) takes it where use_prefill says (max_tokens >= PREFILL_MIN_TOKENS[1], no gate,
+    no forced max_tile / wgs)."""
+    stream = _stream(x_pool)
     key = (
         1,
+        stream,  # the prefill path's scratch buffer is per stream
         promotion,
+        prefill,
         fast_math,
         _tkey(activation_clamp),
         max_tokens,
@@ -518,7 +622,7 @@ def l1_gemm(
     ):
         launch = _CALLS.get(key)
         if launch is not None:
-            launch(_stream(x_pool))
+            launch(stream)
             return L1Result(out, out_sf, None)
     else:
         key = None
@@ -533,17 +637,20 @@ def l1_gemm(
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
-    spec = spec_for(
-        1,
-        promotion=promotion,
-        fast_math=fast_math,
-        debug=debug,
-        max_tokens=max_tokens,
-        n_rows=2 * inter,
-        max_tile=max_tile,
-        wgs=wgs,
-        rows_per_expert=P / max(E, 1),
-    )
+    if _prefill_path(1, prefill, max_tokens, promotion, 2 * inter, arrival, max_tile, wgs):
+        spec = jb.PrefillSpec(1, bool(fast_math), debug)
+    else:
+        spec = spec_for(
+            1,
+            promotion=promotion,
+            fast_math=fast_math,
+            debug=debug,
+            max_tokens=max_tokens,
+            n_rows=2 * inter,
+            max_tile=max_tile,
+            wgs=wgs,
+            rows_per_expert=P / max(E, 1),
+        )
     if out is None:
         out = torch.empty(P, inter, dtype=torch.float8_e4m3fn, device=dev)
     if out_sf is None:
@@ -553,6 +660,7 @@ def l1_gemm(
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
+    pre, w_e4m3 = _predecode(kw, 1, x_pool) if isinstance(spec, jb.PrefillSpec) else (None, None)
     launch = _launch(
         spec,
         _u8(x_pool),
@@ -561,6 +669,7 @@ def l1_gemm(
         E,
         dict(
             **_weight_fields(kw, 1, promotion),
+            w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=x_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
             num_tokens=num_tokens.data_ptr(),
@@ -576,7 +685,7 @@ def l1_gemm(
         ),
     )
     if key is not None:
-        _remember(key, launch)
+        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
     return L1Result(out, out_sf, acc1)
 
 
@@ -597,17 +706,21 @@ def l2_gemm(
     x_sf128: torch.Tensor | None = None,
     arrival: torch.Tensor | None = None,
     arrival_block: int = 0,
+    prefill: bool | None = None,
 ) -> L2Result:
     """L2 grouped GEMM + D8 epilogue: bf16(acc2) of pool row p goes to combine.view(-1, H)[dst_rows[p]]
     (dst_rows[p] = k * T + t for a combine buffer [K, T, H]; < 0 = skip). Padding rows write nothing.
     combine (contiguous bf16 [..., H], 16-byte aligned) may be a view into a larger buffer (e.g. a
     peer's, through a pointer offset): rows no valid pool row maps to are left as they were.
 
-    max_tokens / max_tile / wgs and arrival / arrival_block: as in l1_gemm; dst_rows (read through
-    the read-only cache), expert_offsets and num_tokens must be in place at the launch."""
+    max_tokens / max_tile / wgs, arrival / arrival_block and prefill (its scratch: E * I * H bytes):
+    as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
+    stream = _stream(l2_acts)
     key = (
         2,
+        stream,  # the prefill path's scratch buffer is per stream
         promotion,
+        prefill,
         max_tokens,
         max_tile,
         wgs,
@@ -618,7 +731,7 @@ def l2_gemm(
     if not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None):
         launch = _CALLS.get(key)
         if launch is not None:
-            launch(_stream(l2_acts))
+            launch(stream)
             return L2Result(combine, None)
     else:
         key = None
@@ -638,18 +751,22 @@ def l2_gemm(
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
-    spec = spec_for(
-        2,
-        promotion=promotion,
-        debug=debug,
-        max_tokens=max_tokens,
-        n_rows=H,
-        max_tile=max_tile,
-        wgs=wgs,
-        rows_per_expert=P / max(E, 1),
-    )
+    if _prefill_path(2, prefill, max_tokens, promotion, H, arrival, max_tile, wgs):
+        spec = jb.PrefillSpec(2, True, debug)
+    else:
+        spec = spec_for(
+            2,
+            promotion=promotion,
+            debug=debug,
+            max_tokens=max_tokens,
+            n_rows=H,
+            max_tile=max_tile,
+            wgs=wgs,
+            rows_per_expert=P / max(E, 1),
+        )
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
+    pre, w_e4m3 = _predecode(kw, 2, l2_acts) if isinstance(spec, jb.PrefillSpec) else (None, None)
     launch = _launch(
         spec,
         _u8(l2_acts),
@@ -658,6 +775,7 @@ def l2_gemm(
         E,
         dict(
             **_weight_fields(kw, 2, promotion),
+            w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=l2_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
             num_tokens=num_tokens.data_ptr(),
@@ -673,5 +791,5 @@ def l2_gemm(
         ),
     )
     if key is not None:
-        _remember(key, launch)
+        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
     return L2Result(combine, acc2)

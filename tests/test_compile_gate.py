@@ -102,11 +102,11 @@ def test_spec_rejects_a_token_tile_the_kernel_cannot_have():
 def test_registers_are_the_launch_allocation(built):
     """The setmaxnreg budgets in the kernel (producer / consumers) redistribute the launch
     allocation, so they assume ptxas gave every thread the launch-bound maximum:
-    65536 / threads, rounded down to a multiple of 8."""
+    65536 / threads, rounded down to a multiple of 8. (The predecode pass has no roles: not it.)"""
     bad = [
         f"{s.name}: {b.registers} registers, expected {(65536 // s.threads) // 8 * 8}"
         for s, b in built.items()
-        if b.registers != (65536 // s.threads) // 8 * 8
+        if not isinstance(s, jb.PredecodeSpec) and b.registers != (65536 // s.threads) // 8 * 8
     ]
     assert not bad, "\n".join(bad)
 

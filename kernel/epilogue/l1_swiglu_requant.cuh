@@ -26,6 +26,29 @@ namespace megamoe {
 template <int kCw>
 constexpr int kL1EpilogueBytes = kCw * 32 + 4 * kCw * 4;
 
+// D6 steps 1-4 for one (gate, up) pair of a valid token: both rounded to bf16, the optional clamp
+// (NaN-propagating min / clamp in bf16: values and c are bf16-representable), SiLU of the gate,
+// times up, times the token's routing weight wr. Both epilogue layouts (swap-AB here, the prefill
+// kernel's rows in prefill_rows.cuh) call it.
+template <bool kFastMath>
+__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, bool has_clamp, float clampv) {
+  float gf = __bfloat162float(__float2bfloat16_rn(gate));
+  float uf = __bfloat162float(__float2bfloat16_rn(up));
+  if (has_clamp) {
+    gf = gf > clampv ? clampv : gf;
+    uf = uf > clampv ? clampv : uf;
+    uf = uf < -clampv ? -clampv : uf;
+  }
+  return __fmul_rn(__fmul_rn(silu<kFastMath>(gf), uf), wr);
+}
+
+// D6 step 5: the UE8M0 scale byte of a 32-channel group whose largest |a| is amax (NaN-free, >= 0):
+// the exponent of amax / 448, rounded up to the next power of two unless exact.
+__device__ __forceinline__ int requant_scale_byte(float amax) {
+  const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
+  return static_cast<int>((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
+}
+
 // The fast mode's L2 operand (fused kernel): L2 promotes once per 128 intermediate channels, which
 // four warpgroup tiles of L1 (two CTAs) write. Each tile counts itself in rebase_count of its (pool
 // block, 128 channels); the warpgroup that brings it to 4 rebases those 128 channels of the block's
@@ -93,16 +116,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   // a = (silu(g) * u) * wr (wr: the token's routing weight), kept in the gate's accumulator (dead
   // after it).
   auto swiglu = [&](float gate, float up, int tok, float wr) -> float {
-    float gf = __bfloat162float(__float2bfloat16_rn(gate));
-    float uf = __bfloat162float(__float2bfloat16_rn(up));
-    if (has_clamp) {
-      // NaN-propagating min / clamp in bf16 (values and c are bf16-representable).
-      gf = gf > clampv ? clampv : gf;
-      uf = uf > clampv ? clampv : uf;
-      uf = uf < -clampv ? -clampv : uf;
-    }
-    const float sv = silu<kFastMath>(gf);
-    return tok < wi.valid ? __fmul_rn(__fmul_rn(sv, uf), wr) : 0.0f;
+    return tok < wi.valid ? swiglu_routed<kFastMath>(gate, up, wr, has_clamp, clampv) : 0.0f;
   };
   const int64_t n_sf = inter / 32;
   const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;
@@ -158,8 +172,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
         const int tok = c * CW + col;
         const float amax =
             fmaxf(fmaxf(st_amax[col], st_amax[CW + col]), fmaxf(st_amax[2 * CW + col], st_amax[3 * CW + col]));
-        const uint32_t bits = __float_as_uint(__fmul_rn(amax, 1.0f / 448.0f));
-        const int byte = static_cast<int>((bits >> 23) & 0xFFu) + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
+        const int byte = requant_scale_byte(amax);
         const float mult = exp2i(127 - byte);  // 2^-e, e = byte - 127
         const float a = ac[4 * j + h];
         const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);

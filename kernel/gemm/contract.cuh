@@ -48,6 +48,7 @@ struct GemmParams {
   const uint8_t* w_sf;  // promotion k32: weight scale bytes [E, K/128, R, 4]; k128: LUT byte offsets (8 d), same shape
   const uint8_t* w_row_base;  // promotion k128: [E, R] base scale byte B_r of each weight row
   const uint8_t* w_expert_base;  // promotion k128: [E] largest row base of each expert
+  uint8_t* w_e4m3;  // prefill (k128): the weights decoded to E4M3, [E, K/128, R/256] tiles of [256][128] bytes with the 128-byte swizzle (written by the predecode pass, read by the prefill kernel)
   const uint8_t* x_sf;  // activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)
   const int* expert_offsets;  // [E + 1] first pool row of each expert
   const int* num_tokens;  // [E] valid pool rows of each expert
@@ -80,30 +81,31 @@ static_assert(offsetof(GemmParams, w) == 256, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_sf) == 264, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_row_base) == 272, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_expert_base) == 280, "GemmParams layout");
-static_assert(offsetof(GemmParams, x_sf) == 288, "GemmParams layout");
-static_assert(offsetof(GemmParams, expert_offsets) == 296, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_tokens) == 304, "GemmParams layout");
-static_assert(offsetof(GemmParams, w_route) == 312, "GemmParams layout");
-static_assert(offsetof(GemmParams, out) == 320, "GemmParams layout");
-static_assert(offsetof(GemmParams, out_sf) == 328, "GemmParams layout");
-static_assert(offsetof(GemmParams, dst_rows) == 336, "GemmParams layout");
-static_assert(offsetof(GemmParams, peer_offsets) == 344, "GemmParams layout");
-static_assert(offsetof(GemmParams, dump) == 352, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival) == 360, "GemmParams layout");
-static_assert(offsetof(GemmParams, signal) == 368, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_x) == 376, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_sf) == 384, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_count) == 392, "GemmParams layout");
-static_assert(offsetof(GemmParams, err) == 400, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_experts) == 408, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_pool_rows) == 412, "GemmParams layout");
-static_assert(offsetof(GemmParams, k) == 416, "GemmParams layout");
-static_assert(offsetof(GemmParams, n_rows) == 420, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_block) == 424, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_need) == 428, "GemmParams layout");
-static_assert(offsetof(GemmParams, combine_rows) == 432, "GemmParams layout");
-static_assert(offsetof(GemmParams, has_clamp) == 436, "GemmParams layout");
-static_assert(offsetof(GemmParams, clamp_value) == 440, "GemmParams layout");
+static_assert(offsetof(GemmParams, w_e4m3) == 288, "GemmParams layout");
+static_assert(offsetof(GemmParams, x_sf) == 296, "GemmParams layout");
+static_assert(offsetof(GemmParams, expert_offsets) == 304, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_tokens) == 312, "GemmParams layout");
+static_assert(offsetof(GemmParams, w_route) == 320, "GemmParams layout");
+static_assert(offsetof(GemmParams, out) == 328, "GemmParams layout");
+static_assert(offsetof(GemmParams, out_sf) == 336, "GemmParams layout");
+static_assert(offsetof(GemmParams, dst_rows) == 344, "GemmParams layout");
+static_assert(offsetof(GemmParams, peer_offsets) == 352, "GemmParams layout");
+static_assert(offsetof(GemmParams, dump) == 360, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival) == 368, "GemmParams layout");
+static_assert(offsetof(GemmParams, signal) == 376, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_x) == 384, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_sf) == 392, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_count) == 400, "GemmParams layout");
+static_assert(offsetof(GemmParams, err) == 408, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_experts) == 416, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_pool_rows) == 420, "GemmParams layout");
+static_assert(offsetof(GemmParams, k) == 424, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_rows) == 428, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_block) == 432, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_need) == 436, "GemmParams layout");
+static_assert(offsetof(GemmParams, combine_rows) == 440, "GemmParams layout");
+static_assert(offsetof(GemmParams, has_clamp) == 444, "GemmParams layout");
+static_assert(offsetof(GemmParams, clamp_value) == 448, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and

@@ -60,4 +60,31 @@ __device__ __forceinline__ void decode_stage_scaled(const uint8_t* w_frag, int l
   }
 }
 
+// A 16-row group of one K128 block (one warp's 1024-byte block of the kernel layout) decoded
+// through the scaled tables to E4M3 in the K-major layout of a shared-memory wgmma operand with the
+// 128-byte swizzle: two 8-row atoms of 1024 bytes at shared address dst (rows 0-7, then 8-15), row
+// r's 16-byte chunk c at (r % 8) x 128 + ((c ^ (r % 8)) x 16). Register i of k32 step ks holds row
+// g + 8 (i & 1), bytes 32 ks + 16 (i >> 1) + 4 t .. + 3 (the A fragment of decode_stage_scaled), so
+// each lane stores 4-byte words; the chunks of a warp's 8 rows are a permutation: no bank conflicts.
+// One k32 step at a time, each stored at once. Used by the predecode pass and the prefill probe.
+__device__ __forceinline__ void decode_rows16_sw128(const uint8_t* w_frag, int lane, uint32_t off_a, uint32_t off_b,
+                                                    const uint8_t* s_lut, uint32_t dst) {
+  const int g = lane / 4;
+  const int t = lane % 4;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const uint2 v = *reinterpret_cast<const uint2*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16 + (ks & 1) * 8);
+    const uint2 la = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_a, 0u, 0x4440u | ks));
+    const uint2 lb = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_b, 0u, 0x4440u | ks));
+    uint32_t a[4];
+    decode_fp4x8(v.x, la, lb, a[0], a[1]);
+    decode_fp4x8(v.y, la, lb, a[2], a[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int chunk = 2 * ks + (i >> 1);
+      ptx::st_shared_u32(dst + (i & 1) * 1024 + g * 128 + ((chunk ^ g) << 4) + 4 * t, a[i]);
+    }
+  }
+}
+
 }  // namespace megamoe

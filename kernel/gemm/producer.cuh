@@ -77,6 +77,75 @@ struct RingCursor {
   }
 };
 
+// Warps 1 .. kScaleWarps of the producer warpgroup: the stages' fp32 token scales, at
+// Ring::scale_index (the ring of gemm_sm90.cuh or of the prefill kernel, whose consumers read them in
+// their own orders). warp / lane: the caller's.
+template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring>
+__device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ring& r, const Schedule& sched,
+                                                   RingCursor& cur, int warp, int lane) {
+  using R = Ring;
+  const int num_kb = p.k / kBlockK;
+  const int n_rb = p.n_rows / kRows;
+  const int num_items = sched.num_items(n_rb);
+  // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
+  // scale bytes serves four stages (k128: one byte per K128 block; K % 512 == 0), loaded when its
+  // first stage comes; or one stage (k32: the four K32 groups), loaded a stage ahead so its
+  // latency hides behind the ring. A token's place in the stage's scales (scale_index) is
+  // recomputed per stage rather than held.
+  constexpr int kStride = 32 * R::kScaleWarps;
+  constexpr int kM = (kMaxN + kStride - 1) / kStride;
+  const int t0 = 32 * (warp - 1) + lane;
+  const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
+  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+    const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
+    // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
+    // in the fused kernel other SMs write them.
+    if (lane == 0) wait_token_block(p, wi);
+    __syncwarp();
+    // k128: the expert's base folds the weight rows' common scale into the token scale.
+    const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
+    // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
+    const int first = (wi.row0 + t0) * words_per_row;
+    uint32_t word[kM], nxt[kM];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+      nxt[m] = kPerK32 && t0 + kStride * m < wi.valid ? __ldcg(words + first + kStride * m * words_per_row) : 0u;
+    for (int kb = 0; kb < num_kb; ++kb) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        const bool valid = t0 + kStride * m < wi.valid;
+        if constexpr (kPerK32) {
+          word[m] = nxt[m];
+          if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + kStride * m * words_per_row + kb + 1);
+        } else if (kb % 4 == 0) {
+          word[m] = valid ? __ldcg(words + first + kStride * m * words_per_row + kb / 4) : 0u;
+        }
+      }
+      ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
+      float* sx = r.sx + cur.stage * R::kSxWords;
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        const int tok = t0 + kStride * m;
+        if (tok < wi.tile) {
+          const bool valid = tok < wi.valid;
+          const int idx = R::scale_index(tok, 0, wi.tile);
+          if constexpr (kPerK32) {
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+              sx[idx + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
+          } else {
+            sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&r.full[cur.stage]);
+      cur.advance<kStages>();
+    }
+  }
+}
+
 // The producer warpgroup's part of one layer's items (n_rb blocks of kRows weight rows each).
 template <int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
@@ -114,63 +183,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       }
     }
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
-    // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
-    // scale bytes serves four stages (k128: one byte per K128 block; K % 512 == 0), loaded when its
-    // first stage comes; or one stage (k32: the four K32 groups), loaded a stage ahead so its
-    // latency hides behind the ring. A token's place in the stage's scales (scale_index) is
-    // recomputed per stage rather than held.
-    constexpr int kStride = 32 * R::kScaleWarps;
-    constexpr int kM = (kMaxN + kStride - 1) / kStride;
-    const int t0 = 32 * (warp - 1) + lane;
-    const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
-      // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
-      // in the fused kernel other SMs write them.
-      if (lane == 0) wait_token_block(p, wi);
-      __syncwarp();
-      // k128: the expert's base folds the weight rows' common scale into the token scale.
-      const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
-      // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
-      const int first = (wi.row0 + t0) * words_per_row;
-      uint32_t word[kM], nxt[kM];
-#pragma unroll
-      for (int m = 0; m < kM; ++m)
-        nxt[m] = kPerK32 && t0 + kStride * m < wi.valid ? __ldcg(words + first + kStride * m * words_per_row) : 0u;
-      for (int kb = 0; kb < num_kb; ++kb) {
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          const bool valid = t0 + kStride * m < wi.valid;
-          if constexpr (kPerK32) {
-            word[m] = nxt[m];
-            if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + kStride * m * words_per_row + kb + 1);
-          } else if (kb % 4 == 0) {
-            word[m] = valid ? __ldcg(words + first + kStride * m * words_per_row + kb / 4) : 0u;
-          }
-        }
-        ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
-        float* sx = r.sx + cur.stage * R::kSxWords;
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          const int tok = t0 + kStride * m;
-          if (tok < wi.tile) {
-            const bool valid = tok < wi.valid;
-            const int idx = R::scale_index(tok, 0, wi.tile);
-            if constexpr (kPerK32) {
-#pragma unroll
-              for (int ks = 0; ks < 4; ++ks)
-                sx[idx + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
-            } else {
-              sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
-            }
-          }
-        }
-        __syncwarp();
-        if (lane == 0) ptx::mbar_arrive(&r.full[cur.stage]);
-        cur.advance<kStages>();
-      }
-    }
+    stage_token_scales<kMaxN, kRows, kStages, kPerK32>(p, r, sched, cur, warp, lane);
   }
 }
 

@@ -83,39 +83,17 @@ struct Layout {
   static constexpr int kOffSx = kOffWsf + kWsf;
 };
 
-// The 16-row groups rg0, rg0 + step, ... of a stage's packed weights into its B tile, through the
-// fast mode's scaled tables (the steps of fp4_decode.cuh's decode_stage_scaled, each k32 step
-// stored at once: the whole stage's 16 registers live beside an in-flight temporary spilled).
+// The 16-row groups rg0, rg0 + step, ... of a stage's packed weights into its B tile
+// (fp4_decode.cuh's decode_rows16_sw128: the predecode pass's decode).
 template <int kRows, typename L>
 __device__ __forceinline__ void decode_rows(const uint8_t* st, const uint8_t* lut, int rg0, int step, int lane) {
-  const int g = lane / 4;
-  const int t = lane % 4;
   const uint32_t b_tile = ptx::smem_addr(st + L::kOffB);
 #pragma unroll 1
   for (int rg = rg0; rg < kRows / 16; rg += step) {
-    const int row_a = 16 * rg + g;
+    const int row_a = 16 * rg + lane / 4;
     const uint32_t off_a = *reinterpret_cast<const uint32_t*>(st + L::kOffWsf + row_a * 4);
     const uint32_t off_b = *reinterpret_cast<const uint32_t*>(st + L::kOffWsf + (row_a + 8) * 4);
-    const uint8_t* w_frag = st + L::kOffW + rg * 1024;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      const uint2 v = *reinterpret_cast<const uint2*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16 + (ks & 1) * 8);
-      const uint2 la = *reinterpret_cast<const uint2*>(lut + ptx::prmt(off_a, 0u, 0x4440u | ks));
-      const uint2 lb = *reinterpret_cast<const uint2*>(lut + ptx::prmt(off_b, 0u, 0x4440u | ks));
-      uint32_t a[4];
-      decode_fp4x8(v.x, la, lb, a[0], a[1]);
-      decode_fp4x8(v.y, la, lb, a[2], a[3]);
-      // Register i: row g + 8 (i & 1), bytes 32 ks + 16 (i >> 1) + 4 t .. + 3 of the K block.
-      // Row r of the tile: its 8-row atom (r / 8) x 1024 + (r % 8) x 128, 16-byte chunk c at
-      // (c ^ (r % 8)) x 16; r % 8 == g for both rows (conflict-free: the chunks of a warp's 8 rows
-      // are a permutation).
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int atom = 2 * rg + (i & 1);
-        const int chunk = 2 * ks + (i >> 1);
-        ptx::st_shared_u32(b_tile + atom * 1024 + g * 128 + ((chunk ^ g) << 4) + 4 * t, a[i]);
-      }
-    }
+    decode_rows16_sw128(st + L::kOffW + rg * 1024, lane, off_a, off_b, lut, b_tile + rg * 2048);
   }
   ptx::fence_proxy_async_smem();
 }

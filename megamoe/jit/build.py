@@ -102,6 +102,11 @@ class GemmSpec:
         """Threads per CTA: a producer warpgroup and the consumers."""
         return 128 * (1 + self.wgs)
 
+    @property
+    def rows_per_cta(self) -> int:
+        """Weight rows per CTA tile: 64 per consumer warpgroup."""
+        return contract.ROWS_PER_WG * self.wgs
+
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
@@ -150,6 +155,55 @@ class FusedSpec:
         return tmpl
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefillSpec:
+    """One compiled specialisation of the prefill GEMM (kernel/gemm/gemm_sm90_prefill.cuh: fast mode,
+    tokens as wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass): 128 tokens x 256 weight
+    rows per CTA, two consumer warpgroups."""
+
+    layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
+    fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
+    debug: bool = False  # dump the fp32 accumulators (D5 / D7)
+    kernel = "megamoe_prefill"
+    promotion = "k128"
+
+    def __post_init__(self):
+        if self.layer not in (1, 2):
+            raise ValueError(f"layer: expected 1 or 2, got {self.layer}")
+
+    @property
+    def name(self) -> str:
+        silu = ("_fsilu" if self.fast_math else "_psilu") if self.layer == 1 else ""
+        return f"prefill_l{self.layer}{silu}{'_dbg' if self.debug else ''}"
+
+    rows_per_cta = 256  # weight rows per CTA tile (kPrefillRows)
+
+    @property
+    def threads(self) -> int:
+        return 128 * 3
+
+    def source(self) -> str:
+        tmpl = (KERNEL_DIR / "gemm" / "instantiate_prefill.cu.in").read_text()
+        b = lambda v: "true" if v else "false"  # noqa: E731
+        for k, v in {"LAYER": str(self.layer), "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug)}.items():
+            tmpl = tmpl.replace(f"@{k}@", v)
+        return tmpl
+
+
+@dataclasses.dataclass(frozen=True)
+class PredecodeSpec:
+    """The predecode pass (kernel/gemm/predecode.cuh): a layer's FP4 weights to the prefill
+    kernel's E4M3 tiles, once per call."""
+
+    kernel = "megamoe_predecode"
+    name = "predecode"
+    threads = 256
+    debug = False
+
+    def source(self) -> str:
+        return (KERNEL_DIR / "gemm" / "instantiate_predecode.cu.in").read_text()
+
+
 @dataclasses.dataclass
 class Built:
     cubin: Path
@@ -179,7 +233,7 @@ def flags() -> list[str]:
     return [*NVCC_FLAGS, *EXTRA_FLAGS]
 
 
-def spec_key(spec: GemmSpec | FusedSpec) -> str:
+def spec_key(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec) -> str:
     kdir = KERNEL_DIR
     h = hashlib.sha256()
     h.update(_sources_digest(kdir))
@@ -188,7 +242,7 @@ def spec_key(spec: GemmSpec | FusedSpec) -> str:
     return h.hexdigest()[:16]
 
 
-def build(spec: GemmSpec | FusedSpec, *, force: bool = False) -> Built:
+def build(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec, *, force: bool = False) -> Built:
     """The cubin of `spec`, compiled now or taken from the cache."""
     key = spec_key(spec)
     out = cache_dir() / f"{spec.name}-{key}.cubin"
@@ -204,7 +258,7 @@ def build(spec: GemmSpec | FusedSpec, *, force: bool = False) -> Built:
         return _compile(spec, out, log)
 
 
-def _compile(spec: GemmSpec | FusedSpec, out: Path, log: Path) -> Built:
+def _compile(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec, out: Path, log: Path) -> Built:
     kdir = KERNEL_DIR
     nvcc = shutil.which("nvcc") or (
         os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None

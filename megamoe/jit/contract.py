@@ -71,6 +71,13 @@ PARAMS = (
     ),
     Field("w_row_base", "ptr", "const uint8_t*", "promotion k128: [E, R] base scale byte B_r of each weight row"),
     Field("w_expert_base", "ptr", "const uint8_t*", "promotion k128: [E] largest row base of each expert"),
+    Field(
+        "w_e4m3",
+        "ptr",
+        "uint8_t*",
+        "prefill (k128): the weights decoded to E4M3, [E, K/128, R/256] tiles of [256][128] bytes with the"
+        " 128-byte swizzle (written by the predecode pass, read by the prefill kernel)",
+    ),
     Field("x_sf", "ptr", "const uint8_t*", "activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)"),
     Field("expert_offsets", "ptr", "const int*", "[E + 1] first pool row of each expert"),
     Field("num_tokens", "ptr", "const int*", "[E] valid pool rows of each expert"),

@@ -1,0 +1,144 @@
+"""The prefill path of the fast mode (predecode pass + kernel/gemm/gemm_sm90_prefill.cuh) on the
+GPU: D5/D7 inside GEMM_BOUND tau, D6 / D8 bit-exact given its own dumped accumulators, GEMM_EXACT
+on grid-snapped data, padding rows never written, the production build equal to the debug build,
+and the entry points' choice of path.
+
+Run: pytest -s tests/gpu/test_gemm_prefill.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megamoe import gemm as G
+from megamoe.jit import build as jb
+from megamoe.jit import layout as L
+from megamoe.reference import MegaMoEInputError
+
+from .gemm_helpers import (
+    COUNTS,
+    Pool,
+    check_l1_epilogue,
+    check_l2_epilogue,
+    combine_rows,
+    first_diff,
+    log_result,
+    random_weights,
+    reference_acc,
+    bound_ratio,
+    setup_l1,
+    worst_bound_ratio,
+)
+
+# Experts of 0 and 1 rows, one token block just under / at / over 128, several blocks with a
+# partial last one, and more items than the H200's 132 CTAs at the larger shape.
+PREFILL_COUNTS = [0, 1, 127, 128, 129, 300, 64, 5]
+
+
+@pytest.mark.parametrize("H,inter,counts", [(1024, 1024, COUNTS), (2048, 1024, PREFILL_COUNTS), (512, 2048, [600, 3])])
+def test_prefill_l1_bound_and_epilogue(H, inter, counts):
+    pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=H + inter + len(counts))
+    ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
+    for fast, clamp in ((True, 1.0), (False, None)):
+        out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
+        res = G.l1_gemm(
+            pool.x,
+            pool.sf,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            prefill=True,
+            fast_math=fast,
+            activation_clamp=clamp,
+            debug=True,
+            out=out,
+            out_sf=out_sf,
+        )
+        torch.cuda.synchronize()
+        worst = max(bound_ratio(res.acc1[pool.rows(e)], ex, b) for e, (ex, b) in ref.items())
+        check_l1_epilogue(pool, res, inter, fast, clamp, "prefill")
+        pad = ~pool.valid
+        assert (out.view(torch.uint8)[pad] == 0x55).all(), "prefill L1 wrote a padding row"
+        assert (out_sf[pad] == 0x55).all(), "prefill L1 wrote a padding row's scales"
+        log_result(test="prefill_l1_bound", H=H, I=inter, fast=fast, max_ratio=worst, tau=G.TAU["k128"])
+        assert worst <= G.TAU["k128"]
+
+
+@pytest.mark.parametrize("H,inter,counts", [(1024, 2048, COUNTS), (2048, 512, PREFILL_COUNTS)])
+def test_prefill_l2_bound_and_epilogue(H, inter, counts):
+    gen = torch.Generator().manual_seed(400 + H + len(counts))
+    pool = Pool(counts, inter, gen=gen)
+    E = len(counts)
+    w1, s1 = random_weights(E, 2 * inter, H, gen=gen)
+    w2, s2 = random_weights(E, H, inter, gen=gen)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    comb, dst = combine_rows(pool, H, K=2, gen=gen)  # random rows of a [2, T, H] buffer, the rest NaN
+    res = G.l2_gemm(
+        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k128", prefill=True, debug=True
+    )
+    torch.cuda.synchronize()
+    worst = worst_bound_ratio(res.acc2, pool, w2, s2)
+    check_l2_epilogue(pool, res.acc2, comb, dst, "prefill")
+    written = torch.zeros(comb.shape[0] * comb.shape[1], dtype=torch.bool, device="cuda")
+    written[dst[pool.valid].long()] = True
+    assert comb.view(-1, H)[~written].isnan().all(), "prefill L2 wrote a combine row no pool row maps to"
+    log_result(test="prefill_l2_bound", H=H, I=inter, max_ratio=worst, tau=G.TAU["k128"])
+    assert worst <= G.TAU["k128"]
+
+
+def test_prefill_gemm_exact_grid():
+    """GEMM_EXACT: integers, equal scales -> acc == exact bitwise (both layers)."""
+    H, inter = 1024, 1024
+    counts = [5, 200, 0, 130]
+    gen = torch.Generator().manual_seed(22)
+    pool = Pool(counts, H, gen=gen, grid=True, grid_sf=(127, 127))
+    w1, s1 = random_weights(4, 2 * inter, H, gen=gen, grid=True, grid_sf=(125, 127))
+    w2, s2 = random_weights(4, H, inter, gen=gen, grid=True, grid_sf=(127, 127))
+    kw = L.transform_weights(w1, s1, w2, s2)
+    res = G.l1_gemm(
+        pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128", prefill=True, debug=True
+    )
+    torch.cuda.synchronize()
+    for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
+        got = res.acc1[pool.rows(e)]
+        assert torch.equal(got, exact.to(torch.float32)), (
+            f"prefill GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+        )
+    log_result(test="prefill_gemm_exact", ok=True)
+
+
+def test_prefill_production_build_matches_debug():
+    H, inter = 1024, 512
+    pool, _, kw = setup_l1(H, inter, PREFILL_COUNTS, seed=9)
+    outs = []
+    for debug in (True, False):
+        res = G.l1_gemm(
+            pool.x,
+            pool.sf,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            prefill=True,
+            debug=debug,
+        )
+        torch.cuda.synchronize()
+        outs.append((res.l2_acts.view(torch.uint8)[pool.valid].clone(), res.l2_sf[pool.valid].clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_entry_points_take_the_prefill_path_from_the_measured_crossovers():
+    assert G.PREFILL_MIN_TOKENS == {1: 512, 2: 1024}
+    assert G.use_prefill(1, 512, "k128", 4096) and not G.use_prefill(1, 511, "k128", 4096)
+    assert G.use_prefill(2, 1024, "k128", 7168) and not G.use_prefill(2, 1023, "k128", 7168)
+    assert not G.use_prefill(1, None, "k128", 4096)
+    assert not G.use_prefill(1, 4096, "k32", 4096)
+    assert not G.use_prefill(1, 4096, "k128", 4096 + 128)  # rows not a multiple of 256
+    pool, _, kw = setup_l1(512, 512, [3, 2], seed=1)
+    with pytest.raises(MegaMoEInputError, match="prefill"):
+        G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True)
+    assert jb.PrefillSpec(1).rows_per_cta == G.PREFILL_ROWS == 256
