@@ -253,6 +253,10 @@ def main() -> None:
                         max_expert=max(counts),
                         k32=res.get("k32"),
                         k128=res.get("k128"),
+                        prefill=args.prefill == "auto"
+                        and args.max_tile is None
+                        and args.wgs is None
+                        and G.use_prefill(layer, max(counts), "k128", R),
                         eager=res.get("eager"),
                         host=res.get("host"),
                         fp8=fp8_t,
@@ -270,7 +274,8 @@ def main() -> None:
     print()
     print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
     print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
-    print("k128 takes its activations already rebased per K128 (rebase_k128, not timed)")
+    print("k128 takes its activations already rebased per K128 (rebase_k128, not timed); * = the prefill path")
+    print("(predecode pass + tokens-as-M GEMM, both timed)")
     print(
         f"{E} experts; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
         f"{100 * read_tbs * 1e12 / HBM:.0f} % of 4.8), {copy_tbs:.2f} TB/s read + write (copy)"
@@ -283,7 +288,7 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} {f(r['k32']):>9} "
-            f"{f(r['k128']):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
+            f"{f(r['k128']) + ('*' if r.get('prefill') else ''):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
             f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
             f"{r['x_fp8']:6.2f}"
         )
