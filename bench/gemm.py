@@ -256,7 +256,7 @@ def main() -> None:
                         prefill=args.prefill == "auto"
                         and args.max_tile is None
                         and args.wgs is None
-                        and G.use_prefill(layer, max(counts), "k128", R),
+                        and G.use_prefill(layer, max(counts), P / len(counts), "k128", R),
                         eager=res.get("eager"),
                         host=res.get("host"),
                         fp8=fp8_t,

@@ -71,12 +71,17 @@ PREFILL_MIN_TOKENS = {1: 512, 2: 1024}
 PREFILL_ROWS = jb.PrefillSpec.rows_per_cta
 
 
-def _prefill_path(layer: int, prefill, max_tokens, promotion: str, n_rows: int, arrival, max_tile, wgs) -> bool:
+def _prefill_path(
+    layer: int, prefill, max_tokens, rows_per_expert: float, promotion: str, n_rows: int, arrival, max_tile, wgs
+) -> bool:
     """The entry points' choice: the caller's `prefill`, else use_prefill without a gate or a forced
     specialisation. A forced prefill path the launch cannot take is an input error."""
     if prefill is None:
         return (
-            arrival is None and max_tile is None and wgs is None and use_prefill(layer, max_tokens, promotion, n_rows)
+            arrival is None
+            and max_tile is None
+            and wgs is None
+            and use_prefill(layer, max_tokens, rows_per_expert, promotion, n_rows)
         )
     if prefill:
         if promotion != "k128":
@@ -90,14 +95,19 @@ def _prefill_path(layer: int, prefill, max_tokens, promotion: str, n_rows: int, 
     return bool(prefill)
 
 
-def use_prefill(layer: int, max_tokens: int | None, promotion: str, n_rows: int) -> bool:
+def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, promotion: str, n_rows: int) -> bool:
     """Whether a launch of `layer` takes the prefill path by default: fast mode, weight rows a
-    multiple of 256, and a largest expert of at least PREFILL_MIN_TOKENS[layer] rows (known:
-    max_tokens)."""
+    multiple of 256, and both the largest expert (max_tokens, if known) and the mean pool rows per
+    expert (rows_per_expert: the pool's rows over its experts) at least PREFILL_MIN_TOKENS[layer].
+    The mean matters because the predecode pass decodes every expert's weights: under a skewed
+    routing whose largest expert has 676 of 2048 tokens (32 experts) the prefill path took 648 us
+    at DSV3 L1 against 299 us for the swap-AB kernel (bench/NOTES.md v15)."""
+    need = PREFILL_MIN_TOKENS[layer]
     return (
         promotion == "k128"
         and max_tokens is not None
-        and max_tokens >= PREFILL_MIN_TOKENS[layer]
+        and max_tokens >= need
+        and rows_per_expert >= need
         and n_rows % PREFILL_ROWS == 0
     )
 
@@ -596,8 +606,8 @@ def l1_gemm(
 
     prefill: the prefill path (fast mode only: the weights decoded once into an E4M3 scratch buffer
     of E * H * 2I bytes, kept per device, stream and layer, then the GEMM with tokens as wgmma M);
-    None (default) takes it where use_prefill says (max_tokens >= PREFILL_MIN_TOKENS[1], no gate,
-    no forced max_tile / wgs)."""
+    None (default) takes it where use_prefill says (max_tokens and the mean pool rows per expert
+    >= PREFILL_MIN_TOKENS[1], no gate, no forced max_tile / wgs)."""
     stream = _stream(x_pool)
     key = (
         1,
@@ -637,7 +647,7 @@ def l1_gemm(
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
-    if _prefill_path(1, prefill, max_tokens, promotion, 2 * inter, arrival, max_tile, wgs):
+    if _prefill_path(1, prefill, max_tokens, P / max(E, 1), promotion, 2 * inter, arrival, max_tile, wgs):
         spec = jb.PrefillSpec(1, bool(fast_math), debug)
     else:
         spec = spec_for(
@@ -751,7 +761,7 @@ def l2_gemm(
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
-    if _prefill_path(2, prefill, max_tokens, promotion, H, arrival, max_tile, wgs):
+    if _prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
         spec = jb.PrefillSpec(2, True, debug)
     else:
         spec = spec_for(
