@@ -31,6 +31,7 @@
 #include "../gemm/contract.cuh"
 #include "../gemm/fp4_decode.cuh"
 #include "../gemm/wgmma_fp8_ss.cuh"
+#include "probe_timing.h"
 
 using namespace megamoe;
 
@@ -253,13 +254,6 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows, kDecode>::kThreads, 1)
   }
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "prefill_rate: %s failed: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 // Source stages: E4M3 activations near 1, random FP4 codes, LUT offsets 8 d (d in 0 .. 13: rows
 // spread over 14 binades, as the fast mode's tables allow), token scales near 1.
 template <typename L>
@@ -281,8 +275,8 @@ uint8_t* make_source() {
     for (int i = 0; i < L::kM; ++i) sx[i] = 1.0f + static_cast<float>(rnd() % 64) * 0x1p-10f;
   }
   uint8_t* dev;
-  check(cudaMalloc(&dev, bytes), "cudaMalloc");
-  check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  probe_check(cudaMalloc(&dev, bytes), "cudaMalloc");
+  probe_check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   std::free(host);
   return dev;
 }
@@ -291,51 +285,37 @@ template <int kWGs, int kRows, Decoder kDecode, bool kPromote>
 void run(int sms, long long* cycles, float* sink, int* err) {
   using L = Layout<kWGs, kRows, kDecode>;
   auto kernel = prefill_kernel<kWGs, kRows, kDecode, kPromote>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem), "cudaFuncSetAttribute");
+  probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
+              "cudaFuncSetAttribute");
   uint8_t* src = make_source<L>();
   const int num_kb = 1 << 20 >> (kRows / 128 + kWGs);   // about the same work per variant
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "cudaEventCreate");
-  check(cudaEventCreate(&e1), "cudaEventCreate");
-  kernel<<<sms, L::kThreads, L::kSmem>>>(num_kb, src, cycles, sink, err);   // warm-up
-  check(cudaEventRecord(e0), "cudaEventRecord");
-  kernel<<<sms, L::kThreads, L::kSmem>>>(num_kb, src, cycles, sink, err);
-  check(cudaEventRecord(e1), "cudaEventRecord");
-  check(cudaEventSynchronize(e1), "launch");
-  float ms = 0.0f;
-  check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-  long long* host = static_cast<long long*>(std::malloc(sizeof(long long) * sms));
-  check(cudaMemcpy(host, cycles, sizeof(long long) * sms, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  double mean = 0.0;
-  for (int i = 0; i < sms; ++i) mean += static_cast<double>(host[i]) / sms;
-  std::free(host);
-  check(cudaFree(src), "cudaFree");
-  const double macs = static_cast<double>(num_kb) * L::kM * kRows * kBlockK;
-  const double per_clk = macs / mean;
-  std::printf("%4d %5d %6d %-9s %-8s %10.0f %7.1f %10.1f %7.2f\n", L::kM, kRows, L::kStages,
+  const ProbeTime t =
+      probe_time([&] { kernel<<<sms, L::kThreads, L::kSmem>>>(num_kb, src, cycles, sink, err); }, cycles, sms);
+  probe_check(cudaFree(src), "cudaFree");
+  std::printf("%4d %5d %6d %-9s %-8s", L::kM, kRows, L::kStages,
               kDecode == kNoDecode         ? "-"
               : kDecode == kConsumerDecode ? "consumer"
               : kDecode == kProducerDecode ? "producer"
               : kDecode == kPredecoded     ? "before"
                                            : "7 warps",
-              kPromote ? "FFMA" : "-", per_clk, 100.0 * per_clk / 4096.0, 2.0 * macs * sms / (ms * 1e-3) / 1e12,
-              mean / (ms * 1e6));
+              kPromote ? "FFMA" : "-");
+  print_rate(static_cast<double>(num_kb) * L::kM * kRows * kBlockK, t, sms);
 }
 
 }  // namespace
 
 int main() {
   int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  probe_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
   long long* cycles;
   float* sink;
   int* err;
-  check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(float) * 512), "cudaMalloc");
-  check(cudaMalloc(&err, sizeof(int) * 8), "cudaMalloc");
-  check(cudaMemset(err, 0, sizeof(int) * 8), "cudaMemset");
-  std::printf("%4s %5s %6s %-9s %-8s %10s %7s %10s %7s\n", "M", "rows", "stages", "decode", "promote", "MAC/clk/SM",
-              "% peak", "TFLOP/s", "GHz");
+  probe_check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
+  probe_check(cudaMalloc(&sink, sizeof(float) * 512), "cudaMalloc");
+  probe_check(cudaMalloc(&err, sizeof(int) * 8), "cudaMalloc");
+  probe_check(cudaMemset(err, 0, sizeof(int) * 8), "cudaMemset");
+  std::printf("%4s %5s %6s %-9s %-8s", "M", "rows", "stages", "decode", "promote");
+  print_rate_header();
   run<2, 128, kConsumerDecode, true>(sms, cycles, sink, err);
   run<2, 128, kProducerDecode, true>(sms, cycles, sink, err);
   run<2, 128, kNoDecode, true>(sms, cycles, sink, err);

@@ -17,6 +17,7 @@
 #include "../common/ptx.cuh"
 #include "../gemm/wgmma_fp8_rs.cuh"
 #include "../gemm/wgmma_fp8_ss.cuh"
+#include "probe_timing.h"
 
 using namespace megamoe;
 
@@ -90,49 +91,26 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, long long* cycl
   if (tid == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
-static void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "wgmma_rate: %s failed: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
-}
-
 template <bool kRS, int N, bool kPromote>
 static void run(int wgs, int sms, long long* cycles, float* sink) {
   auto kernel = rate_kernel<kRS, N, kPromote>;
   const int smem = N * 128 + 2 * 8192;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
+  probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   const int iters = 4000 * 256 / N;
-  cudaEvent_t e0, e1;
-  check(cudaEventCreate(&e0), "cudaEventCreate");
-  check(cudaEventCreate(&e1), "cudaEventCreate");
-  kernel<<<sms, 128 * wgs, smem>>>(iters, cycles, sink);   // warm-up
-  check(cudaEventRecord(e0), "cudaEventRecord");
-  kernel<<<sms, 128 * wgs, smem>>>(iters, cycles, sink);
-  check(cudaEventRecord(e1), "cudaEventRecord");
-  check(cudaEventSynchronize(e1), "launch");
-  float ms = 0.0f;
-  check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-  long long* host = static_cast<long long*>(std::malloc(sizeof(long long) * sms));
-  check(cudaMemcpy(host, cycles, sizeof(long long) * sms, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  double mean = 0.0;
-  for (int i = 0; i < sms; ++i) mean += static_cast<double>(host[i]) / sms;
-  std::free(host);
-  const double macs = static_cast<double>(wgs) * iters * 4 * 64 * N * 32;
-  const double per_clk = macs / mean;
-  std::printf("%-4s %4d %4d %-8s %10.0f %7.1f %10.1f %7.2f\n", kRS ? "RS" : "SS", N, wgs, kPromote ? "FFMA" : "-",
-              per_clk, 100.0 * per_clk / 4096.0, 2.0 * macs * sms / (ms * 1e-3) / 1e12, mean / (ms * 1e6));
+  const ProbeTime t = probe_time([&] { kernel<<<sms, 128 * wgs, smem>>>(iters, cycles, sink); }, cycles, sms);
+  std::printf("%-4s %4d %4d %-8s", kRS ? "RS" : "SS", N, wgs, kPromote ? "FFMA" : "-");
+  print_rate(static_cast<double>(wgs) * iters * 4 * 64 * N * 32, t, sms);
 }
 
 int main() {
   int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  probe_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
   long long* cycles;
   float* sink;
-  check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
-  check(cudaMalloc(&sink, sizeof(float) * 256), "cudaMalloc");
-  std::printf("%-4s %4s %4s %-8s %10s %7s %10s %7s\n", "form", "N", "wgs", "promote", "MAC/clk/SM", "% peak", "TFLOP/s",
-              "GHz");
+  probe_check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
+  probe_check(cudaMalloc(&sink, sizeof(float) * 256), "cudaMalloc");
+  std::printf("%-4s %4s %4s %-8s", "form", "N", "wgs", "promote");
+  print_rate_header();
   run<true, 64, false>(2, sms, cycles, sink);
   run<true, 64, true>(2, sms, cycles, sink);
   run<true, 128, false>(1, sms, cycles, sink);

@@ -1,0 +1,55 @@
+// Host side shared by the rate probes (wgmma_rate.cu, prefill_rate.cu): the error check, one timed
+// launch after a warm-up (the launch's time and the mean of the CTAs' clock64 spans), and the rate
+// columns every probe prints after its own.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <cuda_runtime.h>
+
+inline void probe_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "probe: %s failed: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct ProbeTime {
+  double ms;            // the timed launch, by events
+  double mean_cycles;   // the CTAs' own spans (clock64), averaged
+};
+
+// launch(): one launch of the probe's kernel, which writes each CTA's span to cycles[blockIdx.x].
+template <typename Launch>
+ProbeTime probe_time(Launch launch, const long long* cycles, int sms) {
+  cudaEvent_t e0, e1;
+  probe_check(cudaEventCreate(&e0), "cudaEventCreate");
+  probe_check(cudaEventCreate(&e1), "cudaEventCreate");
+  launch();   // warm-up
+  probe_check(cudaEventRecord(e0), "cudaEventRecord");
+  launch();
+  probe_check(cudaEventRecord(e1), "cudaEventRecord");
+  probe_check(cudaEventSynchronize(e1), "launch");
+  float ms = 0.0f;
+  probe_check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+  long long* host = static_cast<long long*>(std::malloc(sizeof(long long) * sms));
+  probe_check(cudaMemcpy(host, cycles, sizeof(long long) * sms, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  double mean = 0.0;
+  for (int i = 0; i < sms; ++i) mean += static_cast<double>(host[i]) / sms;
+  std::free(host);
+  return {ms, mean};
+}
+
+// MAC/clk/SM, % of the dense FP8 peak per clock (4096), TFLOP/s over all SMs, SM clock (GHz), for
+// `macs` multiply-adds per CTA.
+inline void print_rate(double macs, const ProbeTime& t, int sms) {
+  const double per_clk = macs / t.mean_cycles;
+  std::printf(" %10.0f %7.1f %10.1f %7.2f\n", per_clk, 100.0 * per_clk / 4096.0,
+              2.0 * macs * sms / (t.ms * 1e-3) / 1e12, t.mean_cycles / (t.ms * 1e6));
+}
+
+// The header's columns (after the probe's own).
+inline void print_rate_header() {
+  std::printf(" %10s %7s %10s %7s\n", "MAC/clk/SM", "% peak", "TFLOP/s", "GHz");
+}
