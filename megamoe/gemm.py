@@ -608,7 +608,8 @@ def l1_gemm(
     of E * H * 2I bytes, kept per device, stream and layer, then the GEMM with tokens as wgmma M);
     None (default) takes it where use_prefill says (max_tokens and the mean pool rows per expert
     >= PREFILL_MIN_TOKENS[1], no gate, no forced max_tile / wgs)."""
-    stream = _stream(x_pool)
+    # (no stream for what is not a CUDA tensor: the checks below name it)
+    stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
     key = (
         1,
         stream,  # the prefill path's scratch buffer is per stream
@@ -725,7 +726,8 @@ def l2_gemm(
 
     max_tokens / max_tile / wgs, arrival / arrival_block and prefill (its scratch: E * I * H bytes):
     as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
-    stream = _stream(l2_acts)
+    # (no stream for what is not a CUDA tensor: the checks below name it)
+    stream = _stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
     key = (
         2,
         stream,  # the prefill path's scratch buffer is per stream
