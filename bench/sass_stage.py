@@ -1,7 +1,7 @@
 """Instructions per K128 stage of the consumers' mainloop, counted in the SASS of the built cubins
 (no GPU needed; nvdisasm from the nvidia-cuda-nvdisasm wheel or the CUDA toolkit):
 
-    python -m bench.sass_stage            # one line per (promotion, token tile)
+    python -m bench.sass_stage            # one line per (promotion, token tile), and the prefill kernel
 
 The hot loop is the innermost backward branch whose body holds wgmma (QGMMA) instructions; its
 instruction count divided by the K blocks it covers (wgmmas in it / wgmmas per K block) is the
@@ -45,13 +45,14 @@ def loops(sass: str):
     return out
 
 
-def stage_cost(cubin: Path, tile: int, k32: bool) -> tuple[float, int] | None:
+def stage_cost(cubin: Path, tile: int, k32: bool, prefill: bool = False) -> tuple[float, int] | None:
     sass = subprocess.run([nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     # wgmma width: the tile up to 64 tokens, 64-token chunks up to 128, pairs of chunks in the
-    # wide tile's serial schedule (kernel/gemm/mainloop.cuh)
-    gw = min(tile, 64) if tile <= 128 else 128
+    # wide tile's serial schedule (kernel/gemm/mainloop.cuh); the prefill kernel: 128 weight rows
+    # per wgmma, two halves per K block
+    gw = 128 if prefill else min(tile, 64) if tile <= 128 else 128
     want = f"QGMMA.64x{gw}x32"
-    per_stage = 4 * (tile // gw)  # wgmmas per K block
+    per_stage = 8 if prefill else 4 * (tile // gw)  # wgmmas per K block
     best = None
     for lo, hi, body in loops(sass):
         q = sum(t.strip().startswith(want) or f" {want}" in t for t in body)
@@ -74,6 +75,10 @@ def main() -> None:
             cost = stage_cost(jb.build(spec).cubin, tile, promotion == "k32")
             per, generic = cost if cost else (float("nan"), -1)
             print(f"{promotion:9} {tile:4d} {wgs:3d} {per:28.1f} {generic:22d}")
+    # The prefill kernel (128 tokens x 256 weight rows per CTA: twice a swap-AB stage's MACs at tile 128)
+    cost = stage_cost(jb.build(jb.PrefillSpec(1)).cubin, 128, False, prefill=True)
+    per, generic = cost if cost else (float("nan"), -1)
+    print(f"{'prefill':9} {128:4d} {2:3d} {per:28.1f} {generic:22d}")
 
 
 if __name__ == "__main__":
