@@ -61,8 +61,8 @@ PROMOTIONS = jb.PROMOTIONS
 # that at 0.58.
 TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 
-# The prefill path (fast mode): from this many tokens in the largest expert, a launch decodes its
-# weights once into E4M3 tiles (the predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as
+# The prefill path (fast mode): from this many tokens in the largest expert and per expert on
+# average (use_prefill), a launch decodes its weights once into E4M3 tiles (the predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as
 # wgmma M) instead of the swap-AB kernel, which decodes every weight tile once per token block.
 # Measured crossovers (bench/NOTES.md v15, DSV3 / V4-Flash, graph-timed): L1 (K = H) gains from 512
 # tokens (1.11x there, 1.3-1.4x at 1024 and 2048); L2 (K = I = 2048: a short mainloop per item) was
@@ -92,6 +92,8 @@ def _prefill_path(
             )
         if arrival is not None:
             fail("prefill", "no arrival gate (the prefill path is standalone)", "an arrival tensor")
+        if max_tile is not None or wgs is not None:
+            fail("prefill", "no max_tile / wgs (they force a swap-AB kernel)", f"max_tile={max_tile}, wgs={wgs}")
     return bool(prefill)
 
 
@@ -380,7 +382,7 @@ class Kernel:
     """A loaded specialisation and how it is launched, as the cubin itself says (its shared memory
     layout size, threads and stages are __constant__s of the module)."""
 
-    spec: jb.GemmSpec | jb.FusedSpec
+    spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec
     fn: object
     smem_bytes: int
     threads: int
@@ -388,12 +390,12 @@ class Kernel:
     num_sms: int
 
 
-_KERNELS: dict[tuple[jb.GemmSpec | jb.FusedSpec, int], Kernel] = {}
+_KERNELS: dict[tuple[jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec, int], Kernel] = {}
 _LAUNCHES: dict[tuple, driver.Launch] = {}
 _MAX_CACHED_LAUNCHES = 512
 
 
-def kernel(spec: jb.GemmSpec | jb.FusedSpec, dev: int) -> Kernel:
+def kernel(spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec, dev: int) -> Kernel:
     key = (spec, dev)
     if key not in _KERNELS:
         mod = driver.load_module(jb.build(spec).cubin, dev)
@@ -517,8 +519,21 @@ class _Sequence:
 
 
 # The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by
-# every call (launches on one stream run in order; two streams get two buffers).
+# every call (launches on one stream run in order; eager calls on two streams get two buffers). A
+# buffer is E * K * R bytes (the DSV3 slice of 32 experts: 940 MB for L1, 470 MB for L2) and lives
+# until release_prefill_buffers(), because the cached launches point into it. CUDA graphs: a graph
+# keeps the buffer of the stream it was captured on, so graphs captured on one stream share it and
+# must not be replayed at the same time on two streams.
 _SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def release_prefill_buffers() -> None:
+    """Frees the prefill path's scratch buffers (and forgets the cached launches that point into
+    them); the next prefill-path call allocates again. Not while a captured graph that uses them
+    may still be replayed."""
+    _SCRATCH.clear()
+    _CALLS.clear()
+    _LAUNCHES.clear()
 
 
 def _predecode(kw: KernelWeights, layer: int, x: torch.Tensor) -> tuple[driver.Launch, torch.Tensor]:
@@ -605,7 +620,8 @@ def l1_gemm(
     which reads them ahead of the gate. arrival=None (default): all rows present, no gate.
 
     prefill: the prefill path (fast mode only: the weights decoded once into an E4M3 scratch buffer
-    of E * H * 2I bytes, kept per device, stream and layer, then the GEMM with tokens as wgmma M);
+    of E * H * 2I bytes, kept per device, stream and layer until release_prefill_buffers(), then the
+    GEMM with tokens as wgmma M);
     None (default) takes it where use_prefill says (max_tokens and the mean pool rows per expert
     >= PREFILL_MIN_TOKENS[1], no gate, no forced max_tile / wgs)."""
     # (no stream for what is not a CUDA tensor: the checks below name it)

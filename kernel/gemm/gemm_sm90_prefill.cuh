@@ -51,6 +51,11 @@ struct PrefillRing {
   static constexpr int kStage = kX + kW + kSxWords * 4;
   static constexpr int kScaleWarps = 3;
   static constexpr int kFullArrivals = 1 + kScaleWarps;
+  // Every row of the tile: the consumers promote all 128 (rows past the item's are computed, never
+  // written), so each gets a scale (0 past the valid rows), not what an earlier item left.
+  __device__ __forceinline__ static int staged_rows(int) {
+    return kPrefillTokens;
+  }
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
@@ -62,7 +67,6 @@ struct PrefillRing {
   uint64_t* empty;
 };
 
-template <int kLayer>
 struct PrefillConfig {
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
@@ -158,7 +162,7 @@ __device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const Pref
 // The kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C" __global__.
 template <int kLayer, bool kFastMath, bool kDebug>
 __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
-  using Cfg = PrefillConfig<kLayer>;
+  using Cfg = PrefillConfig;
   constexpr int S = Cfg::kStages;
   {
     const PrefillSmem<Cfg> sm;
@@ -192,7 +196,7 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
       ptx::prefetch_tma_desc(&p.tmap_x64);
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
-        wait_token_block(p, wi);
+        wait_token_block(p, wi);   // returns at once: the prefill path has no arrival gate (gemm.py)
         for (int kb = 0; kb < num_kb; ++kb) {
           const int s = cur.stage;
           ptx::mbar_wait(&sm.ring.empty[s], cur.phase ^ 1, kWaitEmpty, s, p.err);

@@ -44,8 +44,8 @@ constexpr int kSmemMax = 227 * 1024;
 // Where the stage's FP4 weights are decoded: nowhere (an ablation: the B tiles keep what they
 // hold), by the consumer warps (the next stage's, under their own wgmmas), by warps 1 .. 3 of the
 // producer warpgroup, or by those and a warpgroup of its own (seven warps; both of these at their
-// own pace, as far ahead as the ring allows); or before the kernel (kPredecoded: the TMA brings
-// the B tile as E4M3, as from a pass that decodes each weight once per call).
+// own pace, as far ahead as the ring allows); or before the kernel (kPredecoded: a bulk copy
+// brings the B tile as E4M3, as from a pass that decodes each weight once per call).
 enum Decoder { kNoDecode, kConsumerDecode, kProducerDecode, kWarpgroupDecode, kPredecoded };
 
 template <int kWGs, int kRows, Decoder kDecode>

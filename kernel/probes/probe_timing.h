@@ -33,6 +33,8 @@ ProbeTime probe_time(Launch launch, const long long* cycles, int sms) {
   probe_check(cudaEventSynchronize(e1), "launch");
   float ms = 0.0f;
   probe_check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+  probe_check(cudaEventDestroy(e0), "cudaEventDestroy");
+  probe_check(cudaEventDestroy(e1), "cudaEventDestroy");
   long long* host = static_cast<long long*>(std::malloc(sizeof(long long) * sms));
   probe_check(cudaMemcpy(host, cycles, sizeof(long long) * sms, cudaMemcpyDeviceToHost), "cudaMemcpy");
   double mean = 0.0;

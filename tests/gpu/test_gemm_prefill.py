@@ -142,4 +142,89 @@ def test_entry_points_take_the_prefill_path_from_the_measured_crossovers():
     pool, _, kw = setup_l1(512, 512, [3, 2], seed=1)
     with pytest.raises(MegaMoEInputError, match="prefill"):
         G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True)
+    with pytest.raises(MegaMoEInputError, match="prefill"):
+        G.l1_gemm(
+            pool.x,
+            pool.sf,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            prefill=True,
+            max_tile=64,
+        )
     assert jb.PrefillSpec(1).rows_per_cta == G.PREFILL_ROWS == 256
+
+
+def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_launch():
+    """The production call as the benchmark makes it (out / out_sf / x_sf128 given, no debug): the
+    first call builds and caches the predecode + GEMM pair, the next ones replay it; with max_tokens
+    at the crossover the entry point picks the prefill path by itself. All equal to prefill=True."""
+    H, inter = 512, 512
+    counts = [520, 530]
+    pool, _, kw = setup_l1(H, inter, counts, seed=31)
+    x, x128 = G.rebase_k128(pool.x, pool.sf)
+    assert G.use_prefill(1, max(counts), pool.P / len(counts), "k128", 2 * inter)
+
+    def call(**kw_):
+        out = torch.empty(pool.P, inter, dtype=torch.float8_e4m3fn, device="cuda")
+        out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
+        G.l1_gemm(
+            x,
+            x128,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            out=out,
+            out_sf=out_sf,
+            x_sf128=x128,
+            **kw_,
+        )
+        torch.cuda.synchronize()
+        return out.view(torch.uint8)[pool.valid], out_sf[pool.valid]
+
+    want = call(prefill=True)
+    out = torch.empty(pool.P, inter, dtype=torch.float8_e4m3fn, device="cuda")
+    out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
+    for _ in range(3):  # first call, then cached replays into the same buffers
+        G.l1_gemm(
+            x,
+            x128,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion="k128",
+            out=out,
+            out_sf=out_sf,
+            x_sf128=x128,
+            max_tokens=max(counts),
+        )
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.uint8)[pool.valid], want[0])
+        assert torch.equal(out_sf[pool.valid], want[1])
+
+
+def test_two_weight_sets_share_a_stream_and_its_scratch_in_order():
+    """Two layers' calls in a row on one stream, each predecoding into the scratch buffer of its
+    shape, interleaved with a second set of the same shape: each result equals its own call alone."""
+    H, inter = 512, 512
+    pool, _, kw_a = setup_l1(H, inter, [300, 5], seed=41)
+    _, _, kw_b = setup_l1(H, inter, [300, 5], seed=42)
+    args = (pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route)
+    alone = []
+    for kw in (kw_a, kw_b):
+        res = G.l1_gemm(*args, kw, promotion="k128", prefill=True)
+        torch.cuda.synchronize()
+        alone.append(res.l2_acts.view(torch.uint8)[pool.valid].clone())
+    outs = [G.l1_gemm(*args, kw, promotion="k128", prefill=True) for kw in (kw_a, kw_b, kw_a)]
+    torch.cuda.synchronize()
+    for res, want in zip(outs, (alone[0], alone[1], alone[0])):
+        assert torch.equal(res.l2_acts.view(torch.uint8)[pool.valid], want)
+    G.release_prefill_buffers()
+    res = G.l1_gemm(*args, kw_b, promotion="k128", prefill=True)
+    torch.cuda.synchronize()
+    assert torch.equal(res.l2_acts.view(torch.uint8)[pool.valid], alone[1])
