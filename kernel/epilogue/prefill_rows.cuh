@@ -95,11 +95,16 @@ __device__ __forceinline__ void prefill_l2_rows(const GemmParams& p, const WorkI
             p.dump[prow * hidden + col_cta + 128 * h + 8 * j + 2 * t + c] = acc[h][4 * j + 2 * r + c];
     }
     // A plain load, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
-    // (No peer_offsets: the prefill path is standalone, one rank's combine buffer.)
-    const int row = p.dst_rows[prow];
+    int row = p.dst_rows[prow];
     if (row < 0) continue;
-    __nv_bfloat16* out_row =
-        reinterpret_cast<__nv_bfloat16*>(p.out) + static_cast<int64_t>(row) * hidden + col_cta + 2 * t;
+    __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out);
+    // peer_offsets: D8 as l2_epilogue reads it; the prefill path's launches (standalone) pass none.
+    if (p.peer_offsets != nullptr) {   // row s * combine_rows + r: row r of rank s's buffer
+      const int s = row / p.combine_rows;
+      row -= s * p.combine_rows;
+      dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(p.out) + __ldg(p.peer_offsets + s));
+    }
+    __nv_bfloat16* out_row = dst + static_cast<int64_t>(row) * hidden + col_cta + 2 * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll

@@ -43,7 +43,10 @@ constexpr int kPrefillHalf = 128;
 constexpr int kPrefillTileBytes = kPrefillRows * kBlockK;   // one predecoded weight tile
 
 // The stage ring: activations | weights (E4M3, 128-byte swizzle) | fp32 token scales (linear: the
-// scale of token tok at tok; the scale warps write them through scale_index).
+// scale of token tok at tok; the scale warps write them through scale_index). The scale warps
+// write the item's tile (pick_tile: its valid rows rounded up to a power of two, 0 past the valid
+// ones); the consumers promote all 128 rows, so rows past that tile take whatever an earlier stage
+// left there: their accumulators are never written out (the epilogues store valid rows only).
 struct PrefillRing {
   static constexpr int kX = kPrefillTokens * kBlockK;
   static constexpr int kW = kPrefillTileBytes;
@@ -51,11 +54,6 @@ struct PrefillRing {
   static constexpr int kStage = kX + kW + kSxWords * 4;
   static constexpr int kScaleWarps = 3;
   static constexpr int kFullArrivals = 1 + kScaleWarps;
-  // Every row of the tile: the consumers promote all 128 (rows past the item's are computed, never
-  // written), so each gets a scale (0 past the valid rows), not what an earlier item left.
-  __device__ __forceinline__ static int staged_rows(int) {
-    return kPrefillTokens;
-  }
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
@@ -67,6 +65,7 @@ struct PrefillRing {
   uint64_t* empty;
 };
 
+template <int kLayer>
 struct PrefillConfig {
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
@@ -162,7 +161,7 @@ __device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const Pref
 // The kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C" __global__.
 template <int kLayer, bool kFastMath, bool kDebug>
 __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
-  using Cfg = PrefillConfig;
+  using Cfg = PrefillConfig<kLayer>;
   constexpr int S = Cfg::kStages;
   {
     const PrefillSmem<Cfg> sm;

@@ -38,11 +38,6 @@ struct StageRing {
   // The fp32 scale of token `tok` (k32 step `ks`) of an item with token tile `tile`: chunk c of
   // cw = min(tile, 64) tokens, then the wgmma accumulator thread t = (tok % 8) / 2 that owns it,
   // then its column pair (j, h). Consumer thread t of chunk c reads its cw/4 scales contiguously.
-  // The token rows whose scales a stage holds: the item's tile (its consumers read no others).
-  __device__ __forceinline__ static int staged_rows(int tile) {
-    return tile;
-  }
-
   __device__ __forceinline__ static int scale_index(int tok, int ks, int tile) {
     // The four-warpgroup serial kernel's one mainloop reads every item in its largest tile's
     // layout. (The wide tile's chunks are 64 wide anyway; written as a constant there, ptxas hoists
@@ -132,7 +127,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         const int tok = t0 + kStride * m;
-        if (tok < R::staged_rows(wi.tile)) {
+        if (tok < wi.tile) {
           const bool valid = tok < wi.valid;
           const int idx = R::scale_index(tok, 0, wi.tile);
           if constexpr (kPerK32) {
