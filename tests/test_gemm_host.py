@@ -105,3 +105,37 @@ def test_gpu_only_tools_say_they_need_a_gpu(module, tmp_path):
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_prefill_path_is_taken_from_the_measured_crossovers_for_the_largest_and_the_mean_expert():
+    assert G.PREFILL_MIN_TOKENS == {1: 512, 2: 1024}
+    assert G.use_prefill(1, 512, 520.0, "k128", 4096) and not G.use_prefill(1, 511, 520.0, "k128", 4096)
+    assert G.use_prefill(2, 1024, 1030.0, "k128", 7168) and not G.use_prefill(2, 1023, 1030.0, "k128", 7168)
+    assert not G.use_prefill(1, 676, 66.0, "k128", 4096)  # a skewed routing: the pass decodes every expert
+    assert not G.use_prefill(1, None, 520.0, "k128", 4096)  # unknown largest expert
+    assert not G.use_prefill(1, 4096, 4096.0, "k32", 4096)  # the exact mode has no prefill path
+    assert not G.use_prefill(1, 4096, 4096.0, "k128", 4096 + 128)  # rows not a multiple of 256
+    # Without a caller's choice: the automatic one, unless a gate or a forced specialisation says otherwise.
+    auto = dict(max_tokens=600, rows_per_expert=600.0, promotion="k128", n_rows=4096)
+    assert G._prefill_path(1, None, arrival=None, max_tile=None, wgs=None, **auto)
+    assert not G._prefill_path(1, None, arrival=object(), max_tile=None, wgs=None, **auto)
+    assert not G._prefill_path(1, None, arrival=None, max_tile=64, wgs=None, **auto)
+    assert not G._prefill_path(1, False, arrival=None, max_tile=None, wgs=None, **auto)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(promotion="k32"), "fast mode only"),
+        (dict(n_rows=4096 + 128), "multiple of 256"),
+        (dict(arrival=object()), "arrival gate"),
+        (dict(max_tile=64), "max_tile"),
+        (dict(wgs=4), "max_tile / wgs"),
+    ],
+)
+def test_a_forced_prefill_path_the_launch_cannot_take_is_an_input_error(change, match):
+    args = dict(
+        max_tokens=600, rows_per_expert=600.0, promotion="k128", n_rows=4096, arrival=None, max_tile=None, wgs=None
+    )
+    with pytest.raises(MegaMoEInputError, match=match):
+        G._prefill_path(1, True, **{**args, **change})

@@ -131,14 +131,8 @@ def test_prefill_production_build_matches_debug():
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_entry_points_take_the_prefill_path_from_the_measured_crossovers():
-    assert G.PREFILL_MIN_TOKENS == {1: 512, 2: 1024}
-    assert G.use_prefill(1, 512, 520.0, "k128", 4096) and not G.use_prefill(1, 511, 520.0, "k128", 4096)
-    assert G.use_prefill(2, 1024, 1030.0, "k128", 7168) and not G.use_prefill(2, 1023, 1030.0, "k128", 7168)
-    assert not G.use_prefill(1, 676, 66.0, "k128", 4096)  # a skewed routing: the mean decides
-    assert not G.use_prefill(1, None, 520.0, "k128", 4096)
-    assert not G.use_prefill(1, 4096, 4096.0, "k32", 4096)
-    assert not G.use_prefill(1, 4096, 4096.0, "k128", 4096 + 128)  # rows not a multiple of 256
+def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
+    """(The choice itself is tested on the CPU: tests/test_gemm_host.py.)"""
     pool, _, kw = setup_l1(512, 512, [3, 2], seed=1)
     with pytest.raises(MegaMoEInputError, match="prefill"):
         G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True)
