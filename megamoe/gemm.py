@@ -32,6 +32,13 @@ pairs); so do the fast mode's four-warpgroup kernels of tiles 16..64 (pick_wgs),
 mainloop runs an item as one wgmma group of 8, 16, 32 or 64 tokens, the smallest that holds its
 rows. The entry points never synchronise with the device, cache the launch (tensor maps and packed
 parameters) for the same tensors and arguments, and can be captured in a CUDA graph.
+
+Prefill path (k128 only; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS tokens per expert (the
+largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer (the
+predecode pass, kernel/gemm/predecode.cuh; E * K * R bytes per device, stream and layer, freed by
+release_prefill_buffers()), then runs the GEMM with tokens as the wgmma M dimension
+(kernel/gemm/gemm_sm90_prefill.cuh). Same numerics as the swap-AB kernels' fast mode (the same
+E4M3 weight bytes, the same per-K128 promotion), same epilogues (D6 / D8), same dumps.
 """
 
 from __future__ import annotations
