@@ -37,8 +37,9 @@ Prefill path (k128 only; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS token
 largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer (the
 predecode pass, kernel/gemm/predecode.cuh; E * K * R bytes per device, stream and layer, freed by
 release_prefill_buffers()), then runs the GEMM with tokens as the wgmma M dimension
-(kernel/gemm/gemm_sm90_prefill.cuh). Same numerics as the swap-AB kernels' fast mode (the same
-E4M3 weight bytes, the same per-K128 promotion), same epilogues (D6 / D8), same dumps.
+(kernel/gemm/gemm_sm90_prefill.cuh). The fast mode's operand rule and per-K128 promotion (the same
+E4M3 weight bytes, TAU["k128"]; the tensor core's sums need not be bitwise those of the swap-AB
+kernel), the same epilogues (D6 / D8, bit-exact given the dumps) and dumps.
 """
 
 from __future__ import annotations
