@@ -457,12 +457,20 @@ def _remember(key, launch) -> None:
     _CALLS[key] = launch
 
 
+def _keep_launch(key, launch: driver.Launch) -> driver.Launch:
+    """Caches a built launch under `key` (the cache is emptied when full)."""
+    if len(_LAUNCHES) >= _MAX_CACHED_LAUNCHES:
+        _LAUNCHES.clear()
+    _LAUNCHES[key] = launch
+    return launch
+
+
 def _launch(
     spec: jb.GemmSpec | jb.PrefillSpec, x: torch.Tensor, k: int, n_rows: int, num_experts: int, fields: dict
 ) -> driver.Launch:
     """Launches on the current stream; the tensor maps and packed parameters are built once per
     distinct (spec, tensors, arguments) and reused."""
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    dev = _device_index(x.device)
     P = x.shape[0]
     key = (spec, dev, x.data_ptr(), P, k, n_rows, num_experts, *fields.values())
     launch = _LAUNCHES.get(key)
@@ -493,9 +501,7 @@ def _launch(
             err=_err_record(dev).data_ptr(),
             **fields,
         )
-        if len(_LAUNCHES) >= _MAX_CACHED_LAUNCHES:
-            _LAUNCHES.clear()
-        launch = _LAUNCHES[key] = driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params)
+        launch = _keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
     launch(_stream(x))
     return launch
 
@@ -544,18 +550,20 @@ def release_prefill_buffers() -> None:
     _LAUNCHES.clear()
 
 
-def _predecode(kw: KernelWeights, layer: int, x: torch.Tensor) -> tuple[driver.Launch, torch.Tensor]:
-    """Launches the predecode pass of `layer`'s weights into its scratch buffer (E4M3 [E, K/128,
-    R/256] tiles of 256 x 128 bytes: E * K * R bytes) and returns the launch and the buffer."""
-    w, lut = (kw.w1, kw.w1_lut) if layer == 1 else (kw.w2, kw.w2_lut)
-    k, n_rows = (kw.hidden, 2 * kw.intermediate) if layer == 1 else (kw.intermediate, kw.hidden)
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+def _predecode(
+    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int
+) -> tuple[driver.Launch, torch.Tensor]:
+    """Launches the predecode pass of `layer`'s weights (k x n_rows per expert) into its scratch
+    buffer (E4M3 [E, K/128, R/256] tiles of 256 x 128 bytes: E * K * R bytes) and returns the
+    launch and the buffer."""
+    weights = _weight_fields(kw, layer, "k128")  # the packed weights and their LUT offsets
+    dev = _device_index(x.device)
     size = kw.num_experts * k * n_rows
     skey = (dev, _stream(x), layer, size)
     scratch = _SCRATCH.get(skey)
     if scratch is None:
         scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
-    key = ("predecode", dev, w.data_ptr(), lut.data_ptr(), scratch.data_ptr(), k, n_rows, kw.num_experts)
+    key = ("predecode", dev, weights["w"], weights["w_sf"], scratch.data_ptr(), k, n_rows, kw.num_experts)
     launch = _LAUNCHES.get(key)
     if launch is None:
         spec = jb.PredecodeSpec()
@@ -563,8 +571,8 @@ def _predecode(kw: KernelWeights, layer: int, x: torch.Tensor) -> tuple[driver.L
         params = contract.pack_params(
             **{
                 **{f.name: (bytes(128) if f.kind == "tmap" else 0) for f in contract.PARAMS},
-                "w": w.data_ptr(),
-                "w_sf": lut.data_ptr(),
+                "w": weights["w"],
+                "w_sf": weights["w_sf"],
                 "w_e4m3": scratch.data_ptr(),
                 "num_experts": kw.num_experts,
                 "k": k,
@@ -573,8 +581,8 @@ def _predecode(kw: KernelWeights, layer: int, x: torch.Tensor) -> tuple[driver.L
             }
         )
         groups = kw.num_experts * (k // BLOCK_K) * (n_rows // 16)
-        launch = _LAUNCHES[key] = driver.Launch(
-            kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params
+        launch = _keep_launch(
+            key, driver.Launch(kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params)
         )
     launch(_stream(x))
     return launch, scratch
@@ -695,7 +703,7 @@ def l1_gemm(
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    pre, w_e4m3 = _predecode(kw, 1, x_pool) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    pre, w_e4m3 = _predecode(kw, 1, x_pool, H, 2 * inter) if isinstance(spec, jb.PrefillSpec) else (None, None)
     launch = _launch(
         spec,
         _u8(x_pool),
@@ -802,7 +810,7 @@ def l2_gemm(
         )
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    pre, w_e4m3 = _predecode(kw, 2, l2_acts) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    pre, w_e4m3 = _predecode(kw, 2, l2_acts, inter, H) if isinstance(spec, jb.PrefillSpec) else (None, None)
     launch = _launch(
         spec,
         _u8(l2_acts),
