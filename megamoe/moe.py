@@ -195,6 +195,7 @@ class MegaMoE:
             combine_rows=cfg.top_k * cfg.max_tokens_per_rank,
             has_clamp=has_clamp if layer == 1 else 0,
             clamp_value=clamp if layer == 1 else 0.0,
+            w_e4m3=0,  # the predecoded weights of gemm.py's prefill path: the fused kernel has none
         )
         return C.GEMM_PARAMS.pack(**fields)
 

@@ -139,3 +139,27 @@ def test_a_forced_prefill_path_the_launch_cannot_take_is_an_input_error(change, 
     )
     with pytest.raises(MegaMoEInputError, match=match):
         G._prefill_path(1, True, **{**args, **change})
+
+
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch, promotion):
+    # The fused layer packs its own GemmParams (moe.py); a field added to the contract for the
+    # standalone GEMMs must be given there too, or every fused call fails on the GPU (w_e4m3 once
+    # did, and only the GPU tests saw it). The GPU-only parts are stubbed: the tensor maps and the
+    # error record.
+    from megamoe import moe as M
+    from megamoe import reference as ref
+    from megamoe.jit import contract as C
+    from megamoe.jit import driver
+
+    cfg = ref.MoEConfig(hidden=512, intermediate=512, num_experts=2, top_k=1, num_ranks=1, max_tokens_per_rank=8)
+    *_, kw = _small_call_args()
+    monkeypatch.setattr(driver, "tma_2d_u8", lambda *a: bytes(128))
+    monkeypatch.setattr(G, "_err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
+    layout, total = C.workspace_layout(cfg)
+    layer = object.__new__(M.MegaMoE)
+    layer.cfg, layer.kw, layer.promotion, layer._debug_buffers = cfg, kw, promotion, None
+    layer.dims, layer.device = C.workspace_dims(cfg), torch.device("cpu")
+    layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
+    for n in (1, 2):
+        assert len(layer._gemm_fields(n, 0.0, 0, False)) == C.GEMM_PARAMS.size

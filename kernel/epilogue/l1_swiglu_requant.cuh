@@ -26,19 +26,25 @@ namespace megamoe {
 template <int kCw>
 constexpr int kL1EpilogueBytes = kCw * 32 + 4 * kCw * 4;
 
+// D6's clamp as one bound: c where the layer clamps, else +inf, under which the clamp's selects
+// leave every value (NaN and the infinities included) as it is. So swiglu_routed has no branch and
+// the epilogues' SwiGLUs interleave (with the branch, each SiLU's chain ran alone: ncu put 12 % of
+// the prefill kernel's consumer samples in its epilogue).
+__device__ __forceinline__ float clamp_bound(const GemmParams& p) {
+  return p.has_clamp != 0 ? p.clamp_value : __int_as_float(0x7F800000);
+}
+
 // D6 steps 1-4 for one (gate, up) pair of a valid token: both rounded to bf16, the optional clamp
-// (NaN-propagating min / clamp in bf16: values and c are bf16-representable), SiLU of the gate,
-// times up, times the token's routing weight wr. Both epilogue layouts (swap-AB here, the prefill
-// kernel's rows in prefill_rows.cuh) call it.
+// (NaN-propagating min / clamp in bf16: values and c are bf16-representable; bound from
+// clamp_bound), SiLU of the gate, times up, times the token's routing weight wr. Both epilogue
+// layouts (swap-AB here, the prefill kernel's rows in prefill_rows.cuh) call it.
 template <bool kFastMath>
-__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, bool has_clamp, float clampv) {
+__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, float bound) {
   float gf = __bfloat162float(__float2bfloat16_rn(gate));
   float uf = __bfloat162float(__float2bfloat16_rn(up));
-  if (has_clamp) {
-    gf = gf > clampv ? clampv : gf;
-    uf = uf > clampv ? clampv : uf;
-    uf = uf < -clampv ? -clampv : uf;
-  }
+  gf = gf > bound ? bound : gf;
+  uf = uf > bound ? bound : uf;
+  uf = uf < -bound ? -bound : uf;
   return __fmul_rn(__fmul_rn(silu<kFastMath>(gf), uf), wr);
 }
 
@@ -111,12 +117,12 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
   uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
-  const float clampv = p.clamp_value;
-  const bool has_clamp = p.has_clamp != 0;
+  const float bound = clamp_bound(p);
   // a = (silu(g) * u) * wr (wr: the token's routing weight), kept in the gate's accumulator (dead
   // after it).
   auto swiglu = [&](float gate, float up, int tok, float wr) -> float {
-    return tok < wi.valid ? swiglu_routed<kFastMath>(gate, up, wr, has_clamp, clampv) : 0.0f;
+    const float a = swiglu_routed<kFastMath>(gate, up, wr, bound);
+    return tok < wi.valid ? a : 0.0f;
   };
   const int64_t n_sf = inter / 32;
   const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;

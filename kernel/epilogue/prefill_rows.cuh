@@ -25,16 +25,20 @@ __device__ __forceinline__ void prefill_l1_rows(const GemmParams& p, const WorkI
   const int64_t inter = p.n_rows / 2;
   const int64_t n_sf = inter / 32;
   const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;   // the tile's first channel
-  const bool has_clamp = p.has_clamp != 0;
-  const float clampv = p.clamp_value;
+  const float bound = clamp_bound(p);
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
+  // Both rows' routing weights before any store: a store may alias w_route for the compiler, so a
+  // load after the first row's stores would wait its whole latency there. Plain (coherent) loads,
+  // as in l1_epilogue.
+  float wrs[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) wrs[r] = tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int tok = tok0 + 8 * r;
     const bool valid = tok < wi.valid;
     const int64_t row = wi.row0 + tok;
-    // A plain (coherent) load, as in l1_epilogue.
-    const float wr = valid ? p.w_route[row] : 0.0f;
+    const float wr = wrs[r];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -53,7 +57,10 @@ __device__ __forceinline__ void prefill_l1_rows(const GemmParams& p, const WorkI
                 p.dump[row * 2 * inter + inter + ch] = up;
               }
             }
-            gate = valid ? swiglu_routed<kFastMath>(gate, up, wr, has_clamp, clampv) : 0.0f;
+            // Unconditional (no branch between the SwiGLUs): a row past the item's valid ones holds
+            // whatever its accumulators and wr = 0 give, and its group maximum (the four lanes of
+            // one token) and its bytes are never used.
+            gate = swiglu_routed<kFastMath>(gate, up, wr, bound);
             m = fmaxf(m, fabsf(gate));   // fmaxf drops NaN
           }
         }
@@ -80,6 +87,11 @@ __device__ __forceinline__ void prefill_l2_rows(const GemmParams& p, const WorkI
                                                 int tok0, int t) {
   const int64_t hidden = p.n_rows;
   const int64_t col_cta = static_cast<int64_t>(wi.n_block) * 256;
+  // Both rows' combine rows before any store (a store may alias dst_rows for the compiler). Plain
+  // loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
+  int rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rows[r] = tok0 + 8 * r < wi.valid ? p.dst_rows[wi.row0 + tok0 + 8 * r] : -1;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int tok = tok0 + 8 * r;
@@ -94,8 +106,7 @@ __device__ __forceinline__ void prefill_l2_rows(const GemmParams& p, const WorkI
           for (int c = 0; c < 2; ++c)
             p.dump[prow * hidden + col_cta + 128 * h + 8 * j + 2 * t + c] = acc[h][4 * j + 2 * r + c];
     }
-    // A plain load, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
-    int row = p.dst_rows[prow];
+    int row = rows[r];
     if (row < 0) continue;
     __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out);
     // peer_offsets: D8 as l2_epilogue reads it; the prefill path's launches (standalone) pass none.

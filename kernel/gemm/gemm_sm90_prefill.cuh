@@ -152,8 +152,7 @@ __device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const Pref
 #pragma unroll
       for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
     }
-    __syncwarp();
-    if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(&ring.empty[s]);
+    if (ptx::elect_one()) ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
   }
 }
