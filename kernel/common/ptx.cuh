@@ -54,9 +54,7 @@ __device__ __forceinline__ void fence_mbar_init() {
 // stalled the prefill mainloop's arrive, ncu: 2 % of its stall samples).
 __device__ __forceinline__ bool elect_one() {
   uint32_t elected;
-  asm volatile(
-      "{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(elected));
+  asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(elected));
   return elected != 0;
 }
 
