@@ -34,18 +34,24 @@ __device__ __forceinline__ float clamp_bound(const GemmParams& p) {
   return p.has_clamp != 0 ? p.clamp_value : __int_as_float(0x7F800000);
 }
 
-// D6 steps 1-4 for one (gate, up) pair of a valid token: both rounded to bf16, the optional clamp
-// (NaN-propagating min / clamp in bf16: values and c are bf16-representable; bound from
-// clamp_bound), SiLU of the gate, times up, times the token's routing weight wr. Both epilogue
-// layouts (swap-AB here, the prefill kernel's rows in prefill_rows.cuh) call it.
+// D6 steps 2-4 for one (gate, up) pair of a valid token, both already rounded to bf16 (step 1): the
+// optional clamp (NaN-propagating min / clamp in bf16: values and c are bf16-representable; bound
+// from clamp_bound), SiLU of the gate, times up, times the token's routing weight wr.
 template <bool kFastMath>
-__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, float bound) {
-  float gf = __bfloat162float(__float2bfloat16_rn(gate));
-  float uf = __bfloat162float(__float2bfloat16_rn(up));
+__device__ __forceinline__ float swiglu_routed_bf16(float gf, float uf, float wr, float bound) {
   gf = gf > bound ? bound : gf;
   uf = uf > bound ? bound : uf;
   uf = uf < -bound ? -bound : uf;
   return __fmul_rn(__fmul_rn(silu<kFastMath>(gf), uf), wr);
+}
+
+// D6 steps 1-4: both rounded to bf16, then swiglu_routed_bf16. The swap-AB epilogue calls it; the
+// prefill kernel's consumers round and stage the pair in bf16 and its epilogue warps call
+// swiglu_routed_bf16 (prefill_rows.cuh).
+template <bool kFastMath>
+__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, float bound) {
+  return swiglu_routed_bf16<kFastMath>(__bfloat162float(__float2bfloat16_rn(gate)),
+                                       __bfloat162float(__float2bfloat16_rn(up)), wr, bound);
 }
 
 // D6 step 5: the UE8M0 scale byte of a 32-channel group whose largest |a| is amax (NaN-free, >= 0):

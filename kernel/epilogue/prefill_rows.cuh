@@ -1,11 +1,25 @@
-// The layers' epilogues in the prefill kernel's orientation (gemm_sm90_prefill.cuh: tokens as rows
-// of the accumulator). The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and
-// l2_combine_rows.cuh (swiglu_routed, requant_scale_byte: one definition); only the fragment
-// differs: consumer thread (warpgroup wg, warp wq, lane g * 4 + t) holds acc[h][4j + 2r + c] =
+// The layers' epilogues in the prefill kernel (gemm_sm90_prefill.cuh: tokens as rows of the
+// accumulator), in two parts so that the tensor cores do not wait for them:
+//   prefill_stage_tile   the consumers, right after an item's mainloop: the fast mode's row
+//                        factors, the debug dumps, and the tile rounded to bf16 into a staging
+//                        buffer in shared memory; then the consumers go on to the next item;
+//   prefill_l1_out /     the producer warpgroup's two epilogue warps, during the next item's
+//   prefill_l2_out       mainloop: D6 (SwiGLU with the routing weight, requant) or D8 (bf16 rows to
+//                        their combine rows) from the staged tile, in 8- and 16-byte stores.
+// The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and l2_combine_rows.cuh
+// (swiglu_routed_bf16, requant_scale_byte: one definition). D6 step 1 (gate and up rounded to bf16)
+// is the staging itself, and D8 is bf16 of the same value: staging loses nothing either layer reads.
+// (With the whole epilogue in the consumers, it took 12 % of their time, ncu, with the tensor cores
+// idle.)
+//
+// Consumer fragment: thread (warpgroup wg, warp wq, lane g * 4 + t) holds acc[h][4j + 2r + c] =
 // token 64 wg + 16 wq + g + 8r of the tile, weight row 128 h + 8j + 2t + c of its 256. Rows
-// interleave gate and up with granularity 8, so j even is gate and j + 1 up of the same channels
-// 64 h + 8 (j / 2) + 2t + c: a thread has both halves of its SwiGLUs, and a 32-channel group
-// (jp = j / 2 in 4q .. 4q + 3, all t, both c) lies in the four lanes of one g: two shuffles.
+// interleave gate and up with granularity 8: 16-row block b of the tile holds the gate rows of
+// channels 8b .. 8b + 7 of the tile's 128, then their up rows.
+//
+// Staging: [128 tokens][256 rows] bf16, 512 bytes a token; 16-byte chunk c (rows 8c .. 8c + 7) of
+// token tok at chunk c ^ (tok % 8), so the consumers' 4-byte stores (8 tokens a store) and the
+// epilogue warps' 16-byte loads spread over the banks.
 #pragma once
 
 #include <cstdint>
@@ -19,118 +33,20 @@
 
 namespace megamoe {
 
-template <bool kFastMath, bool kDebug>
-__device__ __forceinline__ void prefill_l1_rows(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64], int tok0,
-                                                int t) {
-  const int64_t inter = p.n_rows / 2;
-  const int64_t n_sf = inter / 32;
-  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;   // the tile's first channel
-  const float bound = clamp_bound(p);
-  uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
-  // Both rows' routing weights before any store: a store may alias w_route for the compiler, so a
-  // load after the first row's stores would wait its whole latency there. Plain (coherent) loads,
-  // as in l1_epilogue.
-  float wrs[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) wrs[r] = tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int tok = tok0 + 8 * r;
-    const bool valid = tok < wi.valid;
-    const int64_t row = wi.row0 + tok;
-    const float wr = wrs[r];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {   // the 32-channel group 2h + q of the tile
-        float m = 0.0f;
-#pragma unroll
-        for (int jp = 4 * q; jp < 4 * q + 4; ++jp) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            float& gate = acc[h][8 * jp + 2 * r + c];
-            const float up = acc[h][8 * jp + 4 + 2 * r + c];
-            if constexpr (kDebug) {
-              if (valid) {
-                const int64_t ch = ch_cta + 64 * h + 8 * jp + 2 * t + c;
-                p.dump[row * 2 * inter + ch] = gate;
-                p.dump[row * 2 * inter + inter + ch] = up;
-              }
-            }
-            // Unconditional (no branch between the SwiGLUs): a row past the item's valid ones holds
-            // whatever its accumulators and wr = 0 give, and its group maximum (the four lanes of
-            // one token) and its bytes are never used.
-            gate = swiglu_routed<kFastMath>(gate, up, wr, bound);
-            m = fmaxf(m, fabsf(gate));   // fmaxf drops NaN
-          }
-        }
-        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-        const int byte = requant_scale_byte(m);
-        const float mult = exp2i(127 - byte);   // 2^-e, e = byte - 127
-        if (valid) {
-#pragma unroll
-          for (int jp = 4 * q; jp < 4 * q + 4; ++jp) {
-            const uint16_t q2 =
-                ptx::cvt_e4m3x2(__fmul_rn(acc[h][8 * jp + 2 * r], mult), __fmul_rn(acc[h][8 * jp + 2 * r + 1], mult));
-            *reinterpret_cast<uint16_t*>(out + row * inter + ch_cta + 64 * h + 8 * jp + 2 * t) = q2;
-          }
-          if (t == 0) p.out_sf[row * n_sf + (ch_cta + 64 * h + 32 * q) / 32] = static_cast<uint8_t>(byte);
-        }
-      }
-    }
-  }
+constexpr int kPrefillStagingBytes = 128 * 256 * 2;
+
+__device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int tok, int chunk) {
+  return staging + tok * 512 + ((chunk ^ (tok & 7)) << 4);
 }
 
-template <bool kDebug>
-__device__ __forceinline__ void prefill_l2_rows(const GemmParams& p, const WorkItem& wi, const float (&acc)[2][64],
-                                                int tok0, int t) {
-  const int64_t hidden = p.n_rows;
-  const int64_t col_cta = static_cast<int64_t>(wi.n_block) * 256;
-  // Both rows' combine rows before any store (a store may alias dst_rows for the compiler). Plain
-  // loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
-  int rows[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) rows[r] = tok0 + 8 * r < wi.valid ? p.dst_rows[wi.row0 + tok0 + 8 * r] : -1;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int tok = tok0 + 8 * r;
-    if (tok >= wi.valid) continue;
-    const int64_t prow = wi.row0 + tok;
-    if constexpr (kDebug) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            p.dump[prow * hidden + col_cta + 128 * h + 8 * j + 2 * t + c] = acc[h][4 * j + 2 * r + c];
-    }
-    int row = rows[r];
-    if (row < 0) continue;
-    __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out);
-    // peer_offsets: D8 as l2_epilogue reads it; the prefill path's launches (standalone) pass none.
-    if (p.peer_offsets != nullptr) {   // row s * combine_rows + r: row r of rank s's buffer
-      const int s = row / p.combine_rows;
-      row -= s * p.combine_rows;
-      dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(p.out) + __ldg(p.peer_offsets + s));
-    }
-    __nv_bfloat16* out_row = dst + static_cast<int64_t>(row) * hidden + col_cta + 2 * t;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const __nv_bfloat162 v = __halves2bfloat162(__float2bfloat16_rn(acc[h][4 * j + 2 * r]),
-                                                    __float2bfloat16_rn(acc[h][4 * j + 2 * r + 1]));
-        *reinterpret_cast<__nv_bfloat162*>(out_row + 128 * h + 8 * j) = v;
-      }
-  }
-}
-
-// The fast mode's row factors 2^(B_r - B_e) <= 1 (static weight data, here per column), then the
-// layer's epilogue.
-template <int kLayer, bool kFastMath, bool kDebug>
-__device__ __forceinline__ void prefill_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64]) {
+// The consumers' part: row factors 2^(B_r - B_e) <= 1 (static weight data, here per column), the
+// debug dumps (the fp32 values D5 / D7 compare), then the tile into the staging buffer once the
+// epilogue warps have released it (epi_empty, parity phase ^ 1), and one arrival per thread on
+// epi_full.
+template <int kLayer, bool kDebug>
+__device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
+                                                   uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
+                                                   uint32_t phase) {
   const int ctid = ptx::thread_idx() - 128;   // re-read: held across the mainloop it is spilled
   const int wtid = ctid % 128;
   const int t = wtid % 4;
@@ -150,10 +66,134 @@ __device__ __forceinline__ void prefill_epilogue(const GemmParams& p, const Work
         acc[h][4 * j + 2 * r + 1] = __fmul_rn(acc[h][4 * j + 2 * r + 1], f1);
       }
     }
-  if constexpr (kLayer == 1)
-    prefill_l1_rows<kFastMath, kDebug>(p, wi, acc, tok0, t);
-  else
-    prefill_l2_rows<kDebug>(p, wi, acc, tok0, t);
+  if constexpr (kDebug) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = tok0 + 8 * r;
+      if (tok >= wi.valid) continue;
+      const int64_t row = wi.row0 + tok;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float v = acc[h][4 * j + 2 * r + c];
+            if constexpr (kLayer == 1) {   // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
+              const int64_t inter = p.n_rows / 2;
+              const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
+              p.dump[row * 2 * inter + (j % 2) * inter + ch] = v;
+            } else {   // D7 as [row][hidden]
+              p.dump[row * p.n_rows + static_cast<int64_t>(wi.n_block) * 256 + 128 * h + 8 * j + 2 * t + c] = v;
+            }
+          }
+    }
+  }
+  ptx::mbar_wait(epi_empty, phase ^ 1, kWaitEmpty, -1, p.err);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1]);
+        ptx::st_shared_u32(prefill_staging_addr(staging, tok0 + 8 * r, 16 * h + j) + 4 * t,
+                           *reinterpret_cast<const uint32_t*>(&v));
+      }
+  ptx::mbar_arrive(epi_full);
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float bf16_hi(uint32_t w) {
+  return __uint_as_float(w & 0xFFFF0000u);
+}
+
+// D6 from the staged tile, by the epilogue warp ew (0 or 1: tokens 64 ew .. 64 ew + 63). Per step a
+// warp takes two tokens; lane l: token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the
+// tile's four, its 8 channels l % 4 (the group's maximum over four lanes: two shuffles), stored as 8
+// bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's scale byte.
+template <bool kFastMath>
+__device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
+                                               int lane) {
+  const int64_t inter = p.n_rows / 2;
+  const int64_t n_sf = inter / 32;
+  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;   // the tile's first channel
+  const float bound = clamp_bound(p);
+  const int grp = (lane % 16) / 4;
+  const int q = lane % 4;
+  const int gate_chunk = 2 * (4 * grp + q);   // its 8 channels' gate rows (their up rows: the next)
+  // The routing weights of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle.
+  // Plain (coherent) loads, as in l1_epilogue.
+  const int first = 64 * ew;
+  const float wr_lo = first + lane < wi.valid ? p.w_route[wi.row0 + first + lane] : 0.0f;
+  const float wr_hi = first + 32 + lane < wi.valid ? p.w_route[wi.row0 + first + 32 + lane] : 0.0f;
+  uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
+  for (int step = 0; step < 32; ++step) {
+    if (first + 2 * step >= wi.valid) break;   // the same for the whole warp
+    const int tl = 2 * step + lane / 16;        // the lane's token within the warp's 64
+    const float wa = __shfl_sync(0xFFFFFFFFu, wr_lo, tl % 32);
+    const float wb = __shfl_sync(0xFFFFFFFFu, wr_hi, tl % 32);
+    const float wr = step < 16 ? wa : wb;
+    const int tok = first + tl;
+    const uint4 g = ptx::ld_shared_v4(prefill_staging_addr(staging, tok, gate_chunk));
+    const uint4 u = ptx::ld_shared_v4(prefill_staging_addr(staging, tok, gate_chunk + 1));
+    const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+    const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
+    float a[8];
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // A token past the item's valid ones computes what its staged values and wr = 0 give; its
+      // group maximum (these four lanes) and its bytes are never used.
+      a[2 * i] = swiglu_routed_bf16<kFastMath>(bf16_lo(gw[i]), bf16_lo(uw[i]), wr, bound);
+      a[2 * i + 1] = swiglu_routed_bf16<kFastMath>(bf16_hi(gw[i]), bf16_hi(uw[i]), wr, bound);
+      m = fmaxf(m, fmaxf(fabsf(a[2 * i]), fabsf(a[2 * i + 1])));   // fmaxf drops NaN
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    const int byte = requant_scale_byte(m);
+    const float mult = exp2i(127 - byte);   // 2^-e, e = byte - 127
+    uint32_t qw[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      qw[i] = static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i], mult), __fmul_rn(a[4 * i + 1], mult))) |
+              static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i + 2], mult), __fmul_rn(a[4 * i + 3], mult)))
+                  << 16;
+    if (tok < wi.valid) {
+      const int64_t row = wi.row0 + tok;
+      *reinterpret_cast<uint2*>(out + row * inter + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
+      if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
+    }
+  }
+}
+
+// D8 from the staged tile, by the epilogue warp ew (tokens 64 ew .. 64 ew + 63): a token's 256
+// bf16 columns (512 bytes) by the warp, 16 bytes a lane, to its combine row.
+__device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
+                                               int lane) {
+  const int64_t hidden = p.n_rows;
+  const int64_t col = static_cast<int64_t>(wi.n_block) * 256 + 8 * lane;
+  // The combine rows of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle. Plain
+  // loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
+  const int first = 64 * ew;
+  const int row_lo = first + lane < wi.valid ? p.dst_rows[wi.row0 + first + lane] : -1;
+  const int row_hi = first + 32 + lane < wi.valid ? p.dst_rows[wi.row0 + first + 32 + lane] : -1;
+  for (int i = 0; i < 64; ++i) {
+    if (first + i >= wi.valid) break;   // the same for the whole warp
+    int row = __shfl_sync(0xFFFFFFFFu, i < 32 ? row_lo : row_hi, i % 32);
+    if (row < 0) continue;
+    char* dst = reinterpret_cast<char*>(p.out);
+    // peer_offsets: D8 as l2_epilogue reads it; the prefill path's launches (standalone) pass none.
+    if (p.peer_offsets != nullptr) {   // row s * combine_rows + r: row r of rank s's buffer
+      const int s = row / p.combine_rows;
+      row -= s * p.combine_rows;
+      dst += __ldg(p.peer_offsets + s);
+    }
+    const uint4 v = ptx::ld_shared_v4(prefill_staging_addr(staging, first + i, lane));
+    *reinterpret_cast<uint4*>(dst + (static_cast<int64_t>(row) * hidden + col) * 2) = v;
+  }
 }
 
 }  // namespace megamoe

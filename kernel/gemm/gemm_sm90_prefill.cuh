@@ -4,7 +4,8 @@
 //   predecode.cuh         the pass that decodes every weight once per call (w_e4m3),
 //   scheduler.cuh         the work items (the same as gemm_sm90.cuh's at kMaxN 128, 256 rows),
 //   producer.cuh          stage_token_scales (the scale warps, a linear scale layout here),
-//   ../epilogue/prefill_rows.cuh  the layers' epilogues in this orientation.
+//   ../epilogue/prefill_rows.cuh  the layers' epilogues in this orientation (staged, then written
+//                                 by the epilogue warps).
 //
 // Why a second orientation: in gemm_sm90.cuh (swap-AB) a token's fp32 scale varies along the
 // accumulator's columns, so each consumer thread promotes with 32 scales per 128 tokens and K
@@ -16,8 +17,11 @@
 // CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (two halves of
 // 128, one SS m64n128k32 group each per K block; a 256-wide group would need a 128-register
 // temporary beside the 128 accumulators). Producer warpgroup: warp 0 lane 0 TMAs the activation
-// tile (two 64-row boxes) and bulk-copies the weight tile (32 KB); warps 1-3 stage the token scales
-// as fp32 with the expert base folded in (producer.cuh). Registers 40 / 232.
+// tile (two 64-row boxes) and bulk-copies the weight tile (32 KB); warp 1 stages the token scales
+// as fp32 with the expert base folded in (producer.cuh); warps 2-3 are the epilogue warps: the
+// consumers leave each item's tile in bf16 in a staging buffer and go on to the next item's
+// mainloop while these two warps write the layer's output from it (prefill_rows.cuh). Registers
+// 40 / 232.
 //
 // Numerics are the fast mode's (gemm_sm90.cuh): the E4M3 weights are the bytes the scaled tables
 // give, the four k32 products of a K block accumulate in the tensor core and are promoted with one
@@ -52,7 +56,7 @@ struct PrefillRing {
   static constexpr int kW = kPrefillTileBytes;
   static constexpr int kSxWords = kPrefillTokens;
   static constexpr int kStage = kX + kW + kSxWords * 4;
-  static constexpr int kScaleWarps = 3;
+  static constexpr int kScaleWarps = 1;   // warps 2-3 are the epilogue warps
   static constexpr int kFullArrivals = 1 + kScaleWarps;
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
@@ -65,17 +69,21 @@ struct PrefillRing {
   uint64_t* empty;
 };
 
+constexpr int kPrefillEpilogueWarps = 2;   // warps 2-3 of the producer warpgroup
+
 template <int kLayer>
 struct PrefillConfig {
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
-  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes) / (PrefillRing::kStage + 16);
+  // The staging buffer and its two barriers (epi_full, epi_empty) beside the ring.
+  static constexpr int kEpilogueBytes = kPrefillStagingBytes + 16;
+  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kEpilogueBytes) / (PrefillRing::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
-  static constexpr int kSmemBytes = kStages * (PrefillRing::kStage + 16) + kScheduleBytes;
+  static constexpr int kSmemBytes = kStages * (PrefillRing::kStage + 16) + kEpilogueBytes + kScheduleBytes;
   static_assert(kStages >= 3, "the stage ring");
   static_assert(PrefillRing::kX % 1024 == 0 && PrefillRing::kW % 1024 == 0, "swizzle atoms stay aligned");
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * ((65536 / kThreads) / 8 * 8),
                 "setmaxnreg budget exceeds the launch allocation");
 };
@@ -86,16 +94,22 @@ extern __shared__ __align__(1024) uint8_t dyn_smem[];
 template <typename Cfg>
 struct PrefillSmem {
   PrefillRing ring;
+  uint8_t* staging;
+  uint64_t* epi_full;    // the consumers' 256 arrivals: an item's tile is staged
+  uint64_t* epi_empty;   // the epilogue warps' 64 arrivals: the staging buffer is free
   Schedule* sched;
 
   __device__ __forceinline__ PrefillSmem() {
     constexpr int S = Cfg::kStages;
     ring.x = dyn_smem;                                                        // [S][128 x 128]
     ring.w = ring.x + S * PrefillRing::kX;                                    // [S][256 x 128]
-    ring.sx = reinterpret_cast<float*>(ring.w + S * PrefillRing::kW);         // [S][128]
+    staging = ring.w + S * PrefillRing::kW;                                   // [128][256] bf16
+    ring.sx = reinterpret_cast<float*>(staging + kPrefillStagingBytes);       // [S][128]
     ring.full = reinterpret_cast<uint64_t*>(ring.sx + S * PrefillRing::kSxWords);
     ring.empty = ring.full + S;
-    sched = reinterpret_cast<Schedule*>(ring.empty + S);
+    epi_full = ring.empty + S;
+    epi_empty = epi_full + 1;
+    sched = reinterpret_cast<Schedule*>(epi_empty + 1);
   }
 };
 
@@ -172,6 +186,8 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
         ptx::mbar_init(&sm.ring.full[s], PrefillRing::kFullArrivals);
         ptx::mbar_init(&sm.ring.empty[s], 8);   // one arrive per consumer warp
       }
+      ptx::mbar_init(sm.epi_full, 256);
+      ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);
       ptx::fence_mbar_init();
     }
     if (threadIdx.x < 32)
@@ -209,8 +225,21 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
           cur.advance<S>();
         }
       }
-    } else if (warp >= 1) {
+    } else if (warp == 1) {
       stage_token_scales<kPrefillTokens, kPrefillRows, S, false>(p, sm.ring, *sm.sched, cur, warp, lane);
+    } else if (warp >= 2) {
+      const uint32_t staging = ptx::smem_addr(sm.staging);
+      uint32_t phase = 0;
+      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
+        ptx::mbar_wait(sm.epi_full, phase, kWaitFull, -1, p.err);
+        if constexpr (kLayer == 1)
+          prefill_l1_out<kFastMath>(p, wi, staging, warp - 2, lane);
+        else
+          prefill_l2_out(p, wi, staging, warp - 2, lane);
+        ptx::mbar_arrive(sm.epi_empty);
+        phase ^= 1;
+      }
     }
     return;
   }
@@ -221,11 +250,13 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
   const int num_items = sm.sched->num_items(n_rb);
   // The warpgroup's first token row of the thread: 16 wq + g (the other is + 8).
   const int sx0 = 64 * wg + 16 * (ctid / 32 % 4) + ctid % 32 / 4;
+  uint32_t phase = 0;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
     float acc[2][kPrefillHalf / 2];
     prefill_mainloop<Cfg>(p, sm.ring, cur, wg, sx0, acc);
-    prefill_epilogue<kLayer, kFastMath, kDebug>(p, wi, acc);
+    prefill_stage_tile<kLayer, kDebug>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full, phase);
+    phase ^= 1;
   }
 }
 
