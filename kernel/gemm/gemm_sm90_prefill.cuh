@@ -21,7 +21,8 @@
 // as fp32 with the expert base folded in (producer.cuh); warps 2-3 are the epilogue warps: the
 // consumers leave each item's tile in bf16 in a staging buffer and go on to the next item's
 // mainloop while these two warps write the layer's output from it (prefill_rows.cuh). Registers
-// 40 / 232.
+// 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop needs no more than 224). The
+// staging buffer (64 KB) leaves room for 3 stages.
 //
 // Numerics are the fast mode's (gemm_sm90.cuh): the E4M3 weights are the bytes the scaled tables
 // give, the four k32 products of a K block accumulate in the tensor core and are promoted with one
