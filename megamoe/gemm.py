@@ -72,10 +72,10 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 # The prefill path (fast mode): from this many tokens in the largest expert and per expert on
 # average (use_prefill), a launch decodes its weights once into E4M3 tiles (the predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as
 # wgmma M) instead of the swap-AB kernel, which decodes every weight tile once per token block.
-# Measured crossovers (bench/NOTES.md v15, DSV3 / V4-Flash, graph-timed): L1 (K = H) gains from 512
-# tokens (1.11x there, 1.3-1.4x at 1024 and 2048); L2 (K = I = 2048: a short mainloop per item) was
-# 6 % slower at 512 and gains from 1024 (1.11-1.14x).
-PREFILL_MIN_TOKENS = {1: 512, 2: 1024}
+# Measured crossovers (bench/NOTES.md v16, DSV3, graph-timed, same call, with the epilogue warps):
+# L1 (K = H) 0.80x the swap-AB kernel at 256 tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048:
+# a short mainloop per item) 0.82x at 256, 1.10x at 512, 1.22x at 1024.
+PREFILL_MIN_TOKENS = {1: 512, 2: 512}
 PREFILL_ROWS = jb.PrefillSpec.rows_per_cta
 
 

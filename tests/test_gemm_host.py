@@ -108,9 +108,10 @@ def test_gpu_only_tools_say_they_need_a_gpu(module, tmp_path):
 
 
 def test_the_prefill_path_is_taken_from_the_measured_crossovers_for_the_largest_and_the_mean_expert():
-    assert G.PREFILL_MIN_TOKENS == {1: 512, 2: 1024}
+    assert G.PREFILL_MIN_TOKENS == {1: 512, 2: 512}
     assert G.use_prefill(1, 512, 520.0, "k128", 4096) and not G.use_prefill(1, 511, 520.0, "k128", 4096)
-    assert G.use_prefill(2, 1024, 1030.0, "k128", 7168) and not G.use_prefill(2, 1023, 1030.0, "k128", 7168)
+    assert G.use_prefill(2, 512, 515.0, "k128", 7168) and not G.use_prefill(2, 511, 515.0, "k128", 7168)
+    assert not G.use_prefill(2, 512, 500.0, "k128", 7168)  # the mean below the crossover
     assert not G.use_prefill(1, 676, 66.0, "k128", 4096)  # a skewed routing: the pass decodes every expert
     assert not G.use_prefill(1, None, 520.0, "k128", 4096)  # unknown largest expert
     assert not G.use_prefill(1, 4096, 4096.0, "k32", 4096)  # the exact mode has no prefill path
