@@ -18,8 +18,9 @@
 // channels 8b .. 8b + 7 of the tile's 128, then their up rows.
 //
 // Staging: [128 tokens][256 rows] bf16, 512 bytes a token; 16-byte chunk c (rows 8c .. 8c + 7) of
-// token tok at chunk c ^ (tok % 8), so the consumers' 4-byte stores (8 tokens a store) and the
-// epilogue warps' 16-byte loads spread over the banks.
+// token tok at chunk c ^ (tok % 8), so the consumers' 4-byte stores (8 tokens a store) and the L2
+// epilogue warps' 16-byte loads spread over all banks; the L1 epilogue warps' gate (and up) loads
+// take every other chunk of a token, two ways to a bank (these warps are off the tensor cores' path).
 #pragma once
 
 #include <cstdint>

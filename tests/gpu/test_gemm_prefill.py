@@ -31,11 +31,18 @@ from .gemm_helpers import (
 )
 
 # Experts of 0 and 1 rows, one token block just under / at / over 128, several blocks with a
-# partial last one, and more items than the H200's 132 CTAs at the larger shape.
+# partial last one.
 PREFILL_COUNTS = [0, 1, 127, 128, 129, 300, 64, 5]
+# 49 token blocks: 392 items at 2048 weight rows, about three per CTA on the H200's 132, so the
+# epilogue warps' staging buffer changes hands between items (both barrier parities, a second
+# write into it) in every CTA.
+MANY_ITEMS = [1500, 1300, 129, 5, 700, 2000, 0, 1]
 
 
-@pytest.mark.parametrize("H,inter,counts", [(1024, 1024, COUNTS), (2048, 1024, PREFILL_COUNTS), (512, 2048, [600, 3])])
+@pytest.mark.parametrize(
+    "H,inter,counts",
+    [(1024, 1024, COUNTS), (2048, 1024, PREFILL_COUNTS), (512, 2048, [600, 3]), (512, 1024, MANY_ITEMS)],
+)
 def test_prefill_l1_bound_and_epilogue(H, inter, counts):
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=H + inter + len(counts))
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
@@ -67,7 +74,7 @@ def test_prefill_l1_bound_and_epilogue(H, inter, counts):
         assert worst <= G.TAU["k128"]
 
 
-@pytest.mark.parametrize("H,inter,counts", [(1024, 2048, COUNTS), (2048, 512, PREFILL_COUNTS)])
+@pytest.mark.parametrize("H,inter,counts", [(1024, 2048, COUNTS), (2048, 512, PREFILL_COUNTS), (2048, 512, MANY_ITEMS)])
 def test_prefill_l2_bound_and_epilogue(H, inter, counts):
     gen = torch.Generator().manual_seed(400 + H + len(counts))
     pool = Pool(counts, inter, gen=gen)
