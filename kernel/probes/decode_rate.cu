@@ -28,8 +28,8 @@ namespace {
 constexpr int kWarps = 12;
 constexpr int kOneCtaSmem = 120 * 1024;   // more than half of an SM's shared memory: one CTA per SM
 
-__global__ void __launch_bounds__(kPredecodeThreads) predecode_today(const __grid_constant__ GemmParams p,
-                                                                      long long* cycles) {
+__global__ void __launch_bounds__(kPredecodeThreads)
+    predecode_today(const __grid_constant__ GemmParams p, long long* cycles) {
   predecode_body(p);
   (void)cycles;
 }
@@ -72,8 +72,8 @@ __device__ __forceinline__ void decode_regs16(const GroupRegs& r, int lane, cons
 }
 
 template <int D>
-__global__ void __launch_bounds__(32 * kWarps, 1) decode_persistent(const __grid_constant__ GemmParams p,
-                                                                      long long* cycles) {
+__global__ void __launch_bounds__(32 * kWarps, 1)
+    decode_persistent(const __grid_constant__ GemmParams p, long long* cycles) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* stage = smem;
   uint8_t* lut = smem + kWarps * 2048;
@@ -152,8 +152,8 @@ int main() {
   long long* cycles = nullptr;
   probe_check(cudaMalloc(&cycles, sizeof(long long) * 4096), "cudaMalloc");
   const double bytes = weights / 2.0 + weights / 32.0 + weights;   // packed + offsets in, E4M3 out
-  std::printf("DSV3 L1 slice: %.0f MB in, %.0f MB out; %d SMs\n", (weights / 2.0 + weights / 32.0) / 1e6,
-              weights / 1e6, gpu_sms);
+  std::printf("DSV3 L1 slice: %.0f MB in, %.0f MB out; %d SMs\n", (weights / 2.0 + weights / 32.0) / 1e6, weights / 1e6,
+              gpu_sms);
   std::printf("%-12s %4s %3s %9s %9s %9s %9s\n", "form", "SMs", "D", "us", "GB/s", "GB/s/SM", "us/expert");
   {
     const int groups = experts * (k / kBlockK) * (rows / 16);
