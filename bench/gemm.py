@@ -145,7 +145,7 @@ def main() -> None:
         "--prefill",
         choices=("auto", "off"),
         default="auto",
-        help="the fast mode's prefill path (predecode + tokens-as-M GEMM) where use_prefill picks it, or never",
+        help="the prefill path (predecode + tokens-as-M GEMM, both promotions) where use_prefill picks it, or never",
     )
     ap.add_argument(
         "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"
@@ -227,6 +227,7 @@ def main() -> None:
                         res["eager"], res["host"] = eager_us(fn)
                 M = sum(counts)
                 flops = 2.0 * M * R * K
+                auto_prefill = args.prefill == "auto" and args.max_tile is None and args.wgs is None
                 fp8_t = bf16_t = float("nan")
                 if not args.no_baselines:
                     boffs = torch.cumsum(torch.tensor(counts, device=dev), 0).to(torch.int32)
@@ -253,10 +254,8 @@ def main() -> None:
                         max_expert=max(counts),
                         k32=res.get("k32"),
                         k128=res.get("k128"),
-                        prefill=args.prefill == "auto"
-                        and args.max_tile is None
-                        and args.wgs is None
-                        and G.use_prefill(layer, max(counts), P / len(counts), "k128", R),
+                        prefill=auto_prefill and G.use_prefill(layer, max(counts), P / len(counts), "k128", R),
+                        prefill_k32=auto_prefill and G.use_prefill(layer, max(counts), P / len(counts), "k32", R),
                         eager=res.get("eager"),
                         host=res.get("host"),
                         fp8=fp8_t,
@@ -275,7 +274,7 @@ def main() -> None:
     print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
     print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed); * = the prefill path")
-    print("(predecode pass + tokens-as-M GEMM, both timed)")
+    print("of that promotion (predecode pass + tokens-as-M GEMM, both timed)")
     print(
         f"{E} experts; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
         f"{100 * read_tbs * 1e12 / HBM:.0f} % of 4.8), {copy_tbs:.2f} TB/s read + write (copy)"
@@ -287,7 +286,8 @@ def main() -> None:
     f = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
     for r in rows:
         print(
-            f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} {f(r['k32']):>9} "
+            f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} "
+            f"{f(r['k32']) + ('*' if r.get('prefill_k32') else ''):>9} "
             f"{f(r['k128']) + ('*' if r.get('prefill') else ''):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
             f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
             f"{r['x_fp8']:6.2f}"

@@ -33,13 +33,15 @@ mainloop runs an item as one wgmma group of 8, 16, 32 or 64 tokens, the smallest
 rows. The entry points never synchronise with the device, cache the launch (tensor maps and packed
 parameters) for the same tensors and arguments, and can be captured in a CUDA graph.
 
-Prefill path (k128 only; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS tokens per expert (the
-largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer (the
-predecode pass, kernel/gemm/predecode.cuh; E * K * R bytes per device, stream and layer, freed by
-release_prefill_buffers()), then runs the GEMM with tokens as the wgmma M dimension
-(kernel/gemm/gemm_sm90_prefill.cuh). The fast mode's operand rule and per-K128 promotion (the same
-E4M3 weight bytes, TAU["k128"]; the tensor core's sums need not be bitwise those of the swap-AB
-kernel), the same epilogues (D6 / D8, bit-exact given the dumps) and dumps.
+Prefill path (both promotions; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS tokens per expert
+(the largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer
+(the predecode pass, kernel/gemm/predecode.cuh; E * K * R bytes per device, stream and layer, the
+exact mode 1/8 more for its fp32 scales, freed by release_prefill_buffers()), then runs the GEMM
+with tokens as the wgmma M dimension (kernel/gemm/gemm_sm90_prefill.cuh). Each promotion keeps its
+numerics: the fast mode's operand rule and per-K128 promotion (the same E4M3 weight bytes,
+TAU["k128"]), the exact mode's per-k32 promotion with both scales (TAU["k32"]); the tensor core's
+sums need not be bitwise those of the swap-AB kernels. The same epilogues (D6 / D8, bit-exact given
+the dumps) and dumps.
 """
 
 from __future__ import annotations
@@ -69,14 +71,15 @@ PROMOTIONS = jb.PROMOTIONS
 # that at 0.58.
 TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 
-# The prefill path (fast mode): from this many tokens in the largest expert and per expert on
-# average (use_prefill), a launch decodes its weights once into E4M3 tiles (the predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as
-# wgmma M) instead of the swap-AB kernel, which decodes every weight tile once per token block.
-# Measured crossovers (bench/NOTES.md v16, DSV3, graph-timed, same call, with the epilogue warps):
-# L1 (K = H) 0.80x the swap-AB kernel at 256 tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048:
-# a short mainloop per item) 0.82x at 256, 1.10x at 512, 1.22x at 1024.
-PREFILL_MIN_TOKENS = {1: 512, 2: 512}
-PREFILL_ROWS = jb.PrefillSpec.rows_per_cta
+# The prefill path: from this many tokens in the largest expert and per expert on average
+# (use_prefill), keyed by (promotion, layer), a launch decodes its weights once into E4M3 tiles (the
+# predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as wgmma M) instead of the swap-AB
+# kernel, which decodes every weight tile once per token block. Measured crossovers (DSV3,
+# graph-timed, same call): fast mode (bench/NOTES.md v16) L1 (K = H) 0.80x the swap-AB kernel at 256
+# tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
+# 1.10x at 512, 1.22x at 1024. Exact mode: see v17.
+PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
+PREFILL_ROWS = contract.PREFILL_ROWS
 
 
 def _prefill_path(
@@ -92,8 +95,6 @@ def _prefill_path(
             and use_prefill(layer, max_tokens, rows_per_expert, promotion, n_rows)
         )
     if prefill:
-        if promotion != "k128":
-            fail("prefill", "promotion 'k128' (the prefill path is fast mode only)", f"promotion {promotion!r}")
         if n_rows % PREFILL_ROWS:
             raise MegaMoEInputError(
                 f"argument 'prefill': weight rows must be a multiple of {PREFILL_ROWS}, got {n_rows}"
@@ -106,20 +107,14 @@ def _prefill_path(
 
 
 def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, promotion: str, n_rows: int) -> bool:
-    """Whether a launch of `layer` takes the prefill path by default: fast mode, weight rows a
-    multiple of 256, and both the largest expert (max_tokens, if known) and the mean pool rows per
-    expert (rows_per_expert: the pool's rows over its experts) at least PREFILL_MIN_TOKENS[layer].
-    The mean matters because the predecode pass decodes every expert's weights: under a skewed
+    """Whether a launch of `layer` takes the prefill path by default: weight rows a multiple of 256,
+    and both the largest expert (max_tokens, if known) and the mean pool rows per expert
+    (rows_per_expert: the pool's rows over its experts) at least PREFILL_MIN_TOKENS[(promotion,
+    layer)]. The mean matters because the predecode pass decodes every expert's weights: under a skewed
     routing whose largest expert has 676 of 2048 tokens (32 experts) the prefill path took 648 us
     at DSV3 L1 against 299 us for the swap-AB kernel (bench/NOTES.md v15)."""
-    need = PREFILL_MIN_TOKENS[layer]
-    return (
-        promotion == "k128"
-        and max_tokens is not None
-        and max_tokens >= need
-        and rows_per_expert >= need
-        and n_rows % PREFILL_ROWS == 0
-    )
+    need = PREFILL_MIN_TOKENS[(promotion, layer)]
+    return max_tokens is not None and max_tokens >= need and rows_per_expert >= need and n_rows % PREFILL_ROWS == 0
 
 
 def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expert: float | None = None) -> int:
@@ -185,9 +180,14 @@ def used_specs() -> list[jb.GemmSpec]:
                     for fast_math in (True, False):
                         specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
                     specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))
-    for debug in (False, True):
-        specs += [jb.PrefillSpec(1, True, debug), jb.PrefillSpec(1, False, debug), jb.PrefillSpec(2, True, debug)]
-    return specs + [jb.PredecodeSpec()]
+    for promotion in PROMOTIONS:
+        for debug in (False, True):
+            specs += [
+                jb.PrefillSpec(1, True, debug, promotion),
+                jb.PrefillSpec(1, False, debug, promotion),
+                jb.PrefillSpec(2, True, debug, promotion),
+            ]
+    return specs + [jb.PredecodeSpec(promotion) for promotion in PROMOTIONS]
 
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -551,22 +551,23 @@ def release_prefill_buffers() -> None:
 
 
 def _predecode(
-    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int
+    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int, promotion: str
 ) -> tuple[driver.Launch, torch.Tensor]:
     """Launches the predecode pass of `layer`'s weights (k x n_rows per expert) into its scratch
-    buffer (E4M3 [E, K/128, R/256] tiles of 256 x 128 bytes: E * K * R bytes) and returns the
-    launch and the buffer."""
-    weights = _weight_fields(kw, layer, "k128")  # the packed weights and their LUT offsets
+    buffer ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R bytes, the
+    exact mode 1/8 more for its fp32 scales) and returns the launch and the buffer."""
+    weights = _weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
     dev = _device_index(x.device)
-    size = kw.num_experts * k * n_rows
+    tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
+    size = tiles * contract.PREFILL_TILE_BYTES[promotion]
     skey = (dev, _stream(x), layer, size)
     scratch = _SCRATCH.get(skey)
     if scratch is None:
         scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
-    key = ("predecode", dev, weights["w"], weights["w_sf"], scratch.data_ptr(), k, n_rows, kw.num_experts)
+    spec = jb.PredecodeSpec(promotion)
+    key = (spec, dev, weights["w"], weights["w_sf"], scratch.data_ptr(), k, n_rows, kw.num_experts)
     launch = _LAUNCHES.get(key)
     if launch is None:
-        spec = jb.PredecodeSpec()
         kern = kernel(spec, dev)
         params = contract.pack_params(
             **{
@@ -635,11 +636,11 @@ def l1_gemm(
     rebased operand (x_sf128): without it the rows are rebased with torch ops before the launch,
     which reads them ahead of the gate. arrival=None (default): all rows present, no gate.
 
-    prefill: the prefill path (fast mode only: the weights decoded once into an E4M3 scratch buffer
-    of E * H * 2I bytes, kept per device, stream and layer until release_prefill_buffers(), then the
-    GEMM with tokens as wgmma M);
+    prefill: the prefill path (the weights decoded once into an E4M3 scratch buffer of E * H * 2I
+    bytes, 1/8 more in the exact mode, kept per device, stream and layer until
+    release_prefill_buffers(), then the GEMM with tokens as wgmma M);
     None (default) takes it where use_prefill says (max_tokens and the mean pool rows per expert
-    >= PREFILL_MIN_TOKENS[1], no gate, no forced max_tile / wgs)."""
+    >= PREFILL_MIN_TOKENS[(promotion, 1)], no gate, no forced max_tile / wgs)."""
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
     key = (
@@ -681,7 +682,7 @@ def l1_gemm(
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
     if _prefill_path(1, prefill, max_tokens, P / max(E, 1), promotion, 2 * inter, arrival, max_tile, wgs):
-        spec = jb.PrefillSpec(1, bool(fast_math), debug)
+        spec = jb.PrefillSpec(1, bool(fast_math), debug, promotion)
     else:
         spec = spec_for(
             1,
@@ -703,7 +704,9 @@ def l1_gemm(
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    pre, w_e4m3 = _predecode(kw, 1, x_pool, H, 2 * inter) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    pre, w_e4m3 = (
+        _predecode(kw, 1, x_pool, H, 2 * inter, promotion) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    )
     launch = _launch(
         spec,
         _u8(x_pool),
@@ -796,7 +799,7 @@ def l2_gemm(
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
     if _prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
-        spec = jb.PrefillSpec(2, True, debug)
+        spec = jb.PrefillSpec(2, True, debug, promotion)
     else:
         spec = spec_for(
             2,
@@ -810,7 +813,7 @@ def l2_gemm(
         )
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    pre, w_e4m3 = _predecode(kw, 2, l2_acts, inter, H) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    pre, w_e4m3 = _predecode(kw, 2, l2_acts, inter, H, promotion) if isinstance(spec, jb.PrefillSpec) else (None, None)
     launch = _launch(
         spec,
         _u8(l2_acts),

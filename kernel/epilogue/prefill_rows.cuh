@@ -40,11 +40,11 @@ __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int t
   return staging + tok * 512 + ((chunk ^ (tok & 7)) << 4);
 }
 
-// The consumers' part: row factors 2^(B_r - B_e) <= 1 (static weight data, here per column), the
-// debug dumps (the fp32 values D5 / D7 compare), then the tile into the staging buffer once the
-// epilogue warps have released it (epi_empty, parity phase ^ 1), and one arrival per thread on
-// epi_full.
-template <int kLayer, bool kDebug>
+// The consumers' part: the fast mode's row factors 2^(B_r - B_e) <= 1 (static weight data, here per
+// column; the exact mode has none), the debug dumps (the fp32 values D5 / D7 compare), then the
+// tile into the staging buffer once the epilogue warps have released it (epi_empty, parity
+// phase ^ 1), and one arrival per thread on epi_full.
+template <int kLayer, bool kDebug, bool kExact>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
                                                    uint32_t phase) {
@@ -52,21 +52,23 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
-  const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * 256 + 2 * t;
-  const int expert_base = __ldg(p.w_expert_base + wi.expert);
+  if constexpr (!kExact) {
+    const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * 256 + 2 * t;
+    const int expert_base = __ldg(p.w_expert_base + wi.expert);
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t pair = __ldg(reinterpret_cast<const uint16_t*>(rb + 128 * h + 8 * j));
-      const float f0 = exp2i(static_cast<int>(pair & 0xFFu) - expert_base);
-      const float f1 = exp2i(static_cast<int>(pair >> 8) - expert_base);
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t pair = __ldg(reinterpret_cast<const uint16_t*>(rb + 128 * h + 8 * j));
+        const float f0 = exp2i(static_cast<int>(pair & 0xFFu) - expert_base);
+        const float f1 = exp2i(static_cast<int>(pair >> 8) - expert_base);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        acc[h][4 * j + 2 * r] = __fmul_rn(acc[h][4 * j + 2 * r], f0);
-        acc[h][4 * j + 2 * r + 1] = __fmul_rn(acc[h][4 * j + 2 * r + 1], f1);
+        for (int r = 0; r < 2; ++r) {
+          acc[h][4 * j + 2 * r] = __fmul_rn(acc[h][4 * j + 2 * r], f0);
+          acc[h][4 * j + 2 * r + 1] = __fmul_rn(acc[h][4 * j + 2 * r + 1], f1);
+        }
       }
-    }
+  }
   if constexpr (kDebug) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

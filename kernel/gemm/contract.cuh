@@ -22,6 +22,9 @@ constexpr int kSmallTile = 8;
 // The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.
 constexpr int kMaxTileExact = 64, kMaxTileFast = 256;
 constexpr int kMaxWgs4TileExact = 8, kMaxWgs4TileFast = 64;
+// The prefill path's CTA tile and its predecoded weight tiles (bytes; exact: + fp32 scales).
+constexpr int kPrefillTokens = 128, kPrefillRows = 256;
+constexpr int kPrefillTileFast = 32768, kPrefillTileExact = 36864;
 
 // Trap record codes (megamoe.gemm.timeout_message).
 enum WaitKind : int {

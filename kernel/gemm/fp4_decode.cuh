@@ -23,6 +23,9 @@ namespace megamoe {
 constexpr uint32_t kFp4LutLo = 0x3C383000u;
 constexpr uint32_t kFp4LutHi = 0x4C484440u;
 static_assert(scaled_lut_lo(6) == kFp4LutLo && scaled_lut_hi(6) == kFp4LutHi, "entry 6 of the scaled tables is 2^0");
+// Four k32 groups' LUT byte offsets (8 d each) all naming entry 6: the plain table through the
+// scaled tables' path (the exact mode's predecode pass).
+constexpr uint32_t kPlainLutOffsets = 0x30303030u;
 
 // Ra through table a, Rb through table b (the fast mode gives rows g and g + 8 their own tables).
 __device__ __forceinline__ void decode_fp4x8(uint32_t w, uint2 lut_a, uint2 lut_b, uint32_t& ra, uint32_t& rb) {

@@ -1,6 +1,6 @@
-// SM90 grouped GEMM for prefill sizes (fast mode only): tokens as the wgmma M dimension, weights
+// SM90 grouped GEMM for prefill sizes (both promotions): tokens as the wgmma M dimension, weights
 // as N, both operands in shared memory, the weights already E4M3. This file is the kernel layer:
-// shared-memory layout, roles, the item loop; the pieces are
+// shared-memory layout, roles, the item loop, and the two mainloops; the pieces are
 //   predecode.cuh         the pass that decodes every weight once per call (w_e4m3),
 //   scheduler.cuh         the work items (the same as gemm_sm90.cuh's at kMaxN 128, 256 rows),
 //   producer.cuh          stage_token_scales (the scale warps, a linear scale layout here),
@@ -24,10 +24,15 @@
 // 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop needs no more than 224). The
 // staging buffer (64 KB) leaves room for 3 stages.
 //
-// Numerics are the fast mode's (gemm_sm90.cuh): the E4M3 weights are the bytes the scaled tables
-// give, the four k32 products of a K block accumulate in the tensor core and are promoted with one
-// FMA by the token's fp32 scale, and after the mainloop each row (here: column) is multiplied by
-// 2^(B_r - B_e) <= 1.
+// Numerics are those of the swap-AB kernels (gemm_sm90.cuh). Fast mode (k128): the E4M3 weights are
+// the bytes the scaled tables give, the four k32 products of a K block accumulate in the tensor
+// core and are promoted with one FMA by the token's fp32 scale, and after the mainloop each row
+// (here: column) is multiplied by 2^(B_r - B_e) <= 1. Exact mode (k32): the plain E2M1 values, each
+// k32 product promoted with both per-32 scales (promote_k32_one); the tile's fp32 weight scales come
+// with its E4M3 bytes in the one bulk copy, the tokens' scale bytes are staged raw (one 32-bit word
+// of four k32 steps a token) and converted by the consumers, two tokens a thread. Two FP32
+// instructions per accumulator and k32 step where the fast mode has one a K block: this loop is
+// bound by them, not by the tensor cores.
 #pragma once
 
 #include <cstdint>
@@ -36,29 +41,34 @@
 #include "../common/ue8m0.cuh"
 #include "../epilogue/prefill_rows.cuh"
 #include "contract.cuh"
+#include "predecode.cuh"
 #include "producer.cuh"
+#include "promotion.cuh"
 #include "scheduler.cuh"
 #include "wgmma_fp8_ss.cuh"
 
 namespace megamoe {
 
-constexpr int kPrefillTokens = 128;   // tokens per CTA tile (wgmma M: two warpgroups of 64)
-constexpr int kPrefillRows = 256;     // weight rows per CTA tile (wgmma N: two halves of 128)
+// kPrefillTokens (128: two warpgroups of 64, wgmma M) and kPrefillRows (256: two halves of 128,
+// wgmma N) are in contract.cuh.
 constexpr int kPrefillHalf = 128;
-constexpr int kPrefillTileBytes = kPrefillRows * kBlockK;   // one predecoded weight tile
 
-// The stage ring: activations | weights (E4M3, 128-byte swizzle) | fp32 token scales (linear: the
-// scale of token tok at tok; the scale warps write them through scale_index). The scale warps
-// write the item's tile (pick_tile: its valid rows rounded up to a power of two, 0 past the valid
-// ones); the consumers promote all 128 rows, so rows past that tile take whatever an earlier stage
-// left there: their accumulators are never written out (the epilogues store valid rows only).
+// The stage ring: activations | the predecoded weight tile (E4M3, 128-byte swizzle; exact mode:
+// then its fp32 scales) | token scales, one word a token (linear: token tok at tok; the scale warp
+// writes them through scale_index): fast mode the fp32 K128 scale, exact mode the four k32 scale
+// bytes as they are. The scale warp writes the item's tile (pick_tile: its valid rows rounded up
+// to a power of two, 0 past the valid ones); the consumers promote all 128 rows, so rows past that
+// tile take whatever an earlier stage left there: their accumulators are never written out (the
+// epilogues store valid rows only).
+template <bool kExact>
 struct PrefillRing {
   static constexpr int kX = kPrefillTokens * kBlockK;
-  static constexpr int kW = kPrefillTileBytes;
+  static constexpr int kW = kExact ? kPrefillTileExact : kPrefillTileFast;
   static constexpr int kSxWords = kPrefillTokens;
   static constexpr int kStage = kX + kW + kSxWords * 4;
   static constexpr int kScaleWarps = 1;   // warps 2-3 are the epilogue warps
   static constexpr int kFullArrivals = 1 + kScaleWarps;
+  static constexpr bool kRawScaleWords = kExact;   // stage_token_scales: the k32 bytes unconverted
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
@@ -72,17 +82,18 @@ struct PrefillRing {
 
 constexpr int kPrefillEpilogueWarps = 2;   // warps 2-3 of the producer warpgroup
 
-template <int kLayer>
+template <int kLayer, bool kExact>
 struct PrefillConfig {
+  using Ring = PrefillRing<kExact>;
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
   // The staging buffer and its two barriers (epi_full, epi_empty) beside the ring.
   static constexpr int kEpilogueBytes = kPrefillStagingBytes + 16;
-  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kEpilogueBytes) / (PrefillRing::kStage + 16);
+  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kEpilogueBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
-  static constexpr int kSmemBytes = kStages * (PrefillRing::kStage + 16) + kEpilogueBytes + kScheduleBytes;
+  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes;
   static_assert(kStages >= 3, "the stage ring");
-  static_assert(PrefillRing::kX % 1024 == 0 && PrefillRing::kW % 1024 == 0, "swizzle atoms stay aligned");
+  static_assert(Ring::kX % 1024 == 0 && Ring::kW % 1024 == 0, "swizzle atoms stay aligned");
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * ((65536 / kThreads) / 8 * 8),
@@ -94,7 +105,8 @@ extern __shared__ __align__(1024) uint8_t dyn_smem[];
 
 template <typename Cfg>
 struct PrefillSmem {
-  PrefillRing ring;
+  using Ring = typename Cfg::Ring;
+  Ring ring;
   uint8_t* staging;
   uint64_t* epi_full;    // the consumers' 256 arrivals: an item's tile is staged
   uint64_t* epi_empty;   // the epilogue warps' 64 arrivals: the staging buffer is free
@@ -103,10 +115,10 @@ struct PrefillSmem {
   __device__ __forceinline__ PrefillSmem() {
     constexpr int S = Cfg::kStages;
     ring.x = dyn_smem;                                                        // [S][128 x 128]
-    ring.w = ring.x + S * PrefillRing::kX;                                    // [S][256 x 128]
-    staging = ring.w + S * PrefillRing::kW;                                   // [128][256] bf16
+    ring.w = ring.x + S * Ring::kX;                                           // [S][tile]
+    staging = ring.w + S * Ring::kW;                                          // [128][256] bf16
     ring.sx = reinterpret_cast<float*>(staging + kPrefillStagingBytes);       // [S][128]
-    ring.full = reinterpret_cast<uint64_t*>(ring.sx + S * PrefillRing::kSxWords);
+    ring.full = reinterpret_cast<uint64_t*>(ring.sx + S * Ring::kSxWords);
     ring.empty = ring.full + S;
     epi_full = ring.empty + S;
     epi_empty = epi_full + 1;
@@ -115,31 +127,31 @@ struct PrefillSmem {
 };
 
 // The predecoded tile of (expert, K block, block of 256 rows).
+template <bool kExact>
 __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& p, int expert, int kb, int n_block) {
   const int64_t tiles = (static_cast<int64_t>(expert) * (p.k / kBlockK) + kb) * (p.n_rows / kPrefillRows) + n_block;
-  return p.w_e4m3 + tiles * kPrefillTileBytes;
+  return p.w_e4m3 + tiles * PrefillRing<kExact>::kW;
 }
 
 // One item of one consumer warpgroup (tokens 64 wg .. 64 wg + 63 of the tile, all 256 rows):
 // acc[h][4j + 2r + c] is token 16 wq + g + 8r of the warpgroup, weight row 128 h + 8j + 2t + c.
+// Fast mode: per K block and half, four k32 wgmmas into one temporary, promoted once.
 template <typename Cfg>
-__device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const PrefillRing& ring, RingCursor& cur, int wg,
-                                                 int sx0, float (&acc)[2][kPrefillHalf / 2]) {
+__device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const typename Cfg::Ring& ring,
+                                                      RingCursor& cur, int wg, int sx0,
+                                                      float (&acc)[2][kPrefillHalf / 2]) {
+  using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
   const int num_kb = p.k / kBlockK;
   float tmp[kPrefillHalf / 2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = 0.0f;
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = cur.stage;
     // The same for the whole warpgroup: broadcast, so ptxas keeps the descriptors in uniform
     // registers beside the wgmma (from threadIdx they cost R2URs).
     const uint32_t a_lo =
-        __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.x + s * PrefillRing::kX + wg * 64 * kBlockK), 0);
-    const uint32_t b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * PrefillRing::kW), 0);
-    const float* sx = ring.sx + s * PrefillRing::kSxWords + sx0;
+        __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.x + s * Ring::kX + wg * 64 * kBlockK), 0);
+    const uint32_t b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * Ring::kW), 0);
+    const float* sx = ring.sx + s * Ring::kSxWords + sx0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Before each half (the second's passes at once): the wait's branch ends the block, so ptxas
@@ -172,10 +184,113 @@ __device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const Pref
   }
 }
 
+// Exact mode: per K block and k32 step four wgmmas of 64 rows (quarters q of the tile: rows
+// 64 q .. 64 q + 63), each promoted with both per-32 scales (promote_k32_one: the scales' product,
+// then one FMA), two FP32 instructions per accumulator and step; the other warpgroup's steps fill
+// the tensor core meanwhile. One quarter temporary (32 registers): a pair of them, the next
+// quarter's wgmma in flight during this one's promotion, spilled 500 bytes, and so did temporaries
+// of a half (64 registers). The thread's two tokens' scale bytes are one word each per
+// stage; its 16 rows' weight scales of a step and quarter are four 16-byte loads
+// (predecode.cuh prefill_wsf_index).
+struct PrefillK32Step {
+  uint32_t a_lo, b_lo, wsf, word0, word1;
+  uint64_t* full;
+  uint32_t phase;
+  int stage;
+  int* err;
+
+  // Step i (k32 step i / 4, quarter i % 4) into d. Each after a wait on the stage's full barrier
+  // (the first waits, the others pass at once): its branch ends the block, so ptxas cannot hoist a
+  // step's wgmma above the last step's promotion (it did: 600 bytes of spills).
+  __device__ __forceinline__ void issue(int i, float (&d)[32]) const {
+    ptx::mbar_wait(full, phase, kWaitFull, stage, err);
+    ptx::wgmma_fence();
+    WgmmaSS<64>::mma_overwrite(d, ptx::smem_desc_sw128_from_lo(a_lo + 2 * (i / 4)),
+                               ptx::smem_desc_sw128_from_lo(b_lo + (i % 4) * (64 * kBlockK >> 4)));
+    ptx::wgmma_commit();
+  }
+
+  // Waits for step i (in d; step i + 1, if any, is in flight) and promotes it.
+  __device__ __forceinline__ void promote(int i, float (&d)[32], float (&acc)[2][kPrefillHalf / 2]) const {
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 32; ++e) ptx::fence_operand(d[e]);
+    const int ks = i / 4, h = (i % 4) / 2, base = 32 * (i % 2);
+    const float s0 = ue8m0_to_float((word0 >> (8 * ks)) & 0xFFu);
+    const float s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      // Rows 8 j + 2 t + c of the half for j = 8 (i % 2) + 2 v + qq: one vector, loaded where used.
+      const uint4 w = ptx::ld_shared_v4(wsf + ((ks * 2 + h) * 8 + 4 * (i % 2) + v) * 64);
+      const float sw[4] = {__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
+#pragma unroll
+      for (int qq = 0; qq < 2; ++qq)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int e = 4 * (2 * v + qq) + 2 * r + c;
+            acc[h][base + e] = promote_k32_one(acc[h][base + e], d[e], sw[2 * qq + c], r ? s1 : s0);
+          }
+    }
+  }
+};
+
+template <typename Cfg>
+__device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const typename Cfg::Ring& ring,
+                                                     RingCursor& cur, int wg, int sx0,
+                                                     float (&acc)[2][kPrefillHalf / 2]) {
+  using Ring = typename Cfg::Ring;
+  constexpr int S = Cfg::kStages;
+  const int num_kb = p.k / kBlockK;
+  const int t = ptx::thread_idx() % 4;
+  float ta[32];
+  for (int kb = 0; kb < num_kb; ++kb) {
+    const int s = cur.stage;
+    PrefillK32Step st;
+    st.a_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.x + s * Ring::kX + wg * 64 * kBlockK), 0);
+    st.b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * Ring::kW), 0);
+    st.wsf = ptx::smem_addr(ring.w + s * Ring::kW + kPrefillRows * kBlockK) + 16 * t;
+    st.full = &ring.full[s];
+    st.phase = cur.phase;
+    st.stage = s;
+    st.err = p.err;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(ring.sx + s * Ring::kSxWords + sx0);
+    ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
+    st.word0 = words[0];
+    st.word1 = words[8];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      st.issue(i, ta);
+      st.promote(i, ta, acc);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < kPrefillHalf / 2; ++e) ptx::fence_operand(acc[h][e]);
+    if (ptx::elect_one()) ptx::mbar_arrive(&ring.empty[s]);
+    cur.advance<S>();
+  }
+}
+
+template <typename Cfg, bool kExact>
+__device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const typename Cfg::Ring& ring, RingCursor& cur,
+                                                 int wg, int sx0, float (&acc)[2][kPrefillHalf / 2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = 0.0f;
+  if constexpr (kExact)
+    prefill_mainloop_k32<Cfg>(p, ring, cur, wg, sx0, acc);
+  else
+    prefill_mainloop_k128<Cfg>(p, ring, cur, wg, sx0, acc);
+}
+
 // The kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C" __global__.
-template <int kLayer, bool kFastMath, bool kDebug>
+template <int kLayer, bool kFastMath, bool kDebug, bool kExact>
 __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
-  using Cfg = PrefillConfig<kLayer>;
+  using Cfg = PrefillConfig<kLayer, kExact>;
+  using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
   {
     const PrefillSmem<Cfg> sm;
@@ -184,7 +299,7 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
         ptx::report_trap(p.err, kLayoutCheck, static_cast<int>(ptx::smem_addr(dyn_smem) & 1023u), Cfg::kSmemBytes,
                          static_cast<int>(ptx::dynamic_smem_size()));
       for (int s = 0; s < S; ++s) {
-        ptx::mbar_init(&sm.ring.full[s], PrefillRing::kFullArrivals);
+        ptx::mbar_init(&sm.ring.full[s], Ring::kFullArrivals);
         ptx::mbar_init(&sm.ring.empty[s], 8);   // one arrive per consumer warp
       }
       ptx::mbar_init(sm.epi_full, 256);
@@ -215,19 +330,19 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
         for (int kb = 0; kb < num_kb; ++kb) {
           const int s = cur.stage;
           ptx::mbar_wait(&sm.ring.empty[s], cur.phase ^ 1, kWaitEmpty, s, p.err);
-          ptx::mbar_arrive_expect_tx(&sm.ring.full[s], PrefillRing::kX + PrefillRing::kW);
+          ptx::mbar_arrive_expect_tx(&sm.ring.full[s], Ring::kX + Ring::kW);
           // Always both boxes: rows past the expert's (or the pool's: zeros) are computed, never written.
 #pragma unroll
           for (int b = 0; b < 2; ++b)
-            ptx::tma_load_2d(sm.ring.x + s * PrefillRing::kX + b * kChunkN * kBlockK, &p.tmap_x64, kb * kBlockK,
+            ptx::tma_load_2d(sm.ring.x + s * Ring::kX + b * kChunkN * kBlockK, &p.tmap_x64, kb * kBlockK,
                              wi.row0 + b * kChunkN, &sm.ring.full[s]);
-          ptx::bulk_g2s(sm.ring.w + s * PrefillRing::kW, prefill_weight_tile(p, wi.expert, kb, wi.n_block),
-                        PrefillRing::kW, &sm.ring.full[s]);
+          ptx::bulk_g2s(sm.ring.w + s * Ring::kW, prefill_weight_tile<kExact>(p, wi.expert, kb, wi.n_block), Ring::kW,
+                        &sm.ring.full[s]);
           cur.advance<S>();
         }
       }
     } else if (warp == 1) {
-      stage_token_scales<kPrefillTokens, kPrefillRows, S, false>(p, sm.ring, *sm.sched, cur, warp, lane);
+      stage_token_scales<kPrefillTokens, kPrefillRows, S, kExact>(p, sm.ring, *sm.sched, cur, warp, lane);
     } else if (warp >= 2) {
       const uint32_t staging = ptx::smem_addr(sm.staging);
       uint32_t phase = 0;
@@ -255,8 +370,9 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
     float acc[2][kPrefillHalf / 2];
-    prefill_mainloop<Cfg>(p, sm.ring, cur, wg, sx0, acc);
-    prefill_stage_tile<kLayer, kDebug>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full, phase);
+    prefill_mainloop<Cfg, kExact>(p, sm.ring, cur, wg, sx0, acc);
+    prefill_stage_tile<kLayer, kDebug, kExact>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
+                                               phase);
     phase ^= 1;
   }
 }

@@ -1,28 +1,45 @@
-// The predecode pass of the prefill path: every FP4 weight of a layer decoded once per call to the
-// E4M3 bytes the fast mode's scaled tables give (fp4_decode.cuh), written as the prefill kernel's
-// weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of 256 rows x 128 bytes, 128-byte
-// swizzle, each one bulk copy). Decoding inside the prefill kernel instead costs more than half the
-// tensor rate (bench/NOTES.md v14); here it costs 1.5 bytes of HBM traffic per weight.
+// The predecode pass of the prefill path: every FP4 weight of a layer decoded once per call, written
+// as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of one
+// expert, K block and 256 rows, each one bulk copy; contract kPrefillTile*). Decoding inside the
+// prefill kernel instead costs more than half the tensor rate (bench/NOTES.md v14); here it costs
+// 1.5 bytes of HBM traffic per weight.
+//   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
+//     128-byte swizzle.
+//   Exact mode (k32): the same layout through the plain table (the E2M1 values themselves), then
+//     the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the prefill consumers
+//     read them (prefill_wsf_index): 4 KB more a tile, so the kernel's promotion multiplies two
+//     fp32 scales and converts nothing.
 //
 // One warp per 16-row group of one K block: its 1024 packed bytes (the kernel layout) and the LUT
-// offsets of its rows in, 2 KB out (two swizzle atoms, contiguous in the tile), staged in shared
-// memory so that the global stores are whole 16-byte vectors.
+// offsets (or scale bytes) of its rows in, 2 KB out (two swizzle atoms, contiguous in the tile),
+// staged in shared memory so that the global stores are whole 16-byte vectors.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/ptx.cuh"
+#include "../common/ue8m0.cuh"
 #include "contract.cuh"
 #include "fp4_decode.cuh"
 
 namespace megamoe {
 
 constexpr int kPredecodeWarps = 8;
+
+// The place of weight row n's (of the tile's 256) fp32 scale of k32 step ks among the exact tile's
+// 1024: consumer thread t of the prefill kernel holds rows 128 h + 8 j + 2 t + c (j < 16, c < 2) of
+// half h, and reads those of one step as eight 16-byte vectors (j = 2 i, 2 i + 1), the four threads
+// t side by side (64 contiguous bytes: no bank conflicts; the lanes of one t read the same words).
+__host__ __device__ constexpr int prefill_wsf_index(int ks, int n) {
+  return (((ks * 2 + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
+}
 constexpr int kPredecodeThreads = 32 * kPredecodeWarps;
 constexpr int kPredecodeSmemBytes = kLutEntries * 8 + kPredecodeWarps * 2048;
 
 // Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0, so it divides).
+template <bool kExact>
 __device__ __forceinline__ void predecode_body(const GemmParams& p) {
+  constexpr int kTile = kExact ? kPrefillTileExact : kPrefillTileFast;
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* stage = smem;                              // [warps][2048]
   uint8_t* lut = smem + kPredecodeWarps * 2048;       // the scaled tables
@@ -39,16 +56,27 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   const uint8_t* w_frag = p.w + grp * 1024;
   const int row_a = static_cast<int>(row0) + lane / 4;
   const uint8_t* offs = p.w_sf + (ekb * p.n_rows) * 4;
-  const uint32_t off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
-  const uint32_t off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
+  // Exact mode: every group through the plain table; w_sf holds the scale bytes (below).
+  const uint32_t off_a = kExact ? kPlainLutOffsets : __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
+  const uint32_t off_b = kExact ? kPlainLutOffsets : __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
   // Decoded into the warp's staging (the packed bytes are read from global memory, as loaded),
   // then copied out as 16-byte vectors.
   uint8_t* mine = stage + warp * 2048;
   decode_rows16_sw128(w_frag, lane, off_a, off_b, lut, ptx::smem_addr(mine));
   __syncwarp();
   // Out: the tile of (expert, kb, row0 / 256) holds this group at (row0 % 256) / 16 * 2048.
-  uint8_t* dst = p.w_e4m3 + (ekb * (p.n_rows / 256) + row0 / 256) * (256 * kBlockK) + (row0 % 256) / 16 * 2048;
+  uint8_t* tile = p.w_e4m3 + (ekb * (p.n_rows / kPrefillRows) + row0 / kPrefillRows) * kTile;
+  uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
+  if constexpr (kExact) {
+    // Lane l: row l / 2 of the group, k32 steps 2 (l % 2) and 2 (l % 2) + 1.
+    const int n = static_cast<int>(row0 % kPrefillRows) + lane / 2;
+    const int ks = 2 * (lane % 2);
+    const uint32_t bytes = __ldg(reinterpret_cast<const uint16_t*>(offs + (row0 + lane / 2) * 4 + ks));
+    float* wsf = reinterpret_cast<float*>(tile + kPrefillRows * kBlockK);
+    wsf[prefill_wsf_index(ks, n)] = ue8m0_to_float(bytes & 0xFFu);
+    wsf[prefill_wsf_index(ks + 1, n)] = ue8m0_to_float(bytes >> 8);
+  }
 }
 
 }  // namespace megamoe

@@ -33,6 +33,7 @@ struct StageRing {
   // that a lane holds at most three tokens' scale words within the producer's 40 registers.
   static constexpr int kScaleWarps = kMaxN <= 32 ? 1 : kMaxN <= 64 ? 2 : 3;
   static constexpr int kFullArrivals = 1 + kScaleWarps;   // the TMA thread (expect_tx) + the scale warps
+  static constexpr bool kRawScaleWords = false;            // the scales as fp32 (the prefill ring's k32: bytes)
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "swizzle atoms and bulk copies stay aligned");
 
   // The fp32 scale of token `tok` (k32 step `ks`) of an item with token tile `tile`: chunk c of
@@ -130,7 +131,9 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
         if (tok < wi.tile) {
           const bool valid = tok < wi.valid;
           const int idx = R::scale_index(tok, 0, wi.tile);
-          if constexpr (kPerK32) {
+          if constexpr (R::kRawScaleWords) {   // the four k32 bytes of the token as one word
+            reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
+          } else if constexpr (kPerK32) {
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
               sx[idx + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;

@@ -44,8 +44,14 @@ __device__ __forceinline__ void promote_k128(float* acc, const float* prod, cons
     for (int i = 0; i < 4; ++i) acc[4 * j + i] = __fmaf_rn(prod[4 * j + i], s[2 * j + (i & 1)], acc[4 * j + i]);
 }
 
-// Exact mode (K32): acc += prod * (2^(sw - 127) * 2^(sx - 127)) with the weight row's and the
-// token's per-32 scales of the k32 step (swa: row g, swb: row g + 8; s as for promote_k128).
+// Exact mode (K32), one accumulator: acc + prod * (2^(sw - 127) * 2^(sx - 127)) with the weight
+// row's and the token's per-32 scales of the k32 step as fp32 (their product rounds only where it
+// underflows). The swap-AB kernels (promote_k32) and the prefill kernel use this one definition.
+__device__ __forceinline__ float promote_k32_one(float acc, float prod, float sw, float sx) {
+  return __fmaf_rn(prod, __fmul_rn(sw, sx), acc);
+}
+
+// Exact mode over a swap-AB chunk (swa: row g, swb: row g + 8; s as for promote_k128).
 template <int CW>
 __device__ __forceinline__ void promote_k32(float* acc, const float* prod, const float (&s)[CW / 4], float swa,
                                             float swb) {
@@ -53,7 +59,7 @@ __device__ __forceinline__ void promote_k32(float* acc, const float* prod, const
   for (int j = 0; j < CW / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      acc[4 * j + i] = __fmaf_rn(prod[4 * j + i], __fmul_rn(i < 2 ? swa : swb, s[2 * j + (i & 1)]), acc[4 * j + i]);
+      acc[4 * j + i] = promote_k32_one(acc[4 * j + i], prod[4 * j + i], i < 2 ? swa : swb, s[2 * j + (i & 1)]);
 }
 
 }  // namespace megamoe

@@ -30,7 +30,7 @@ constexpr int kOneCtaSmem = 120 * 1024;   // more than half of an SM's shared me
 
 __global__ void __launch_bounds__(kPredecodeThreads)
     predecode_today(const __grid_constant__ GemmParams p, long long* cycles) {
-  predecode_body(p);
+  predecode_body<false>(p);
   (void)cycles;
 }
 

@@ -158,26 +158,29 @@ class FusedSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PrefillSpec:
-    """One compiled specialisation of the prefill GEMM (kernel/gemm/gemm_sm90_prefill.cuh: fast mode,
-    tokens as wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass): 128 tokens x 256 weight
-    rows per CTA, two consumer warpgroups."""
+    """One compiled specialisation of the prefill GEMM (kernel/gemm/gemm_sm90_prefill.cuh: tokens as
+    wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass of the same promotion): 128 tokens x
+    256 weight rows per CTA, two consumer warpgroups."""
 
     layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # dump the fp32 accumulators (D5 / D7)
+    promotion: str = "k128"  # "k128" (fast mode) or "k32" (exact mode)
     kernel = "megamoe_prefill"
-    promotion = "k128"
 
     def __post_init__(self):
         if self.layer not in (1, 2):
             raise ValueError(f"layer: expected 1 or 2, got {self.layer}")
+        if self.promotion not in PROMOTIONS:
+            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
 
     @property
     def name(self) -> str:
         silu = ("_fsilu" if self.fast_math else "_psilu") if self.layer == 1 else ""
-        return f"prefill_l{self.layer}{silu}{'_dbg' if self.debug else ''}"
+        exact = "_k32" if self.promotion == "k32" else ""
+        return f"prefill_l{self.layer}{silu}{exact}{'_dbg' if self.debug else ''}"
 
-    rows_per_cta = 256  # weight rows per CTA tile (kPrefillRows)
+    rows_per_cta = contract.PREFILL_ROWS  # weight rows per CTA tile (kPrefillRows)
 
     @property
     def threads(self) -> int:
@@ -186,7 +189,13 @@ class PrefillSpec:
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate_prefill.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        for k, v in {"LAYER": str(self.layer), "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug)}.items():
+        fields = {
+            "LAYER": str(self.layer),
+            "FAST_MATH": b(self.fast_math),
+            "DEBUG": b(self.debug),
+            "EXACT": b(self.promotion == "k32"),
+        }
+        for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl
 
@@ -194,15 +203,24 @@ class PrefillSpec:
 @dataclasses.dataclass(frozen=True)
 class PredecodeSpec:
     """The predecode pass (kernel/gemm/predecode.cuh): a layer's FP4 weights to the prefill
-    kernel's E4M3 tiles, once per call."""
+    kernel's tiles of the same promotion (contract.PREFILL_TILE_BYTES each), once per call."""
 
+    promotion: str = "k128"
     kernel = "megamoe_predecode"
-    name = "predecode"
     threads = 256
     debug = False
 
+    def __post_init__(self):
+        if self.promotion not in PROMOTIONS:
+            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+
+    @property
+    def name(self) -> str:
+        return "predecode_k32" if self.promotion == "k32" else "predecode"
+
     def source(self) -> str:
-        return (KERNEL_DIR / "gemm" / "instantiate_predecode.cu.in").read_text()
+        tmpl = (KERNEL_DIR / "gemm" / "instantiate_predecode.cu.in").read_text()
+        return tmpl.replace("@EXACT@", "true" if self.promotion == "k32" else "false")
 
 
 @dataclasses.dataclass

@@ -30,6 +30,13 @@ ROWS_PER_WG = 64  # weight rows per consumer warpgroup (wgmma M)
 # tokens run the serial schedule, one temporary. The kernel static_asserts the same limits.
 MAX_TILE = {"k32": 64, "k128": 256}
 MAX_WGS4_TILE = {"k32": 8, "k128": 64}
+# The prefill path (kernel/gemm/gemm_sm90_prefill.cuh): CTA tiles of 128 tokens x 256 weight rows,
+# the weights predecoded once per call into tiles of one (expert, K block, 256 rows), each moved by
+# one bulk copy: the E4M3 bytes [256][128] (128-byte swizzle), and in the exact mode (k32) the rows'
+# per-32 scales as fp32 after them, 4 x 256 (predecode.cuh prefill_wsf_index gives the order).
+PREFILL_TOKENS = 128
+PREFILL_ROWS = 256
+PREFILL_TILE_BYTES = {"k128": PREFILL_ROWS * BLOCK_K, "k32": PREFILL_ROWS * BLOCK_K + 4 * PREFILL_ROWS * 4}
 
 # Trap record codes (kernel/common/ptx.cuh report_trap; megamoe.gemm.timeout_message words them).
 WAITS = {
@@ -382,6 +389,9 @@ def header() -> str:
         "// The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.",
         f"constexpr int kMaxTileExact = {MAX_TILE['k32']}, kMaxTileFast = {MAX_TILE['k128']};",
         f"constexpr int kMaxWgs4TileExact = {MAX_WGS4_TILE['k32']}, kMaxWgs4TileFast = {MAX_WGS4_TILE['k128']};",
+        "// The prefill path's CTA tile and its predecoded weight tiles (bytes; exact: + fp32 scales).",
+        f"constexpr int kPrefillTokens = {PREFILL_TOKENS}, kPrefillRows = {PREFILL_ROWS};",
+        f"constexpr int kPrefillTileFast = {PREFILL_TILE_BYTES['k128']}, kPrefillTileExact = {PREFILL_TILE_BYTES['k32']};",
         "",
         "// Trap record codes (megamoe.gemm.timeout_message).",
         "enum WaitKind : int {",

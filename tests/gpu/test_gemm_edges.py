@@ -21,10 +21,13 @@ from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, lo
 
 # (promotion, max_tile, wgs): the 4-warpgroup 8-token kernel, the 2-warpgroup kernel whose items run
 # at 8 tokens, the 4-warpgroup 64-token kernel (one serial mainloop, items 8 .. 64 wide) and the
-# 2-warpgroup one it replaces where the weight rows do not fill 256-row CTAs, and the largest tiles.
+# 2-warpgroup one it replaces where the weight rows do not fill 256-row CTAs, and the largest tiles;
+# (None, None): the prefill path of that promotion (predecode pass + gemm_sm90_prefill.cuh).
 KERNELS = [
     ("k32", 8, 4),
     ("k32", 64, 2),
+    ("k32", None, None),
+    ("k128", None, None),
     ("k128", 8, 4),
     ("k128", 8, 2),
     ("k128", 64, 4),
@@ -72,6 +75,7 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
         promotion=promotion,
         max_tile=max_tile,
         wgs=wgs,
+        prefill=max_tile is None,
         debug=True,
     )
     torch.cuda.synchronize()
@@ -124,6 +128,7 @@ def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs
         promotion=promotion,
         max_tile=max_tile,
         wgs=wgs,
+        prefill=max_tile is None,
         debug=True,
         activation_clamp=clamp,
     )
@@ -154,7 +159,7 @@ def _fast_rule_reference(pool: Pool, w, w_sf):
     return out
 
 
-@pytest.mark.parametrize("max_tile,wgs", [(8, 4), (64, 4), (128, 2), (256, 2)])
+@pytest.mark.parametrize("max_tile,wgs", [(8, 4), (64, 4), (128, 2), (256, 2), (None, None)])
 def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs):
     """In every K128 block, weight group 0 has scale byte 124 and groups 1-3 have 107 (17 binades
     under it: the scaled tables round them onto E4M3's subnormal grid), and token group 0 has 110
@@ -182,6 +187,7 @@ def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs)
         promotion="k128",
         max_tile=max_tile,
         wgs=wgs,
+        prefill=max_tile is None,
         debug=True,
     )
     torch.cuda.synchronize()
@@ -195,6 +201,43 @@ def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs)
     )
     assert rule <= G.TAU["k128"], f"fast mode off its own operand rule: ratio {rule}"
     assert original > 16 * G.TAU["k128"], "the data should show the rule (the original operands differ)"
+
+
+@pytest.mark.parametrize("max_tile,wgs", [(8, 4), (64, 2), (None, None)])
+def test_exact_mode_stays_inside_tau_on_wide_scale_spreads(max_tile, wgs):
+    """The fast-mode test's data (weight groups 17 binades apart inside every K128 block, token groups
+    17 apart): the exact mode promotes every k32 product with both of its scales, so it stays within
+    its tau of the fp64 sum of the original operands."""
+    H, inter = 1024, 512
+    gen = torch.Generator().manual_seed(10)
+    counts = [30, 140]
+    pool = Pool(counts, H, gen=gen)
+    pool.sf[pool.valid] = torch.tensor([110, 127, 127, 127], dtype=torch.uint8, device="cuda").repeat(H // 128)
+    w1, s1 = random_weights(2, 2 * inter, H, gen=gen)
+    s1[:] = torch.tensor([124, 107, 107, 107], dtype=torch.uint8).repeat(H // 128).to(s1.device)
+    w2, s2 = random_weights(2, H, inter, gen=gen)
+    kw = L.transform_weights(w1, s1, w2, s2)
+    res = G.l1_gemm(
+        pool.x,
+        pool.sf,
+        pool.offsets,
+        pool.num_tokens,
+        pool.w_route,
+        kw,
+        promotion="k32",
+        max_tile=max_tile,
+        wgs=wgs,
+        prefill=max_tile is None,
+        debug=True,
+    )
+    torch.cuda.synchronize()
+    worst = max(
+        bound_ratio(res.acc1[pool.rows(e)], ex, b)
+        for e, (ex, b) in reference_acc(pool, pool.x, pool.sf, w1, s1).items()
+    )
+    log_result(test="exact_wide_spread", max_tile=max_tile, max_ratio=worst, tau=G.TAU["k32"])
+    assert worst <= G.TAU["k32"], f"exact mode off its tau on wide spreads: ratio {worst}"
+    check_l1_epilogue(pool, res, inter, True, None, f"exact wide spread tile {max_tile}")
 
 
 def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():

@@ -1,7 +1,7 @@
-"""The prefill path of the fast mode (predecode pass + kernel/gemm/gemm_sm90_prefill.cuh) on the
+"""The prefill path (predecode pass + kernel/gemm/gemm_sm90_prefill.cuh), both promotions, on the
 GPU: D5/D7 inside GEMM_BOUND tau, D6 / D8 bit-exact given its own dumped accumulators, GEMM_EXACT
 on grid-snapped data, padding rows never written, the production build equal to the debug build,
-and the entry points' choice of path.
+and the entry points' choice of path. (The SPEC edges through it: tests/gpu/test_gemm_edges.py.)
 
 Run: pytest -s tests/gpu/test_gemm_prefill.py"""
 
@@ -39,11 +39,12 @@ PREFILL_COUNTS = [0, 1, 127, 128, 129, 300, 64, 5]
 MANY_ITEMS = [1500, 1300, 129, 5, 700, 2000, 0, 1]
 
 
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize(
     "H,inter,counts",
     [(1024, 1024, COUNTS), (2048, 1024, PREFILL_COUNTS), (512, 2048, [600, 3]), (512, 1024, MANY_ITEMS)],
 )
-def test_prefill_l1_bound_and_epilogue(H, inter, counts):
+def test_prefill_l1_bound_and_epilogue(H, inter, counts, promotion):
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=H + inter + len(counts))
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
     for fast, clamp in ((True, 1.0), (False, None)):
@@ -56,7 +57,7 @@ def test_prefill_l1_bound_and_epilogue(H, inter, counts):
             pool.num_tokens,
             pool.w_route,
             kw,
-            promotion="k128",
+            promotion=promotion,
             prefill=True,
             fast_math=fast,
             activation_clamp=clamp,
@@ -66,16 +67,19 @@ def test_prefill_l1_bound_and_epilogue(H, inter, counts):
         )
         torch.cuda.synchronize()
         worst = max(bound_ratio(res.acc1[pool.rows(e)], ex, b) for e, (ex, b) in ref.items())
-        check_l1_epilogue(pool, res, inter, fast, clamp, "prefill")
+        check_l1_epilogue(pool, res, inter, fast, clamp, f"prefill {promotion}")
         pad = ~pool.valid
         assert (out.view(torch.uint8)[pad] == 0x55).all(), "prefill L1 wrote a padding row"
         assert (out_sf[pad] == 0x55).all(), "prefill L1 wrote a padding row's scales"
-        log_result(test="prefill_l1_bound", H=H, I=inter, fast=fast, max_ratio=worst, tau=G.TAU["k128"])
-        assert worst <= G.TAU["k128"]
+        log_result(
+            test="prefill_l1_bound", promotion=promotion, H=H, I=inter, fast=fast, max_ratio=worst, tau=G.TAU[promotion]
+        )
+        assert worst <= G.TAU[promotion]
 
 
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("H,inter,counts", [(1024, 2048, COUNTS), (2048, 512, PREFILL_COUNTS), (2048, 512, MANY_ITEMS)])
-def test_prefill_l2_bound_and_epilogue(H, inter, counts):
+def test_prefill_l2_bound_and_epilogue(H, inter, counts, promotion):
     gen = torch.Generator().manual_seed(400 + H + len(counts))
     pool = Pool(counts, inter, gen=gen)
     E = len(counts)
@@ -84,20 +88,21 @@ def test_prefill_l2_bound_and_epilogue(H, inter, counts):
     kw = L.transform_weights(w1, s1, w2, s2)
     comb, dst = combine_rows(pool, H, K=2, gen=gen)  # random rows of a [2, T, H] buffer, the rest NaN
     res = G.l2_gemm(
-        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k128", prefill=True, debug=True
+        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion=promotion, prefill=True, debug=True
     )
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
-    check_l2_epilogue(pool, res.acc2, comb, dst, "prefill")
+    check_l2_epilogue(pool, res.acc2, comb, dst, f"prefill {promotion}")
     written = torch.zeros(comb.shape[0] * comb.shape[1], dtype=torch.bool, device="cuda")
     written[dst[pool.valid].long()] = True
     assert comb.view(-1, H)[~written].isnan().all(), "prefill L2 wrote a combine row no pool row maps to"
-    log_result(test="prefill_l2_bound", H=H, I=inter, max_ratio=worst, tau=G.TAU["k128"])
-    assert worst <= G.TAU["k128"]
+    log_result(test="prefill_l2_bound", promotion=promotion, H=H, I=inter, max_ratio=worst, tau=G.TAU[promotion])
+    assert worst <= G.TAU[promotion]
 
 
-def test_prefill_gemm_exact_grid():
-    """GEMM_EXACT: integers, equal scales -> acc == exact bitwise (both layers)."""
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_prefill_gemm_exact_grid(promotion):
+    """GEMM_EXACT: integers, equal scales -> acc == exact bitwise."""
     H, inter = 1024, 1024
     counts = [5, 200, 0, 130]
     gen = torch.Generator().manual_seed(22)
@@ -106,18 +111,19 @@ def test_prefill_gemm_exact_grid():
     w2, s2 = random_weights(4, H, inter, gen=gen, grid=True, grid_sf=(127, 127))
     kw = L.transform_weights(w1, s1, w2, s2)
     res = G.l1_gemm(
-        pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128", prefill=True, debug=True
+        pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, prefill=True, debug=True
     )
     torch.cuda.synchronize()
     for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
         assert torch.equal(got, exact.to(torch.float32)), (
-            f"prefill GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
+            f"prefill {promotion} GEMM_EXACT expert {e}: {first_diff(got, exact.float())}"
         )
-    log_result(test="prefill_gemm_exact", ok=True)
+    log_result(test="prefill_gemm_exact", promotion=promotion, ok=True)
 
 
-def test_prefill_production_build_matches_debug():
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_prefill_production_build_matches_debug(promotion):
     H, inter = 1024, 512
     pool, _, kw = setup_l1(H, inter, PREFILL_COUNTS, seed=9)
     outs = []
@@ -129,7 +135,7 @@ def test_prefill_production_build_matches_debug():
             pool.num_tokens,
             pool.w_route,
             kw,
-            promotion="k128",
+            promotion=promotion,
             prefill=True,
             debug=debug,
         )
@@ -141,8 +147,6 @@ def test_prefill_production_build_matches_debug():
 def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
     """(The choice itself is tested on the CPU: tests/test_gemm_host.py.)"""
     pool, _, kw = setup_l1(512, 512, [3, 2], seed=1)
-    with pytest.raises(MegaMoEInputError, match="prefill"):
-        G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True)
     with pytest.raises(MegaMoEInputError, match="prefill"):
         G.l1_gemm(
             pool.x,
@@ -156,6 +160,10 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
             max_tile=64,
         )
     assert jb.PrefillSpec(1).rows_per_cta == G.PREFILL_ROWS == 256
+    with pytest.raises(MegaMoEInputError, match="prefill"):
+        G.l1_gemm(
+            pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True, wgs=2
+        )
 
 
 def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_launch():
