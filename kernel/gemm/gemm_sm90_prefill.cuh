@@ -184,44 +184,58 @@ __device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const
   }
 }
 
-// Exact mode: per K block and k32 step four wgmmas of 64 rows (quarters q of the tile: rows
-// 64 q .. 64 q + 63), each promoted with both per-32 scales (promote_k32_one: the scales' product,
-// then one FMA), two FP32 instructions per accumulator and step; the other warpgroup's steps fill
-// the tensor core meanwhile. One quarter temporary (32 registers): a pair of them, the next
-// quarter's wgmma in flight during this one's promotion, spilled 500 bytes, and so did temporaries
-// of a half (64 registers). The thread's two tokens' scale bytes are one word each per
-// stage; its 16 rows' weight scales of a step and quarter are four 16-byte loads
-// (predecode.cuh prefill_wsf_index).
-struct PrefillK32Step {
+// Exact mode: per K block and k32 step eight wgmmas of 32 rows (rows 32 q .. 32 q + 31 of the
+// tile), each promoted with both per-32 scales (promote_k32_one: the scales' product, then one FMA),
+// two FP32 instructions per accumulator and step. Two 16-register temporaries: the next step's
+// wgmma runs while this one is promoted (wait<1>). Wider steps spilled at 224 registers: a pair
+// of 64-row temporaries 400 bytes, one 128-row temporary 850; one 64-row temporary fit but left
+// each warpgroup's wgmma and promotion in one chain (DSV3 L1 2048: 10.8 ms). The thread's two
+// tokens' scale bytes are one word each per stage; its rows' weight scales of a step are 16-byte
+// loads (predecode.cuh prefill_wsf_index), two per 32 rows.
+template <int kCols>
+struct PrefillK32Step {   // kCols: the rows of one step's wgmma (32)
+  static constexpr int kParts = kPrefillRows / kCols;   // wgmmas per k32 step
+  static constexpr int kSteps = 4 * kParts;
   uint32_t a_lo, b_lo, wsf, word0, word1;
+  float s0, s1;   // the thread's two tokens' scales of the current k32 step (token_scales)
   uint64_t* full;
   uint32_t phase;
   int stage;
   int* err;
 
-  // Step i (k32 step i / 4, quarter i % 4) into d. Each after a wait on the stage's full barrier
-  // (the first waits, the others pass at once): its branch ends the block, so ptxas cannot hoist a
-  // step's wgmma above the last step's promotion (it did: 600 bytes of spills).
-  __device__ __forceinline__ void issue(int i, float (&d)[32]) const {
+  // Step i (k32 step i / kParts, rows kCols (i % kParts) ..) into d. Each after a wait on the stage's
+  // full barrier (the first waits, the others pass at once): its branch ends the block, so ptxas
+  // cannot hoist a step's wgmma above the last step's promotion (it did: 600 bytes of spills).
+  __device__ __forceinline__ void issue(int i, float (&d)[kCols / 2]) const {
     ptx::mbar_wait(full, phase, kWaitFull, stage, err);
     ptx::wgmma_fence();
-    WgmmaSS<64>::mma_overwrite(d, ptx::smem_desc_sw128_from_lo(a_lo + 2 * (i / 4)),
-                               ptx::smem_desc_sw128_from_lo(b_lo + (i % 4) * (64 * kBlockK >> 4)));
+    WgmmaSS<kCols>::mma_overwrite(
+        d, ptx::smem_desc_sw128_from_lo(a_lo + 2 * (i / kParts)),
+        ptx::smem_desc_sw128_from_lo(b_lo + (i % kParts) * (kCols * kBlockK >> 4) + 2 * (i / kParts)));
     ptx::wgmma_commit();
   }
 
+  // At the first step of k32 step ks: its token scales.
+  __device__ __forceinline__ void token_scales(int ks) {
+    s0 = ue8m0_to_float((word0 >> (8 * ks)) & 0xFFu);
+    s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
+  }
+
   // Waits for step i (in d; step i + 1, if any, is in flight) and promotes it.
-  __device__ __forceinline__ void promote(int i, float (&d)[32], float (&acc)[2][kPrefillHalf / 2]) const {
-    ptx::wgmma_wait<0>();
+  __device__ __forceinline__ void promote(int i, float (&d)[kCols / 2], float (&acc)[2][kPrefillHalf / 2]) const {
+    if (i + 1 < kSteps)
+      ptx::wgmma_wait<1>();
+    else
+      ptx::wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 32; ++e) ptx::fence_operand(d[e]);
-    const int ks = i / 4, h = (i % 4) / 2, base = 32 * (i % 2);
-    const float s0 = ue8m0_to_float((word0 >> (8 * ks)) & 0xFFu);
-    const float s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
+    for (int e = 0; e < kCols / 2; ++e) ptx::fence_operand(d[e]);
+    const int ks = i / kParts;
+    const int row0 = kCols * (i % kParts);   // the step's first row of the tile
+    const int h = row0 / kPrefillHalf, base = (row0 % kPrefillHalf) / 2;
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      // Rows 8 j + 2 t + c of the half for j = 8 (i % 2) + 2 v + qq: one vector, loaded where used.
-      const uint4 w = ptx::ld_shared_v4(wsf + ((ks * 2 + h) * 8 + 4 * (i % 2) + v) * 64);
+    for (int v = 0; v < kCols / 16; ++v) {
+      // Rows 8 j + 2 t + c of the half for j = row0 % 128 / 8 + 2 v + qq: one vector, loaded where used.
+      const uint4 w = ptx::ld_shared_v4(wsf + ((ks * 2 + h) * 8 + base / 8 + v) * 64);
       const float sw[4] = {__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
 #pragma unroll
       for (int qq = 0; qq < 2; ++qq)
@@ -241,13 +255,14 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
                                                      RingCursor& cur, int wg, int sx0,
                                                      float (&acc)[2][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
+  using Step = PrefillK32Step<32>;
   constexpr int S = Cfg::kStages;
   const int num_kb = p.k / kBlockK;
   const int t = ptx::thread_idx() % 4;
-  float ta[32];
+  float ta[32 / 2], tb[32 / 2];
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = cur.stage;
-    PrefillK32Step st;
+    Step st;
     st.a_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.x + s * Ring::kX + wg * 64 * kBlockK), 0);
     st.b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * Ring::kW), 0);
     st.wsf = ptx::smem_addr(ring.w + s * Ring::kW + kPrefillRows * kBlockK) + 16 * t;
@@ -259,10 +274,14 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
     ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
     st.word0 = words[0];
     st.word1 = words[8];
+    st.issue(0, ta);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      st.issue(i, ta);
+    for (int i = 0; i < Step::kSteps; i += 2) {
+      if (i % Step::kParts == 0) st.token_scales(i / Step::kParts);
+      st.issue(i + 1, tb);
       st.promote(i, ta, acc);
+      if (i + 2 < Step::kSteps) st.issue(i + 2, ta);
+      st.promote(i + 1, tb, acc);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h)
