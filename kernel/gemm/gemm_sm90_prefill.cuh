@@ -184,18 +184,19 @@ __device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const
   }
 }
 
-// Exact mode: per K block and k32 step eight wgmmas of 32 rows (rows 32 q .. 32 q + 31 of the
-// tile), each promoted with both per-32 scales (promote_k32_one: the scales' product, then one FMA),
-// two FP32 instructions per accumulator and step. Two 16-register temporaries: the next step's
-// wgmma runs while this one is promoted (wait<1>). Wider steps spilled at 224 registers: a pair
-// of 64-row temporaries 400 bytes, one 128-row temporary 850; one 64-row temporary fit but left
-// each warpgroup's wgmma and promotion in one chain (DSV3 L1 2048: 10.8 ms). The thread's two
-// tokens' scale bytes are one word each per stage; its rows' weight scales of a step are 16-byte
-// loads (predecode.cuh prefill_wsf_index), two per 32 rows.
-template <int kCols>
-struct PrefillK32Step {   // kCols: the rows of one step's wgmma (32)
+// Exact mode: per K block and k32 step four wgmmas of 64 rows (rows 64 q .. 64 q + 63 of the tile),
+// each waited for and promoted with both per-32 scales (promote_k32_one: the scales' product, then
+// one FMA): two FP32 instructions per accumulator and k32 step, 1024 a warp and K block, where the
+// fast mode has 128. One 32-register temporary; the other warpgroup's steps fill the tensor core
+// meanwhile. Measured against it (bench/NOTES.md v17, DSV3 L1 2048, same call): the next step's
+// wgmma in flight during this one's promotion (two temporaries: 236 bytes of spills) 12.1 ms against
+// 11.0; steps of 32 rows with two temporaries (spill-free) 13.6 ms; 128-row steps spilled 850 bytes.
+// The thread's two tokens' scale bytes are one word each per stage; its 16 rows' weight scales of a
+// step are four 16-byte loads (predecode.cuh prefill_wsf_index).
+struct PrefillK32Step {
+  static constexpr int kCols = 64;                      // weight rows per wgmma
   static constexpr int kParts = kPrefillRows / kCols;   // wgmmas per k32 step
-  static constexpr int kSteps = 4 * kParts;
+  static constexpr int kSteps = 4 * kParts;             // per K block
   uint32_t a_lo, b_lo, wsf, word0, word1;
   float s0, s1;   // the thread's two tokens' scales of the current k32 step (token_scales)
   uint64_t* full;
@@ -221,12 +222,9 @@ struct PrefillK32Step {   // kCols: the rows of one step's wgmma (32)
     s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
   }
 
-  // Waits for step i (in d; step i + 1, if any, is in flight) and promotes it.
+  // Waits for step i (in d) and promotes it into acc.
   __device__ __forceinline__ void promote(int i, float (&d)[kCols / 2], float (&acc)[2][kPrefillHalf / 2]) const {
-    if (i + 1 < kSteps)
-      ptx::wgmma_wait<1>();
-    else
-      ptx::wgmma_wait<0>();
+    ptx::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < kCols / 2; ++e) ptx::fence_operand(d[e]);
     const int ks = i / kParts;
@@ -255,11 +253,11 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
                                                      RingCursor& cur, int wg, int sx0,
                                                      float (&acc)[2][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
-  using Step = PrefillK32Step<32>;
+  using Step = PrefillK32Step;
   constexpr int S = Cfg::kStages;
   const int num_kb = p.k / kBlockK;
   const int t = ptx::thread_idx() % 4;
-  float ta[32 / 2], tb[32 / 2];
+  float tmp[Step::kCols / 2];
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = cur.stage;
     Step st;
@@ -274,14 +272,11 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
     ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
     st.word0 = words[0];
     st.word1 = words[8];
-    st.issue(0, ta);
 #pragma unroll
-    for (int i = 0; i < Step::kSteps; i += 2) {
+    for (int i = 0; i < Step::kSteps; ++i) {
       if (i % Step::kParts == 0) st.token_scales(i / Step::kParts);
-      st.issue(i + 1, tb);
-      st.promote(i, ta, acc);
-      if (i + 2 < Step::kSteps) st.issue(i + 2, ta);
-      st.promote(i + 1, tb, acc);
+      st.issue(i, tmp);
+      st.promote(i, tmp, acc);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h)

@@ -11,7 +11,7 @@ rather than by hand.
 
 import pathlib
 
-NS = {"RS": [8, 16, 32, 64, 128, 256], "SS": [32, 64, 128, 256]}
+NS = {"RS": [8, 16, 32, 64, 128, 256], "SS": [64, 128, 256]}
 
 
 # Per form: (A operand parameters of mma(), their asm operands and constraints, header comment).
