@@ -192,7 +192,7 @@ __device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const
 // wgmma in flight during this one's promotion (two temporaries: 236 bytes of spills) 12.1 ms against
 // 11.0; steps of 32 rows with two temporaries (spill-free) 13.6 ms; 128-row steps spilled 850 bytes.
 // The thread's two tokens' scale bytes are one word each per stage; its 16 rows' weight scales of a
-// step are four 16-byte loads (predecode.cuh prefill_wsf_index).
+// step are four 16-byte loads (predecode.cuh prefill_wsf_index), issued behind the step's wgmma.
 struct PrefillK32Step {
   static constexpr int kCols = 64;                      // weight rows per wgmma
   static constexpr int kParts = kPrefillRows / kCols;   // wgmmas per k32 step
@@ -222,19 +222,29 @@ struct PrefillK32Step {
     s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
   }
 
-  // Waits for step i (in d) and promotes it into acc.
-  __device__ __forceinline__ void promote(int i, float (&d)[kCols / 2], float (&acc)[2][kPrefillHalf / 2]) const {
+  // Step i's weight scales of the thread's 16 rows: four vectors, loaded while its wgmma runs (after
+  // the wait, their latency stalled the promotion: 16 % of the mainloop's samples, ncu).
+  __device__ __forceinline__ void weight_scales(int i, uint4 (&w)[kCols / 16]) const {
+    const int ks = i / kParts;
+    const int row0 = kCols * (i % kParts);
+#pragma unroll
+    for (int v = 0; v < kCols / 16; ++v)
+      w[v] = ptx::ld_shared_v4(wsf + ((ks * 2 + row0 / kPrefillHalf) * 8 + (row0 % kPrefillHalf) / 16 + v) * 64);
+  }
+
+  // Waits for step i (in d) and promotes it into acc with its weight scales w.
+  __device__ __forceinline__ void promote(int i, float (&d)[kCols / 2], const uint4 (&w)[kCols / 16],
+                                          float (&acc)[2][kPrefillHalf / 2]) const {
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < kCols / 2; ++e) ptx::fence_operand(d[e]);
-    const int ks = i / kParts;
     const int row0 = kCols * (i % kParts);   // the step's first row of the tile
     const int h = row0 / kPrefillHalf, base = (row0 % kPrefillHalf) / 2;
 #pragma unroll
     for (int v = 0; v < kCols / 16; ++v) {
-      // Rows 8 j + 2 t + c of the half for j = row0 % 128 / 8 + 2 v + qq: one vector, loaded where used.
-      const uint4 w = ptx::ld_shared_v4(wsf + ((ks * 2 + h) * 8 + base / 8 + v) * 64);
-      const float sw[4] = {__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
+      // Rows 8 j + 2 t + c of the half for j = row0 % 128 / 8 + 2 v + qq.
+      const float sw[4] = {__uint_as_float(w[v].x), __uint_as_float(w[v].y), __uint_as_float(w[v].z),
+                           __uint_as_float(w[v].w)};
 #pragma unroll
       for (int qq = 0; qq < 2; ++qq)
 #pragma unroll
@@ -275,8 +285,10 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
 #pragma unroll
     for (int i = 0; i < Step::kSteps; ++i) {
       if (i % Step::kParts == 0) st.token_scales(i / Step::kParts);
+      uint4 w[Step::kCols / 16];
       st.issue(i, tmp);
-      st.promote(i, tmp, acc);
+      st.weight_scales(i, w);
+      st.promote(i, tmp, w, acc);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h)
