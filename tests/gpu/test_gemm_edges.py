@@ -159,6 +159,19 @@ def _fast_rule_reference(pool: Pool, w, w_sf):
     return out
 
 
+def _wide_spreads(counts, seed):
+    """A pool and L1 weights (H 1024, I 512) whose scales spread over 17 binades in every K128 block:
+    weight groups 124, 107, 107, 107 and token groups 110, 127, 127, 127."""
+    H, inter = 1024, 512
+    gen = torch.Generator().manual_seed(seed)
+    pool = Pool(counts, H, gen=gen)
+    pool.sf[pool.valid] = torch.tensor([110, 127, 127, 127], dtype=torch.uint8, device="cuda").repeat(H // 128)
+    w1, s1 = random_weights(len(counts), 2 * inter, H, gen=gen)
+    s1[:] = torch.tensor([124, 107, 107, 107], dtype=torch.uint8).repeat(H // 128).to(s1.device)
+    w2, s2 = random_weights(len(counts), H, inter, gen=gen)
+    return pool, w1, s1, L.transform_weights(w1, s1, w2, s2)
+
+
 @pytest.mark.parametrize("max_tile,wgs", [(8, 4), (64, 4), (128, 2), (256, 2), (None, None)])
 def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs):
     """In every K128 block, weight group 0 has scale byte 124 and groups 1-3 have 107 (17 binades
@@ -166,17 +179,10 @@ def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs)
     while groups 1-3 have 127 (rebase_k128 shifts group 0 by 2^-17), so every group carries a
     comparable share of each sum. The fast mode's accumulators are within tau of the fp64 sum of its
     own documented operands, and far from that of the original ones (so the rule is what is tested)."""
-    H, inter = 1024, 512
-    gen = torch.Generator().manual_seed(9)
-    counts = [30, 70]
-    pool = Pool(counts, H, gen=gen)
-    pattern = torch.tensor([110, 127, 127, 127], dtype=torch.uint8, device="cuda").repeat(H // 128)
-    pool.sf[pool.valid] = pattern
-    w1, s1 = random_weights(2, 2 * inter, H, gen=gen)
-    s1[:] = torch.tensor([124, 107, 107, 107], dtype=torch.uint8).repeat(H // 128).to(s1.device)
-    w2, s2 = random_weights(2, H, inter, gen=gen)
-    kw = L.transform_weights(w1, s1, w2, s2)
-    assert ref.quantize.fast_rounded_rows(s1) == 2 * 2 * inter, "test data: every row exceeds the exact window"
+    pool, w1, s1, kw = _wide_spreads([30, 70], seed=9)
+    assert ref.quantize.fast_rounded_rows(s1) == s1.shape[0] * s1.shape[1], (
+        "test data: every row exceeds the exact window"
+    )
     res = G.l1_gemm(
         pool.x,
         pool.sf,
@@ -208,15 +214,7 @@ def test_exact_mode_stays_inside_tau_on_wide_scale_spreads(max_tile, wgs):
     """The fast-mode test's data (weight groups 17 binades apart inside every K128 block, token groups
     17 apart): the exact mode promotes every k32 product with both of its scales, so it stays within
     its tau of the fp64 sum of the original operands."""
-    H, inter = 1024, 512
-    gen = torch.Generator().manual_seed(10)
-    counts = [30, 140]
-    pool = Pool(counts, H, gen=gen)
-    pool.sf[pool.valid] = torch.tensor([110, 127, 127, 127], dtype=torch.uint8, device="cuda").repeat(H // 128)
-    w1, s1 = random_weights(2, 2 * inter, H, gen=gen)
-    s1[:] = torch.tensor([124, 107, 107, 107], dtype=torch.uint8).repeat(H // 128).to(s1.device)
-    w2, s2 = random_weights(2, H, inter, gen=gen)
-    kw = L.transform_weights(w1, s1, w2, s2)
+    pool, w1, s1, kw = _wide_spreads([30, 140], seed=10)
     res = G.l1_gemm(
         pool.x,
         pool.sf,
@@ -237,7 +235,7 @@ def test_exact_mode_stays_inside_tau_on_wide_scale_spreads(max_tile, wgs):
     )
     log_result(test="exact_wide_spread", max_tile=max_tile, max_ratio=worst, tau=G.TAU["k32"])
     assert worst <= G.TAU["k32"], f"exact mode off its tau on wide spreads: ratio {worst}"
-    check_l1_epilogue(pool, res, inter, True, None, f"exact wide spread tile {max_tile}")
+    check_l1_epilogue(pool, res, 512, True, None, f"exact wide spread tile {max_tile}")
 
 
 def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
