@@ -77,7 +77,9 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 # kernel, which decodes every weight tile once per token block. Measured crossovers (DSV3,
 # graph-timed, same call): fast mode (bench/NOTES.md v16) L1 (K = H) 0.80x the swap-AB kernel at 256
 # tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
-# 1.10x at 512, 1.22x at 1024. Exact mode: see v17.
+# 1.10x at 512, 1.22x at 1024. Exact mode (v17; two FP32 instructions per accumulator and k32 step
+# in both kernels, so the pass pays off early): L1 1.03x at 128 tokens, 1.26x at 256; L2 1.06x,
+# 1.28x.
 PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
 PREFILL_ROWS = contract.PREFILL_ROWS
 
