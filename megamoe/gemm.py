@@ -115,8 +115,14 @@ def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, prom
     layer)]. The mean matters because the predecode pass decodes every expert's weights: under a skewed
     routing whose largest expert has 676 of 2048 tokens (32 experts) the prefill path took 648 us
     at DSV3 L1 against 299 us for the swap-AB kernel (bench/NOTES.md v15)."""
-    need = PREFILL_MIN_TOKENS[(promotion, layer)]
-    return max_tokens is not None and max_tokens >= need and rows_per_expert >= need and n_rows % PREFILL_ROWS == 0
+    need = PREFILL_MIN_TOKENS.get((promotion, layer))
+    return (
+        need is not None
+        and max_tokens is not None
+        and max_tokens >= need
+        and rows_per_expert >= need
+        and n_rows % PREFILL_ROWS == 0
+    )
 
 
 def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expert: float | None = None) -> int:
@@ -536,8 +542,9 @@ class _Sequence:
 
 # The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by
 # every call (launches on one stream run in order; eager calls on two streams get two buffers). A
-# buffer is E * K * R bytes (the DSV3 slice of 32 experts: 940 MB for L1, 470 MB for L2) and lives
-# until release_prefill_buffers(), because the cached launches point into it. CUDA graphs: a graph
+# buffer is E * K * R bytes, 9/8 of that in the exact mode (the DSV3 slice of 32 experts: 940 MB for
+# L1, 470 MB for L2; a process that runs both promotions keeps both) and lives until
+# release_prefill_buffers(), because the cached launches point into it. CUDA graphs: a graph
 # keeps the buffer of the stream it was captured on, so graphs captured on one stream share it and
 # must not be replayed at the same time on two streams.
 _SCRATCH: dict[tuple, torch.Tensor] = {}

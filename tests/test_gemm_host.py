@@ -116,6 +116,7 @@ def test_the_prefill_path_is_taken_from_the_measured_crossovers_for_the_largest_
     assert not G.use_prefill(1, None, 520.0, "k128", 4096)  # unknown largest expert
     assert G.use_prefill(1, 128, 128.0, "k32", 4096) and not G.use_prefill(1, 127, 128.0, "k32", 4096)
     assert not G.use_prefill(1, 256, 127.0, "k32", 4096)  # the exact mode's crossover is its own
+    assert not G.use_prefill(1, 4096, 4096.0, "k64", 4096)  # no such promotion: no prefill path
     assert not G.use_prefill(1, 4096, 4096.0, "k128", 4096 + 128)  # rows not a multiple of 256
     # Without a caller's choice: the automatic one, unless a gate or a forced specialisation says otherwise.
     auto = dict(max_tokens=600, rows_per_expert=600.0, promotion="k128", n_rows=4096)

@@ -10,15 +10,18 @@
 // Why a second orientation: in gemm_sm90.cuh (swap-AB) a token's fp32 scale varies along the
 // accumulator's columns, so each consumer thread promotes with 32 scales per 128 tokens and K
 // block, and the decode into registers sits in the same warps' chain (bench/NOTES.md v13). Here a
-// token's scale lies on the accumulator rows: two per thread and K block, one FFMA per accumulator.
+// token's scale lies on the accumulator rows: two per thread (and K block, or k32 step in the
+// exact mode).
 // Decoding FP4 into shared memory inside this loop costs more than half the tensor rate (v14), so
 // the weights are decoded once per call by the predecode pass and arrive here by bulk copy.
 //
-// CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (two halves of
-// 128, one SS m64n128k32 group each per K block; a 256-wide group would need a 128-register
-// temporary beside the 128 accumulators). Producer warpgroup: warp 0 lane 0 TMAs the activation
-// tile (two 64-row boxes) and bulk-copies the weight tile (32 KB); warp 1 stages the token scales
-// as fp32 with the expert base folded in (producer.cuh); warps 2-3 are the epilogue warps: the
+// CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (fast mode: two
+// halves of 128, one SS m64n128k32 group each per K block, a 256-wide group would need a
+// 128-register temporary beside the 128 accumulators; exact mode: m64n64k32 steps, below).
+// Producer warpgroup: warp 0 lane 0 TMAs the activation tile (two 64-row boxes) and bulk-copies
+// the weight tile (32 KB; exact mode 36 KB with its scales); warp 1 stages the token scales (fast
+// mode as fp32 with the expert base folded in, exact mode the raw bytes; producer.cuh); warps 2-3
+// are the epilogue warps: the
 // consumers leave each item's tile in bf16 in a staging buffer and go on to the next item's
 // mainloop while these two warps write the layer's output from it (prefill_rows.cuh). Registers
 // 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop needs no more than 224). The
@@ -57,7 +60,8 @@ constexpr int kPrefillHalf = 128;
 // then its fp32 scales) | token scales, one word a token (linear: token tok at tok; the scale warp
 // writes them through scale_index): fast mode the fp32 K128 scale, exact mode the four k32 scale
 // bytes as they are. The scale warp writes the item's tile (pick_tile: its valid rows rounded up
-// to a power of two, 0 past the valid ones); the consumers promote all 128 rows, so rows past that
+// to a power of two, a word 0 past the valid ones: fp32 0, or bytes that the exact mode's consumers
+// read as 2^-127); the consumers promote all 128 rows, so rows past that
 // tile take whatever an earlier stage left there: their accumulators are never written out (the
 // epilogues store valid rows only).
 template <bool kExact>

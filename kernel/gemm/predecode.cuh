@@ -2,7 +2,7 @@
 // as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of one
 // expert, K block and 256 rows, each one bulk copy; contract kPrefillTile*). Decoding inside the
 // prefill kernel instead costs more than half the tensor rate (bench/NOTES.md v14); here it costs
-// 1.5 bytes of HBM traffic per weight.
+// 1.5 bytes of HBM traffic per weight (the exact mode ~1.66: its scale bytes in, fp32 scales out).
 //   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
 //     128-byte swizzle.
 //   Exact mode (k32): the same layout through the plain table (the E2M1 values themselves), then
@@ -28,8 +28,9 @@ constexpr int kPredecodeWarps = 8;
 
 // The place of weight row n's (of the tile's 256) fp32 scale of k32 step ks among the exact tile's
 // 1024: consumer thread t of the prefill kernel holds rows 128 h + 8 j + 2 t + c (j < 16, c < 2) of
-// half h, and reads those of one step as eight 16-byte vectors (j = 2 i, 2 i + 1), the four threads
-// t side by side (64 contiguous bytes: no bank conflicts; the lanes of one t read the same words).
+// half h, those of one step and half as eight 16-byte vectors (j = 2 i, 2 i + 1; a 64-row step
+// reads four of them), the four threads t side by side (64 contiguous bytes: no bank conflicts; the
+// lanes of one t read the same words).
 __host__ __device__ constexpr int prefill_wsf_index(int ks, int n) {
   return (((ks * 2 + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
 }

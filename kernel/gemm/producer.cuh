@@ -5,7 +5,9 @@
 //                   copies of the packed FP4 weights and their scale bytes;
 //   warps 1 .. 3:   the activation scales of the stage as fp32, in the order the consumers read
 //                   them (see StageRing::scale_index), so a consumer promotes with one fp32 FMA
-//                   per accumulator and no scale arithmetic (one to three warps, by the tile).
+//                   per accumulator and no scale arithmetic (one to three warps, by the tile; the
+//                   exact prefill ring takes a token's four k32 bytes as one word instead,
+//                   kRawScaleWords).
 // A stage's full barrier expects 1 + kScaleWarps arrivals (the TMA thread's expect_tx, the scale
 // warps) plus the transaction bytes; the empty barrier is released by one arrival per consumer warp.
 #pragma once

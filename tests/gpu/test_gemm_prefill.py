@@ -166,15 +166,17 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
         )
 
 
-def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_launch():
-    """The production call as the benchmark makes it (out / out_sf / x_sf128 given, no debug): the
-    first call builds and caches the predecode + GEMM pair, the next ones replay it; with max_tokens
-    at the crossover the entry point picks the prefill path by itself. All equal to prefill=True."""
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_launch(promotion):
+    """The production call as the benchmark makes it (out / out_sf given, k128 with x_sf128, no
+    debug): the first call builds and caches the predecode + GEMM pair, the next ones replay it;
+    with max_tokens past the crossover the entry point picks the prefill path by itself. All equal
+    to prefill=True."""
     H, inter = 512, 512
     counts = [520, 530]
     pool, _, kw = setup_l1(H, inter, counts, seed=31)
-    x, x128 = G.rebase_k128(pool.x, pool.sf)
-    assert G.use_prefill(1, max(counts), pool.P / len(counts), "k128", 2 * inter)
+    x, x128 = G.rebase_k128(pool.x, pool.sf) if promotion == "k128" else (pool.x, None)
+    assert G.use_prefill(1, max(counts), pool.P / len(counts), promotion, 2 * inter)
 
     out = torch.empty(pool.P, inter, dtype=torch.float8_e4m3fn, device="cuda")
     out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
@@ -182,12 +184,12 @@ def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_laun
     def call(**kw_):
         G.l1_gemm(
             x,
-            x128,
+            x128 if promotion == "k128" else pool.sf,
             pool.offsets,
             pool.num_tokens,
             pool.w_route,
             kw,
-            promotion="k128",
+            promotion=promotion,
             out=out,
             out_sf=out_sf,
             x_sf128=x128,
