@@ -25,6 +25,8 @@
 namespace megamoe {
 
 constexpr int kPredecodeWarps = 8;
+constexpr int kPredecodeThreads = 32 * kPredecodeWarps;
+constexpr int kPredecodeSmemBytes = kLutEntries * 8 + kPredecodeWarps * 2048;
 
 // The place of weight row n's (of the tile's 256) fp32 scale of k32 step ks among the exact tile's
 // 1024: consumer thread t of the prefill kernel holds rows 128 h + 8 j + 2 t + c (j < 16, c < 2) of
@@ -34,8 +36,6 @@ constexpr int kPredecodeWarps = 8;
 __host__ __device__ constexpr int prefill_wsf_index(int ks, int n) {
   return (((ks * 2 + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
 }
-constexpr int kPredecodeThreads = 32 * kPredecodeWarps;
-constexpr int kPredecodeSmemBytes = kLutEntries * 8 + kPredecodeWarps * 2048;
 
 // Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0, so it divides).
 template <bool kExact>
