@@ -29,6 +29,12 @@ PROMOTIONS = ("k32", "k128")
 EXTRA_FLAGS = ["-lineinfo", "-Xptxas", "-v", "-diag-suppress", "1160"]
 
 
+def _check_promotion(promotion: str) -> None:
+    """Every specialisation's promotion field: one of PROMOTIONS."""
+    if promotion not in PROMOTIONS:
+        raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {promotion!r}")
+
+
 class CompileError(RuntimeError):
     """nvcc failed; the message carries nvcc's output."""
 
@@ -79,8 +85,7 @@ class GemmSpec:
     def __post_init__(self):
         if self.max_tile not in contract.TOKEN_TILES:
             raise ValueError(f"max_tile: expected one of {contract.TOKEN_TILES}, got {self.max_tile}")
-        if self.promotion not in PROMOTIONS:
-            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+        _check_promotion(self.promotion)
         if self.max_tile > max_tile_of(self.promotion):
             raise ValueError(
                 f"max_tile: promotion {self.promotion!r} goes up to {max_tile_of(self.promotion)}, got {self.max_tile}"
@@ -135,8 +140,7 @@ class FusedSpec:
     kernel = "megamoe_fused"  # the cubin's entry point
 
     def __post_init__(self):
-        if self.promotion not in PROMOTIONS:
-            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+        _check_promotion(self.promotion)
 
     @property
     def name(self) -> str:
@@ -171,8 +175,7 @@ class PrefillSpec:
     def __post_init__(self):
         if self.layer not in (1, 2):
             raise ValueError(f"layer: expected 1 or 2, got {self.layer}")
-        if self.promotion not in PROMOTIONS:
-            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+        _check_promotion(self.promotion)
 
     @property
     def name(self) -> str:
@@ -211,8 +214,7 @@ class PredecodeSpec:
     debug = False
 
     def __post_init__(self):
-        if self.promotion not in PROMOTIONS:
-            raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {self.promotion!r}")
+        _check_promotion(self.promotion)
 
     @property
     def name(self) -> str:
