@@ -21,11 +21,10 @@
 // Producer warpgroup: warp 0 lane 0 TMAs the activation tile (two 64-row boxes) and bulk-copies
 // the weight tile (32 KB; exact mode 36 KB with its scales); warp 1 stages the token scales (fast
 // mode as fp32 with the expert base folded in, exact mode the raw bytes; producer.cuh); warps 2-3
-// are the epilogue warps: the
-// consumers leave each item's tile in bf16 in a staging buffer and go on to the next item's
-// mainloop while these two warps write the layer's output from it (prefill_rows.cuh). Registers
-// 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop needs no more than 224). The
-// staging buffer (64 KB) leaves room for 3 stages.
+// are the epilogue warps: the consumers leave each item's tile in bf16 in a staging buffer and go
+// on to the next item's mainloop while these two warps write the layer's output from it
+// (prefill_rows.cuh). Registers 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop
+// needs no more than 224). The staging buffer (64 KB) leaves room for 3 stages.
 //
 // Numerics are those of the swap-AB kernels (gemm_sm90.cuh). Fast mode (k128): the E4M3 weights are
 // the bytes the scaled tables give, the four k32 products of a K block accumulate in the tensor
@@ -61,9 +60,9 @@ constexpr int kPrefillHalf = 128;
 // writes them through scale_index): fast mode the fp32 K128 scale, exact mode the four k32 scale
 // bytes as they are. The scale warp writes the item's tile (pick_tile: its valid rows rounded up
 // to a power of two, a word 0 past the valid ones: fp32 0, or bytes that the exact mode's consumers
-// read as 2^-127); the consumers promote all 128 rows, so rows past that
-// tile take whatever an earlier stage left there: their accumulators are never written out (the
-// epilogues store valid rows only).
+// read as 2^-127); the consumers promote all 128 rows, so rows past that tile take whatever an
+// earlier stage left there: their accumulators are never written out (the epilogues store valid
+// rows only).
 template <bool kExact>
 struct PrefillRing {
   static constexpr int kX = kPrefillTokens * kBlockK;
