@@ -148,6 +148,12 @@ def main() -> None:
         help="the prefill path (predecode + tokens-as-M GEMM, both promotions) where use_prefill picks it, or never",
     )
     ap.add_argument(
+        "--unfolded",
+        action="store_true",
+        help="the exact mode's prefill path as for weights none of whose 256-row blocks fold (rows spanning"
+        " more than 14 binades: the two-scale promotion; layout.fold_blocks)",
+    )
+    ap.add_argument(
         "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"
     )
     args = ap.parse_args()
@@ -163,6 +169,9 @@ def main() -> None:
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
         kw = random_kernel_weights(H, inter, dev)
+        if args.unfolded:
+            kw.w1_fold.zero_()
+            kw.w2_fold.zero_()
         for layer in (1, 2):
             R, K = (2 * inter, H) if layer == 1 else (H, inter)
             wbytes = E * (R * K // 2 + R * K // 32)

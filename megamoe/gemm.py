@@ -40,8 +40,14 @@ exact mode 1/8 more for its fp32 scales, freed by release_prefill_buffers()), th
 with tokens as the wgmma M dimension (kernel/gemm/gemm_sm90_prefill.cuh). Each promotion keeps its
 numerics: the fast mode's operand rule and per-K128 promotion (the same E4M3 weight bytes,
 TAU["k128"]), the exact mode's per-k32 promotion with both scales (TAU["k32"]); the tensor core's
-sums need not be bitwise those of the swap-AB kernels. The same epilogues (D6 / D8, bit-exact given
-the dumps) and dumps.
+sums need not be bitwise those of the swap-AB kernels. The exact mode folds the weight scales of
+each 256-row block whose rows span at most 14 binades (KernelWeights.w*_fold) into the predecoded
+bytes (the fast mode's scaled tables, exact there) and promotes each k32 product with one FMA by
+the token scale times 2^(B_e - 133), the rows' factors 2^(B_r - B_e) after the mainloop: the same
+bits as the two-scale promotion, which the other blocks take, wherever the folded scale
+2^(s_x + B_e - 260) and the accumulator times 2^(B_e - B_r) stay inside fp32's range (underflow
+under 2^-149 or overflow otherwise). The same epilogues (D6 / D8, bit-exact given the dumps) and
+dumps.
 """
 
 from __future__ import annotations
@@ -443,7 +449,7 @@ def _tkey(t):
 
 def _kw_key(kw) -> tuple:
     return (
-        tuple(t.data_ptr() for t in (kw.w1, kw.w1_sf, kw.w1_lut, kw.w2, kw.w2_sf, kw.w2_lut))
+        tuple(t.data_ptr() for t in (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_fold, kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_fold))
         if isinstance(kw, KernelWeights)
         else (id(kw),)
     )
@@ -515,17 +521,20 @@ def _launch(
 
 
 def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
-    w, sf, lut, row_base, expert_base = (
-        (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_row_base, kw.w1_expert_base)
+    """The weights' GemmParams fields; the exact mode reads the row and expert bases and the fold
+    flags on its prefill path only (the blocks it folds)."""
+    w, sf, lut, row_base, expert_base, fold = (
+        (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_row_base, kw.w1_expert_base, kw.w1_fold)
         if layer == 1
-        else (kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_row_base, kw.w2_expert_base)
+        else (kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_row_base, kw.w2_expert_base, kw.w2_fold)
     )
     fast = promotion == "k128"
     return dict(
         w=w.data_ptr(),
         w_sf=(lut if fast else sf).data_ptr(),
-        w_row_base=row_base.data_ptr() if fast else 0,
-        w_expert_base=expert_base.data_ptr() if fast else 0,
+        w_row_base=row_base.data_ptr(),
+        w_expert_base=expert_base.data_ptr(),
+        w_fold=0 if fast else fold.data_ptr(),
     )
 
 
@@ -574,15 +583,14 @@ def _predecode(
     if scratch is None:
         scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
     spec = jb.PredecodeSpec(promotion)
-    key = (spec, dev, weights["w"], weights["w_sf"], scratch.data_ptr(), k, n_rows, kw.num_experts)
+    key = (spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
     launch = _LAUNCHES.get(key)
     if launch is None:
         kern = kernel(spec, dev)
         params = contract.pack_params(
             **{
                 **{f.name: (bytes(128) if f.kind == "tmap" else 0) for f in contract.PARAMS},
-                "w": weights["w"],
-                "w_sf": weights["w_sf"],
+                **weights,
                 "w_e4m3": scratch.data_ptr(),
                 "num_experts": kw.num_experts,
                 "k": k,

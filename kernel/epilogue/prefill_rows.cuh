@@ -1,7 +1,7 @@
 // The layers' epilogues in the prefill kernel (gemm_sm90_prefill.cuh: tokens as rows of the
 // accumulator), in two parts so that the tensor cores do not wait for them:
-//   prefill_stage_tile   the consumers, right after an item's mainloop: the fast mode's row
-//                        factors, the debug dumps, and the tile rounded to bf16 into a staging
+//   prefill_stage_tile   the consumers, right after an item's mainloop: the rows' factors
+//                        (scaled tables), the debug dumps, and the tile rounded to bf16 into a staging
 //                        buffer in shared memory; then the consumers go on to the next item;
 //   prefill_l1_out /     the producer warpgroup's two epilogue warps, during the next item's
 //   prefill_l2_out       mainloop: D6 (SwiGLU with the routing weight, requant) or D8 (bf16 rows to
@@ -40,11 +40,12 @@ __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int t
   return staging + tok * 512 + ((chunk ^ (tok & 7)) << 4);
 }
 
-// The consumers' part: the fast mode's row factors 2^(B_r - B_e) <= 1 (static weight data, here per
-// column; the exact mode has none), the debug dumps (the fp32 values D5 / D7 compare), then the
-// tile into the staging buffer once the epilogue warps have released it (epi_empty, parity
-// phase ^ 1), and one arrival per thread on epi_full.
-template <int kLayer, bool kDebug, bool kExact>
+// The consumers' part: the row factors 2^(B_r - B_e) <= 1 where the mainloop used the scaled
+// tables (kRowFactors: the fast mode, the exact mode's folded items; static weight data, here per
+// column), the debug dumps (the fp32 values D5 / D7 compare), then the tile into the staging buffer
+// once the epilogue warps have released it (epi_empty, parity phase ^ 1), and one arrival per
+// thread on epi_full.
+template <int kLayer, bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
                                                    uint32_t phase) {
@@ -52,7 +53,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
-  if constexpr (!kExact) {
+  if constexpr (kRowFactors) {
     const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * 256 + 2 * t;
     const int expert_base = __ldg(p.w_expert_base + wi.expert);
 #pragma unroll

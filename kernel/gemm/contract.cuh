@@ -39,7 +39,7 @@ enum WaitKind : int {
 
 // Fast mode (promotion k128): entry d = E4M3 codes of the E2M1 magnitudes x 2^(6 - d),
 // as the (lo, hi) prmt table pair (bytes 0-3: magnitudes 0, 0.5, 1, 1.5; bytes 4-7: 2, 3, 4, 6).
-constexpr int kLutEntries = 20;
+constexpr int kLutEntries = 20, kLutHeadroom = 6;
 __host__ __device__ constexpr uint32_t scaled_lut_lo(int i) { return i == 0 ? 0x6C686000u : i == 1 ? 0x64605800u : i == 2 ? 0x5C585000u : i == 3 ? 0x54504800u : i == 4 ? 0x4C484000u : i == 5 ? 0x44403800u : i == 6 ? 0x3C383000u : i == 7 ? 0x34302800u : i == 8 ? 0x2C282000u : i == 9 ? 0x24201800u : i == 10 ? 0x1C181000u : i == 11 ? 0x14100800u : i == 12 ? 0x0C080400u : i == 13 ? 0x06040200u : i == 14 ? 0x03020100u : i == 15 ? 0x02010000u : i == 16 ? 0x01000000u : i == 17 ? 0x00000000u : i == 18 ? 0x00000000u : 0x00000000u; }
 __host__ __device__ constexpr uint32_t scaled_lut_hi(int i) { return i == 0 ? 0x7C787470u : i == 1 ? 0x74706C68u : i == 2 ? 0x6C686460u : i == 3 ? 0x64605C58u : i == 4 ? 0x5C585450u : i == 5 ? 0x54504C48u : i == 6 ? 0x4C484440u : i == 7 ? 0x44403C38u : i == 8 ? 0x3C383430u : i == 9 ? 0x34302C28u : i == 10 ? 0x2C282420u : i == 11 ? 0x24201C18u : i == 12 ? 0x1C181410u : i == 13 ? 0x14100C08u : i == 14 ? 0x0C080604u : i == 15 ? 0x06040302u : i == 16 ? 0x03020201u : i == 17 ? 0x02010100u : i == 18 ? 0x01000000u : 0x00000000u; }
 
@@ -49,8 +49,9 @@ struct GemmParams {
   CUtensorMap tmap_x64;  // the same tensor, box {128 B, 64 rows}
   const uint8_t* w;  // packed FP4 weights, kernel layout (megamoe/jit/layout.py)
   const uint8_t* w_sf;  // promotion k32: weight scale bytes [E, K/128, R, 4]; k128: LUT byte offsets (8 d), same shape
-  const uint8_t* w_row_base;  // promotion k128: [E, R] base scale byte B_r of each weight row
-  const uint8_t* w_expert_base;  // promotion k128: [E] largest row base of each expert
+  const uint8_t* w_row_base;  // promotion k128 (and k32's folded prefill items): [E, R] base scale byte B_r of each weight row
+  const uint8_t* w_expert_base;  // promotion k128 (and k32's folded prefill items): [E] largest row base of each expert
+  const uint8_t* w_fold;  // prefill, promotion k32: [E, R/256] 1 where every row of the 256-row block has all its scale bytes within LUT_EXACT_BINADES of its row base: that block's weights are predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)
   uint8_t* w_e4m3;  // prefill: the weights decoded to E4M3, [E, K/128, R/256] tiles of PREFILL_TILE_BYTES: [256][128] bytes with the 128-byte swizzle (k32: then the rows' fp32 scales) (written by the predecode pass, read by the prefill kernel)
   const uint8_t* x_sf;  // activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)
   const int* expert_offsets;  // [E + 1] first pool row of each expert
@@ -84,31 +85,32 @@ static_assert(offsetof(GemmParams, w) == 256, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_sf) == 264, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_row_base) == 272, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_expert_base) == 280, "GemmParams layout");
-static_assert(offsetof(GemmParams, w_e4m3) == 288, "GemmParams layout");
-static_assert(offsetof(GemmParams, x_sf) == 296, "GemmParams layout");
-static_assert(offsetof(GemmParams, expert_offsets) == 304, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_tokens) == 312, "GemmParams layout");
-static_assert(offsetof(GemmParams, w_route) == 320, "GemmParams layout");
-static_assert(offsetof(GemmParams, out) == 328, "GemmParams layout");
-static_assert(offsetof(GemmParams, out_sf) == 336, "GemmParams layout");
-static_assert(offsetof(GemmParams, dst_rows) == 344, "GemmParams layout");
-static_assert(offsetof(GemmParams, peer_offsets) == 352, "GemmParams layout");
-static_assert(offsetof(GemmParams, dump) == 360, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival) == 368, "GemmParams layout");
-static_assert(offsetof(GemmParams, signal) == 376, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_x) == 384, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_sf) == 392, "GemmParams layout");
-static_assert(offsetof(GemmParams, rebase_count) == 400, "GemmParams layout");
-static_assert(offsetof(GemmParams, err) == 408, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_experts) == 416, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_pool_rows) == 420, "GemmParams layout");
-static_assert(offsetof(GemmParams, k) == 424, "GemmParams layout");
-static_assert(offsetof(GemmParams, n_rows) == 428, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_block) == 432, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_need) == 436, "GemmParams layout");
-static_assert(offsetof(GemmParams, combine_rows) == 440, "GemmParams layout");
-static_assert(offsetof(GemmParams, has_clamp) == 444, "GemmParams layout");
-static_assert(offsetof(GemmParams, clamp_value) == 448, "GemmParams layout");
+static_assert(offsetof(GemmParams, w_fold) == 288, "GemmParams layout");
+static_assert(offsetof(GemmParams, w_e4m3) == 296, "GemmParams layout");
+static_assert(offsetof(GemmParams, x_sf) == 304, "GemmParams layout");
+static_assert(offsetof(GemmParams, expert_offsets) == 312, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_tokens) == 320, "GemmParams layout");
+static_assert(offsetof(GemmParams, w_route) == 328, "GemmParams layout");
+static_assert(offsetof(GemmParams, out) == 336, "GemmParams layout");
+static_assert(offsetof(GemmParams, out_sf) == 344, "GemmParams layout");
+static_assert(offsetof(GemmParams, dst_rows) == 352, "GemmParams layout");
+static_assert(offsetof(GemmParams, peer_offsets) == 360, "GemmParams layout");
+static_assert(offsetof(GemmParams, dump) == 368, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival) == 376, "GemmParams layout");
+static_assert(offsetof(GemmParams, signal) == 384, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_x) == 392, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_sf) == 400, "GemmParams layout");
+static_assert(offsetof(GemmParams, rebase_count) == 408, "GemmParams layout");
+static_assert(offsetof(GemmParams, err) == 416, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_experts) == 424, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_pool_rows) == 428, "GemmParams layout");
+static_assert(offsetof(GemmParams, k) == 432, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_rows) == 436, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_block) == 440, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_need) == 444, "GemmParams layout");
+static_assert(offsetof(GemmParams, combine_rows) == 448, "GemmParams layout");
+static_assert(offsetof(GemmParams, has_clamp) == 452, "GemmParams layout");
+static_assert(offsetof(GemmParams, clamp_value) == 456, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and

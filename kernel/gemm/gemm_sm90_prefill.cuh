@@ -75,6 +75,17 @@ struct PrefillRing {
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
+  // Exact mode, an item that folds its weight scales (prefill_folded): its tiles are the fast
+  // mode's 32 KB, so the weight slot's last 4 KB are free; the scale warp writes the tokens' fp32
+  // k32 scales (with the expert base) there, [4 k32 steps][128 tokens], and the consumers read them
+  // as the fast mode reads its sx.
+  __device__ __forceinline__ static bool folded(const GemmParams& p, const WorkItem& wi) {
+    return __ldg(p.w_fold + wi.expert * (p.n_rows / kPrefillRows) + wi.n_block) != 0;
+  }
+  __device__ __forceinline__ float* fold_scales(int stage) const {
+    return reinterpret_cast<float*>(w + stage * kW + kPrefillTileFast);
+  }
+  static_assert(!kExact || kW - kPrefillTileFast >= 4 * kPrefillTokens * 4, "the folded scales fit the slot");
 
   uint8_t* x;
   uint8_t* w;
@@ -138,11 +149,21 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 
 // One item of one consumer warpgroup (tokens 64 wg .. 64 wg + 63 of the tile, all 256 rows):
 // acc[h][4j + 2r + c] is token 16 wq + g + 8r of the warpgroup, weight row 128 h + 8j + 2t + c.
-// Fast mode: per K block and half, four k32 wgmmas into one temporary, promoted once.
-template <typename Cfg>
-__device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const typename Cfg::Ring& ring,
-                                                      RingCursor& cur, int wg, int sx0,
-                                                      float (&acc)[2][kPrefillHalf / 2]) {
+// The scaled tables' weights (the fast mode's E4M3 bytes, m x 2^(6 - d) for row base B_r and group
+// byte B_r - d), per K block and half of 128 rows:
+//   fast mode (kEachK32 false): four k32 wgmmas into one temporary, promoted once with the token's
+//     staged fp32 K128 scale (the expert base folded in by the scale warp);
+//   the exact mode's folded items (kEachK32): each k32 wgmma promoted on its own with the token's
+//     per-32 scale times 2^(B_e - 127 - kLutHeadroom) (staged by the scale warp: fold_scales), one
+//     FMA per accumulator. The rows' factors 2^(B_r - B_e) follow after the mainloop in both modes (prefill_stage_tile). Each k32
+//     product is the two-scale promotion's times 2^(B_e - B_r) exactly (its 32 weights share one d,
+//     so the tensor core's sum scales by a power of two), hence the same bits wherever the scales'
+//     product 2^(s_x + B_e - 260) and the scaled accumulator stay inside fp32's range (bench/NOTES.md
+//     v18).
+template <typename Cfg, bool kEachK32>
+__device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, const typename Cfg::Ring& ring,
+                                                        RingCursor& cur, int wg, int sx0,
+                                                        float (&acc)[2][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
   const int num_kb = p.k / kBlockK;
@@ -154,33 +175,39 @@ __device__ __forceinline__ void prefill_mainloop_k128(const GemmParams& p, const
     const uint32_t a_lo =
         __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.x + s * Ring::kX + wg * 64 * kBlockK), 0);
     const uint32_t b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * Ring::kW), 0);
-    const float* sx = ring.sx + s * Ring::kSxWords + sx0;
+    // The tokens' fp32 scales: fast mode one a token (K128), folded items four ([k32 step][token]).
+    const float* sx = (kEachK32 ? ring.fold_scales(s) : ring.sx + s * Ring::kSxWords) + sx0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Before each half (the second's passes at once): the wait's branch ends the block, so ptxas
-      // cannot hoist this half's wgmmas above the last half's promotion, which would need a second
-      // temporary (measured in the prefill probe: 256 bytes of spills).
-      ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
-      ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
+        const bool first = kEachK32 || ks == 0;
+        const bool last = kEachK32 || ks == 3;
+        if (first) {
+          // Before each group (all but the K block's first pass at once): the wait's branch ends
+          // the block, so ptxas cannot hoist this group's wgmmas above the last one's promotion,
+          // which would need a second temporary (measured in the prefill probe: 256 bytes of spills).
+          ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
+          ptx::wgmma_fence();
+        }
         const uint64_t da = ptx::smem_desc_sw128_from_lo(a_lo + 2 * ks);
         const uint64_t db = ptx::smem_desc_sw128_from_lo(b_lo + h * (kPrefillHalf * kBlockK >> 4) + 2 * ks);
-        if (ks == 0)
+        if (first)
           WgmmaSS<kPrefillHalf>::mma_overwrite(tmp, da, db);
         else
           WgmmaSS<kPrefillHalf>::mma(tmp, da, db, 1);
+        if (!last) continue;
+        ptx::wgmma_commit();
+        const float a0 = sx[kEachK32 ? ks * kPrefillTokens : 0];
+        const float a1 = sx[(kEachK32 ? ks * kPrefillTokens : 0) + 8];
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(tmp[i]);
+#pragma unroll
+        for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = __fmaf_rn(tmp[i], (i & 2) ? a1 : a0, acc[h][i]);
+#pragma unroll
+        for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
       }
-      ptx::wgmma_commit();
-      const float s0 = sx[0];
-      const float s1 = sx[8];
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(tmp[i]);
-#pragma unroll
-      for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = __fmaf_rn(tmp[i], (i & 2) ? s1 : s0, acc[h][i]);
-#pragma unroll
-      for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
     }
     if (ptx::elect_one()) ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
@@ -302,17 +329,24 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
   }
 }
 
-template <typename Cfg, bool kExact>
-__device__ __forceinline__ void prefill_mainloop(const GemmParams& p, const typename Cfg::Ring& ring, RingCursor& cur,
-                                                 int wg, int sx0, float (&acc)[2][kPrefillHalf / 2]) {
+// One item of the consumers: its mainloop, then its tile staged (with the rows' factors where the
+// weights came through the scaled tables: kScaled, the fast mode and the exact mode's folded items).
+// Each path holds its own accumulators: with one array across both of the exact mode's mainloops,
+// ptxas spilled 2.4 KB.
+template <typename Cfg, int kLayer, bool kDebug, bool kExact, bool kScaled>
+__device__ __forceinline__ void prefill_item(const GemmParams& p, const PrefillSmem<Cfg>& sm, RingCursor& cur,
+                                             const WorkItem& wi, int wg, int sx0, uint32_t phase) {
+  float acc[2][kPrefillHalf / 2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = 0.0f;
-  if constexpr (kExact)
-    prefill_mainloop_k32<Cfg>(p, ring, cur, wg, sx0, acc);
-  else
-    prefill_mainloop_k128<Cfg>(p, ring, cur, wg, sx0, acc);
+  if constexpr (kScaled) {
+    prefill_mainloop_scaled<Cfg, kExact>(p, sm.ring, cur, wg, sx0, acc);
+  } else {
+    prefill_mainloop_k32<Cfg>(p, sm.ring, cur, wg, sx0, acc);
+  }
+  prefill_stage_tile<kLayer, kDebug, kScaled>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full, phase);
 }
 
 // The kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C" __global__.
@@ -356,16 +390,18 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
         wait_token_block(p, wi);   // returns at once: the prefill path has no arrival gate (gemm.py)
+        // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
+        const int w_bytes = kExact && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
         for (int kb = 0; kb < num_kb; ++kb) {
           const int s = cur.stage;
           ptx::mbar_wait(&sm.ring.empty[s], cur.phase ^ 1, kWaitEmpty, s, p.err);
-          ptx::mbar_arrive_expect_tx(&sm.ring.full[s], Ring::kX + Ring::kW);
+          ptx::mbar_arrive_expect_tx(&sm.ring.full[s], Ring::kX + w_bytes);
           // Always both boxes: rows past the expert's (or the pool's: zeros) are computed, never written.
 #pragma unroll
           for (int b = 0; b < 2; ++b)
             ptx::tma_load_2d(sm.ring.x + s * Ring::kX + b * kChunkN * kBlockK, &p.tmap_x64, kb * kBlockK,
                              wi.row0 + b * kChunkN, &sm.ring.full[s]);
-          ptx::bulk_g2s(sm.ring.w + s * Ring::kW, prefill_weight_tile<kExact>(p, wi.expert, kb, wi.n_block), Ring::kW,
+          ptx::bulk_g2s(sm.ring.w + s * Ring::kW, prefill_weight_tile<kExact>(p, wi.expert, kb, wi.n_block), w_bytes,
                         &sm.ring.full[s]);
           cur.advance<S>();
         }
@@ -398,10 +434,12 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
   uint32_t phase = 0;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
-    float acc[2][kPrefillHalf / 2];
-    prefill_mainloop<Cfg, kExact>(p, sm.ring, cur, wg, sx0, acc);
-    prefill_stage_tile<kLayer, kDebug, kExact>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
-                                               phase);
+    if constexpr (!kExact)
+      prefill_item<Cfg, kLayer, kDebug, false, true>(p, sm, cur, wi, wg, sx0, phase);
+    else if (Ring::folded(p, wi))
+      prefill_item<Cfg, kLayer, kDebug, true, true>(p, sm, cur, wi, wg, sx0, phase);
+    else
+      prefill_item<Cfg, kLayer, kDebug, true, false>(p, sm, cur, wi, wg, sx0, phase);
     phase ^= 1;
   }
 }

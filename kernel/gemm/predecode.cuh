@@ -5,10 +5,13 @@
 // 1.5 bytes of HBM traffic per weight (the exact mode ~1.66: its scale bytes in, fp32 scales out).
 //   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
 //     128-byte swizzle.
-//   Exact mode (k32): the same layout through the plain table (the E2M1 values themselves), then
-//     the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the prefill consumers
-//     read them (prefill_wsf_index): 4 KB more a tile, so the kernel's promotion multiplies two
-//     fp32 scales and converts nothing.
+//   Exact mode (k32), a block of 256 rows that folds (p.w_fold, megamoe/jit/layout.py fold_blocks:
+//     every row's scales within 14 binades of its base): the fast mode's bytes, its LUT offsets
+//     8 (B_r - s_g) made here from the scale bytes; the tile's last 4 KB are not written.
+//   Exact mode, other blocks: the same layout through the plain table (the E2M1 values
+//     themselves), then the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the
+//     prefill consumers read them (prefill_wsf_index): 4 KB more a tile, so the kernel's promotion
+//     multiplies two fp32 scales and converts nothing.
 //
 // One warp per 16-row group of one K block: its 1024 packed bytes (the kernel layout) and the LUT
 // offsets (or scale bytes) of its rows in, 2 KB out (two swizzle atoms, contiguous in the tile),
@@ -57,9 +60,23 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   const uint8_t* w_frag = p.w + grp * 1024;
   const int row_a = static_cast<int>(row0) + lane / 4;
   const uint8_t* offs = p.w_sf + (ekb * p.n_rows) * 4;
-  // Exact mode: every group through the plain table; w_sf holds the scale bytes (below).
-  const uint32_t off_a = kExact ? kPlainLutOffsets : __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
-  const uint32_t off_b = kExact ? kPlainLutOffsets : __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
+  const int n_rb = p.n_rows / kPrefillRows;
+  const int64_t expert = ekb / (p.k / kBlockK);
+  // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
+  // fast mode (each difference <= 14, so the bytes neither borrow nor carry); else the plain table.
+  const bool fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
+  uint32_t off_a, off_b;
+  if (!kExact) {
+    off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
+    off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
+  } else if (fold) {
+    const uint8_t* base = p.w_row_base + expert * p.n_rows;
+    off_a = (__ldg(base + row_a) * 0x01010101u - __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4))) << 3;
+    off_b = (__ldg(base + row_a + 8) * 0x01010101u - __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4)))
+            << 3;
+  } else {
+    off_a = off_b = kPlainLutOffsets;
+  }
   // Decoded into the warp's staging (the packed bytes are read from global memory, as loaded),
   // then copied out as 16-byte vectors.
   uint8_t* mine = stage + warp * 2048;
@@ -69,7 +86,7 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   uint8_t* tile = p.w_e4m3 + (ekb * (p.n_rows / kPrefillRows) + row0 / kPrefillRows) * kTile;
   uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
-  if constexpr (kExact) {
+  if (kExact && !fold) {
     // Lane l: row l / 2 of the group, k32 steps 2 (l % 2) and 2 (l % 2) + 1.
     const int n = static_cast<int>(row0 % kPrefillRows) + lane / 2;
     const int ks = 2 * (lane % 2);

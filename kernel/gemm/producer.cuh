@@ -7,7 +7,8 @@
 //                   them (see StageRing::scale_index), so a consumer promotes with one fp32 FMA
 //                   per accumulator and no scale arithmetic (one to three warps, by the tile; the
 //                   exact prefill ring takes a token's four k32 bytes as one word instead,
-//                   kRawScaleWords).
+//                   kRawScaleWords, or for an item that folds its weight scales the four fp32
+//                   scales with the expert base, in the stage's weight slot: Ring::fold_scales).
 // A stage's full barrier expects 1 + kScaleWarps arrivals (the TMA thread's expect_tx, the scale
 // warps) plus the transaction bytes; the empty barrier is released by one arrival per consumer warp.
 #pragma once
@@ -108,6 +109,14 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
     __syncwarp();
     // k128: the expert's base folds the weight rows' common scale into the token scale.
     const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
+    // The exact prefill ring's folded items: their fp32 k32 scales times 2^(B_e - 127 - kLutHeadroom)
+    // (the ring's fold_scales; the other items' as raw words).
+    bool fold = false;
+    float fold_base = 0.0f;
+    if constexpr (R::kRawScaleWords) {
+      fold = R::folded(p, wi);
+      if (fold) fold_base = exp2i(static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 127 - kLutHeadroom);
+    }
     // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
     const int first = (wi.row0 + t0) * words_per_row;
     uint32_t word[kM], nxt[kM];
@@ -133,8 +142,16 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
         if (tok < wi.tile) {
           const bool valid = tok < wi.valid;
           const int idx = R::scale_index(tok, 0, wi.tile);
-          if constexpr (R::kRawScaleWords) {   // the four k32 bytes of the token as one word
-            reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
+          if constexpr (R::kRawScaleWords) {
+            if (fold) {
+              float* fs = r.fold_scales(cur.stage);
+#pragma unroll
+              for (int ks = 0; ks < 4; ++ks)
+                fs[ks * kMaxN + idx] =
+                    valid ? __fmul_rn(ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu), fold_base) : 0.0f;
+            } else {   // the four k32 bytes of the token as one word
+              reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
+            }
           } else if constexpr (kPerK32) {
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
@@ -144,6 +161,9 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
           }
         }
       }
+      // The folded scales lie where a later stage's bulk copy may write (an item that does not
+      // fold): the async proxy's write must come after these.
+      if (fold) ptx::fence_proxy_async_smem();
       __syncwarp();
       if (lane == 0) ptx::mbar_arrive(&r.full[cur.stage]);
       cur.advance<kStages>();

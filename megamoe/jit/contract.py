@@ -54,6 +54,7 @@ LAYOUT_CHECK = 4  # the launch's dynamic shared memory is smaller than the kerne
 # The fast mode's scaled FP4 -> E4M3 tables: one definition, in the reference.
 LUT_ENTRIES = Q.FAST_LUT_ENTRIES
 LUT_HEADROOM = Q.FAST_LUT_HEADROOM
+LUT_EXACT_BINADES = Q.FAST_EXACT_BINADES  # entries 0 .. this one give every magnitude exactly
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +77,26 @@ PARAMS = (
         "const uint8_t*",
         "promotion k32: weight scale bytes [E, K/128, R, 4]; k128: LUT byte offsets (8 d), same shape",
     ),
-    Field("w_row_base", "ptr", "const uint8_t*", "promotion k128: [E, R] base scale byte B_r of each weight row"),
-    Field("w_expert_base", "ptr", "const uint8_t*", "promotion k128: [E] largest row base of each expert"),
+    Field(
+        "w_row_base",
+        "ptr",
+        "const uint8_t*",
+        "promotion k128 (and k32's folded prefill items): [E, R] base scale byte B_r of each weight row",
+    ),
+    Field(
+        "w_expert_base",
+        "ptr",
+        "const uint8_t*",
+        "promotion k128 (and k32's folded prefill items): [E] largest row base of each expert",
+    ),
+    Field(
+        "w_fold",
+        "ptr",
+        "const uint8_t*",
+        "prefill, promotion k32: [E, R/256] 1 where every row of the 256-row block has all its scale bytes within"
+        " LUT_EXACT_BINADES of its row base: that block's weights are predecoded through the scaled tables and"
+        " promoted with one FMA per k32 step (layout.py fold_blocks)",
+    ),
     Field(
         "w_e4m3",
         "ptr",
@@ -402,7 +421,7 @@ def header() -> str:
         "",
         f"// Fast mode (promotion k128): entry d = E4M3 codes of the E2M1 magnitudes x 2^({LUT_HEADROOM} - d),",
         "// as the (lo, hi) prmt table pair (bytes 0-3: magnitudes 0, 0.5, 1, 1.5; bytes 4-7: 2, 3, 4, 6).",
-        f"constexpr int kLutEntries = {LUT_ENTRIES};",
+        f"constexpr int kLutEntries = {LUT_ENTRIES}, kLutHeadroom = {LUT_HEADROOM};",
         _table("uint32_t", "scaled_lut_lo", [_word(lut[d, :4]) for d in range(LUT_ENTRIES)]),
         _table("uint32_t", "scaled_lut_hi", [_word(lut[d, 4:]) for d in range(LUT_ENTRIES)]),
         "",

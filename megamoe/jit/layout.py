@@ -26,6 +26,9 @@ bits, so `untransform_weights` restores the canonical tensors bit for bit.
 Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_scales_kernel_layout):
     lut [E, K/128, R, 4] uint8: 8 * min(B_r - s_g, 19), the byte offset of group g's scaled table
     row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
+The exact mode's (promotion k32) prefill path uses them too (fold_blocks):
+    fold [E, ceil(R/256)] uint8: 1 where every row of the 256-row block has all its scale bytes
+    within LUT_EXACT_BINADES (14) of its row base, so the scaled tables decode its weights exactly.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import dataclasses
 import torch
 
 # Step 1 and the nibble packing have one definition, in the reference.
+from megamoe.jit import contract
 from megamoe.reference import quantize as Q
 from megamoe.reference.formats import pack_fp4, unpack_fp4
 from megamoe.reference.weights import deinterleave_gate_up, interleave_gate_up  # noqa: F401
@@ -102,11 +106,25 @@ def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return (8 * d).to(torch.uint8), row_base.to(torch.uint8), row_base.amax(dim=1).to(torch.uint8)
 
 
+def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor) -> torch.Tensor:
+    """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
+    contract.PREFILL_ROWS) has all its scale bytes within contract.LUT_EXACT_BINADES of its row base.
+    There the exact mode's prefill path predecodes the weights through the fast mode's scaled tables
+    (exact: the E2M1 magnitudes x 2^(6 - d) are E4M3 values for d <= 14) and promotes each k32
+    product with one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh)."""
+    span = row_base.to(torch.int32) - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
+    E, R = span.shape
+    blocks = -(-R // contract.PREFILL_ROWS)
+    span = torch.nn.functional.pad(span, (0, blocks * contract.PREFILL_ROWS - R))
+    return (span.view(E, blocks, contract.PREFILL_ROWS).amax(dim=2) <= contract.LUT_EXACT_BINADES).to(torch.uint8)
+
+
 @dataclasses.dataclass
 class KernelWeights:
     """Both layers' weights in the SM90 kernel layout (see the module docstring). The fast mode's
-    tensors (w*_lut, w*_row_base, w*_expert_base) are derived from the scale bytes when the object
-    is made: a function of them, so the canonical weights stay recoverable (untransform_weights)."""
+    tensors (w*_lut, w*_row_base, w*_expert_base) and the exact prefill's w*_fold are derived from
+    the scale bytes when the object is made: a function of them, so the canonical weights stay
+    recoverable (untransform_weights)."""
 
     w1: torch.Tensor  # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
     w1_sf: torch.Tensor  # [E, H/128, 2I, 4] uint8
@@ -120,10 +138,14 @@ class KernelWeights:
     w2_lut: torch.Tensor = dataclasses.field(init=False)
     w2_row_base: torch.Tensor = dataclasses.field(init=False)
     w2_expert_base: torch.Tensor = dataclasses.field(init=False)
+    w1_fold: torch.Tensor = dataclasses.field(init=False)  # [E, 2I/256] uint8 (fold_blocks)
+    w2_fold: torch.Tensor = dataclasses.field(init=False)  # [E, H/256] uint8
 
     def __post_init__(self):
         self.w1_lut, self.w1_row_base, self.w1_expert_base = fast_scales_kernel_layout(self.w1_sf)
         self.w2_lut, self.w2_row_base, self.w2_expert_base = fast_scales_kernel_layout(self.w2_sf)
+        self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base)
+        self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base)
 
     @property
     def num_experts(self) -> int:

@@ -7,6 +7,8 @@ Run: pytest -s tests/gpu/test_gemm_prefill.py"""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -142,6 +144,52 @@ def test_prefill_production_build_matches_debug(promotion):
         torch.cuda.synchronize()
         outs.append((res.l2_acts.view(torch.uint8)[pool.valid].clone(), res.l2_sf[pool.valid].clone()))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
+    """The exact mode's prefill path folds a 256-row block's weight scales into its predecoded bytes
+    where every row spans at most 14 binades (layout.fold_blocks) and promotes each k32 product with
+    one FMA (gemm_sm90_prefill.cuh): the same bits as the two-scale promotion. One launch with
+    folded blocks and one that is not (a row spanning 22 binades), against the same weights with no
+    block folded: D5 / D7 and the layer's output bitwise equal."""
+    H, inter = 1024, 512
+    counts = [300, 129, 5, 0]
+    gen = torch.Generator().manual_seed(77 + layer)
+    K = H if layer == 1 else inter
+    pool = Pool(counts, K, gen=gen, sf_lo=100, sf_hi=140)
+    w1, s1 = random_weights(len(counts), 2 * inter, H, gen=gen, sf_lo=108, sf_hi=122)
+    w2, s2 = random_weights(len(counts), H, inter, gen=gen, sf_lo=108, sf_hi=122)
+    (s1 if layer == 1 else s2)[1, 700, 3] = 100
+    kw = L.transform_weights(w1, s1, w2, s2)
+    fold = kw.w1_fold if layer == 1 else kw.w2_fold
+    assert int((fold == 0).sum()) == 1 and int(fold.sum()) == fold.numel() - 1, fold.tolist()
+    unfolded = copy.copy(kw)
+    setattr(unfolded, "w1_fold" if layer == 1 else "w2_fold", torch.zeros_like(fold))
+    outs = []
+    for weights in (kw, unfolded):
+        if layer == 1:
+            res = G.l1_gemm(
+                pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, weights, promotion="k32",
+                prefill=True, debug=True,
+            )  # fmt: skip
+            torch.cuda.synchronize()
+            outs.append((res.acc1[pool.valid].clone(), res.l2_acts.view(torch.uint8)[pool.valid].clone()))
+        else:
+            comb, dst = combine_rows(pool, H, K=2, gen=torch.Generator().manual_seed(5))
+            res = G.l2_gemm(
+                pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, weights, comb, promotion="k32", prefill=True,
+                debug=True,
+            )  # fmt: skip
+            torch.cuda.synchronize()
+            outs.append((res.acc2[pool.valid].clone(), comb.clone()))
+    (acc_f, out_f), (acc_u, out_u) = outs
+    assert torch.isfinite(acc_f).all() and acc_f.abs().max() > 0
+    assert torch.equal(acc_f.view(torch.int32), acc_u.view(torch.int32)), (
+        f"folded vs two-scale promotion: {first_diff(acc_f.view(torch.int32), acc_u.view(torch.int32))}"
+    )
+    assert torch.equal(out_f.view(torch.uint8), out_u.view(torch.uint8)), "the layer's output differs"
+    log_result(test="exact_fold_bits", layer=layer, folded_blocks=int(fold.sum()), blocks=fold.numel())
 
 
 def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
