@@ -53,14 +53,16 @@ def test_fragment_encoding():
                             assert cb == codes[0, 16 * rg + gg + 8, k]
 
 
-def test_fold_blocks_mark_the_256_row_blocks_whose_rows_span_at_most_14_binades():
-    """The exact mode's prefill path folds a block's weight scales into its predecoded bytes where the
-    scaled tables are exact: every row's scale bytes within 14 of its largest (15 is one too many)."""
+def test_fold_blocks_mark_the_256_row_blocks_whose_rows_span_at_most_12_binades():
+    """The exact mode's prefill path folds a block's weight scales into its predecoded bytes where that
+    leaves the tensor core's sums as they are: every row's scale bytes within 12 of its largest (13
+    is one too many)."""
+    assert L.FOLD_BINADES == 12
     E, R, K = 2, 768, 512
     sf = torch.full((E, R, K // 32), 120, dtype=torch.uint8)
-    sf[0, 5, 3] = 106  # row 5: 120 - 106 = 14 binades: block 0 still folds
-    sf[0, 300, 7] = 105  # row 300: 15 binades: block 1 does not
-    sf[1, 767, 0] = 135  # row 767's base rises to 135 over its other bytes' 120: 15 binades, block 2
+    sf[0, 5, 3] = 108  # row 5: 120 - 108 = 12 binades: block 0 still folds
+    sf[0, 300, 7] = 107  # row 300: 13 binades: block 1 does not
+    sf[1, 767, 0] = 133  # row 767's base rises to 133 over its other bytes' 120: 13 binades, block 2
     sfk = L.sf_to_kernel_layout(sf)
     _, row_base, _ = L.fast_scales_kernel_layout(sfk)
     fold = L.fold_blocks(sfk, row_base)

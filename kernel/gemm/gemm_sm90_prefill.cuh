@@ -155,11 +155,11 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 //     staged fp32 K128 scale (the expert base folded in by the scale warp);
 //   the exact mode's folded items (kEachK32): each k32 wgmma promoted on its own with the token's
 //     per-32 scale times 2^(B_e - 127 - kLutHeadroom) (staged by the scale warp: fold_scales), one
-//     FMA per accumulator. The rows' factors 2^(B_r - B_e) follow after the mainloop in both modes (prefill_stage_tile). Each k32
-//     product is the two-scale promotion's times 2^(B_e - B_r) exactly (its 32 weights share one d,
-//     so the tensor core's sum scales by a power of two), hence the same bits wherever the scales'
-//     product 2^(s_x + B_e - 260) and the scaled accumulator stay inside fp32's range (bench/NOTES.md
-//     v18).
+//     FMA per accumulator. The rows' factors 2^(B_r - B_e) follow after the mainloop in both modes
+//     (prefill_stage_tile). A folded k32 product is the two-scale promotion's times 2^(B_e - B_r)
+//     (its 32 weights share one d, so the tensor core's sum scales by a power of two: measured so
+//     for d <= 12, megamoe/jit/layout.py FOLD_BINADES), hence the same bits wherever the scales'
+//     product 2^(s_x + B_e - 260) and the scaled accumulator stay inside fp32's range.
 template <typename Cfg, bool kEachK32>
 __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, const typename Cfg::Ring& ring,
                                                         RingCursor& cur, int wg, int sx0,

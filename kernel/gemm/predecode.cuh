@@ -6,7 +6,7 @@
 //   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
 //     128-byte swizzle.
 //   Exact mode (k32), a block of 256 rows that folds (p.w_fold, megamoe/jit/layout.py fold_blocks:
-//     every row's scales within 14 binades of its base): the fast mode's bytes, its LUT offsets
+//     every row's scales within 12 binades of its base): the fast mode's bytes, its LUT offsets
 //     8 (B_r - s_g) made here from the scale bytes; the tile's last 4 KB are not written.
 //   Exact mode, other blocks: the same layout through the plain table (the E2M1 values
 //     themselves), then the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the
@@ -63,7 +63,7 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   const int n_rb = p.n_rows / kPrefillRows;
   const int64_t expert = ekb / (p.k / kBlockK);
   // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
-  // fast mode (each difference <= 14, so the bytes neither borrow nor carry); else the plain table.
+  // fast mode (each difference <= 12, so the bytes neither borrow nor carry); else the plain table.
   const bool fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
   uint32_t off_a, off_b;
   if (!kExact) {

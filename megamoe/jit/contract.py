@@ -54,7 +54,6 @@ LAYOUT_CHECK = 4  # the launch's dynamic shared memory is smaller than the kerne
 # The fast mode's scaled FP4 -> E4M3 tables: one definition, in the reference.
 LUT_ENTRIES = Q.FAST_LUT_ENTRIES
 LUT_HEADROOM = Q.FAST_LUT_HEADROOM
-LUT_EXACT_BINADES = Q.FAST_EXACT_BINADES  # entries 0 .. this one give every magnitude exactly
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +93,7 @@ PARAMS = (
         "ptr",
         "const uint8_t*",
         "prefill, promotion k32: [E, R/256] 1 where every row of the 256-row block has all its scale bytes within"
-        " LUT_EXACT_BINADES of its row base: that block's weights are predecoded through the scaled tables and"
+        " FOLD_BINADES of its row base: that block's weights are predecoded through the scaled tables and"
         " promoted with one FMA per k32 step (layout.py fold_blocks)",
     ),
     Field(

@@ -28,7 +28,7 @@ Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_
     row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
 The exact mode's (promotion k32) prefill path uses them too (fold_blocks):
     fold [E, ceil(R/256)] uint8: 1 where every row of the 256-row block has all its scale bytes
-    within LUT_EXACT_BINADES (14) of its row base, so the scaled tables decode its weights exactly.
+    within FOLD_BINADES (12) of its row base.
 """
 
 from __future__ import annotations
@@ -106,17 +106,26 @@ def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return (8 * d).to(torch.uint8), row_base.to(torch.uint8), row_base.amax(dim=1).to(torch.uint8)
 
 
+# The exact mode's prefill path folds a block's weight scales into its predecoded bytes where every
+# row's scale bytes lie within this many binades of its base. The scaled tables are exact to 14
+# (Q.FAST_EXACT_BINADES), but measured on the H200 the tensor core's k32 sums then change: with
+# spans of 13 and 14, 29 and 1223 of 444416 accumulators differed from the two-scale promotion's
+# (up to 2^-11 relative; E4M3 subnormal weights other than 2^-7 appear from d = 13), with spans up
+# to 12 none did (bench/NOTES.md v18). At 12 a block folds only where that leaves every bit as it is.
+FOLD_BINADES = 12
+
+
 def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor) -> torch.Tensor:
     """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
-    contract.PREFILL_ROWS) has all its scale bytes within contract.LUT_EXACT_BINADES of its row base.
-    There the exact mode's prefill path predecodes the weights through the fast mode's scaled tables
-    (exact: the E2M1 magnitudes x 2^(6 - d) are E4M3 values for d <= 14) and promotes each k32
-    product with one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh)."""
+    contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base. There the
+    exact mode's prefill path predecodes the weights through the fast mode's scaled tables and
+    promotes each k32 product with one FMA; other blocks take the two-scale promotion
+    (gemm_sm90_prefill.cuh)."""
     span = row_base.to(torch.int32) - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
     E, R = span.shape
     blocks = -(-R // contract.PREFILL_ROWS)
     span = torch.nn.functional.pad(span, (0, blocks * contract.PREFILL_ROWS - R))
-    return (span.view(E, blocks, contract.PREFILL_ROWS).amax(dim=2) <= contract.LUT_EXACT_BINADES).to(torch.uint8)
+    return (span.view(E, blocks, contract.PREFILL_ROWS).amax(dim=2) <= FOLD_BINADES).to(torch.uint8)
 
 
 @dataclasses.dataclass

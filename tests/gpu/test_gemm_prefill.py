@@ -149,17 +149,18 @@ def test_prefill_production_build_matches_debug(promotion):
 @pytest.mark.parametrize("layer", [1, 2])
 def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
     """The exact mode's prefill path folds a 256-row block's weight scales into its predecoded bytes
-    where every row spans at most 14 binades (layout.fold_blocks) and promotes each k32 product with
+    where every row spans at most 12 binades (layout.fold_blocks) and promotes each k32 product with
     one FMA (gemm_sm90_prefill.cuh): the same bits as the two-scale promotion. One launch with
-    folded blocks and one that is not (a row spanning 22 binades), against the same weights with no
-    block folded: D5 / D7 and the layer's output bitwise equal."""
+    folded blocks (rows spanning up to 12 binades, the most that folds) and one that is not (a row
+    spanning 22), against the same weights with no block folded: D5 / D7 and the layer's output
+    bitwise equal."""
     H, inter = 1024, 512
     counts = [300, 129, 5, 0]
     gen = torch.Generator().manual_seed(77 + layer)
     K = H if layer == 1 else inter
     pool = Pool(counts, K, gen=gen, sf_lo=100, sf_hi=140)
-    w1, s1 = random_weights(len(counts), 2 * inter, H, gen=gen, sf_lo=108, sf_hi=122)
-    w2, s2 = random_weights(len(counts), H, inter, gen=gen, sf_lo=108, sf_hi=122)
+    w1, s1 = random_weights(len(counts), 2 * inter, H, gen=gen, sf_lo=110, sf_hi=122)
+    w2, s2 = random_weights(len(counts), H, inter, gen=gen, sf_lo=110, sf_hi=122)
     (s1 if layer == 1 else s2)[1, 700, 3] = 100
     kw = L.transform_weights(w1, s1, w2, s2)
     fold = kw.w1_fold if layer == 1 else kw.w2_fold
