@@ -22,6 +22,19 @@ namespace megamoe {
 template <int kCw>
 constexpr int kL2EpilogueBytes = kCw * 64 * 2;
 
+// The combine buffer that a dst_rows entry (row >= 0) names, and the row in it: with peer_offsets
+// (the fused kernel) entry s * combine_rows + r is row r of rank s's buffer (symmetric memory), else
+// row r of out. The one definition for l2_epilogue and the prefill kernel's prefill_l2_out.
+__device__ __forceinline__ __nv_bfloat16* combine_buffer(const GemmParams& p, int& row) {
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
+  if (p.peer_offsets != nullptr) {
+    const int s = row / p.combine_rows;
+    row -= s * p.combine_rows;
+    out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(out) + __ldg(p.peer_offsets + s));
+  }
+  return out;
+}
+
 template <int N, int kRows, bool kDebug>
 __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
@@ -35,7 +48,6 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
   __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);  // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(p.out);
 #pragma unroll
   for (int c = 0; c < N / CW; ++c) {
     if (c > 0 && c * CW >= wi.valid) break;  // chunks without rows (wide kernels charge only the filled ones)
@@ -77,12 +89,7 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
       const int part = idx % 8;
       int row = rows[k];
       if (row >= 0) {
-        __nv_bfloat16* dst = out;
-        if (p.peer_offsets != nullptr) {  // row s * combine_rows + r: row r of rank s's buffer
-          const int s = row / p.combine_rows;
-          row -= s * p.combine_rows;
-          dst = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(out) + __ldg(p.peer_offsets + s));
-        }
+        __nv_bfloat16* dst = combine_buffer(p, row);
         const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
         *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
       }

@@ -31,6 +31,7 @@
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
 #include "l1_swiglu_requant.cuh"
+#include "l2_combine_rows.cuh"
 
 namespace megamoe {
 
@@ -177,7 +178,6 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
 // bf16 columns (512 bytes) by the warp, 16 bytes a lane, to its combine row.
 __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
-  const int64_t hidden = p.n_rows;
   const int64_t col = static_cast<int64_t>(wi.n_block) * 256 + 8 * lane;
   // The combine rows of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle. Plain
   // loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
@@ -188,15 +188,10 @@ __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkIt
     if (first + i >= wi.valid) break;   // the same for the whole warp
     int row = __shfl_sync(0xFFFFFFFFu, i < 32 ? row_lo : row_hi, i % 32);
     if (row < 0) continue;
-    char* dst = reinterpret_cast<char*>(p.out);
-    // peer_offsets: D8 as l2_epilogue reads it; the prefill path's launches (standalone) pass none.
-    if (p.peer_offsets != nullptr) {   // row s * combine_rows + r: row r of rank s's buffer
-      const int s = row / p.combine_rows;
-      row -= s * p.combine_rows;
-      dst += __ldg(p.peer_offsets + s);
-    }
+    // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.
+    __nv_bfloat16* dst = combine_buffer(p, row);
     const uint4 v = ptx::ld_shared_v4(prefill_staging_addr(staging, first + i, lane));
-    *reinterpret_cast<uint4*>(dst + (static_cast<int64_t>(row) * hidden + col) * 2) = v;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.n_rows + col) = v;
   }
 }
 
