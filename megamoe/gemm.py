@@ -41,12 +41,13 @@ with tokens as the wgmma M dimension (kernel/gemm/gemm_sm90_prefill.cuh). Each p
 numerics: the fast mode's operand rule and per-K128 promotion (the same E4M3 weight bytes,
 TAU["k128"]), the exact mode's per-k32 promotion with both scales (TAU["k32"]); the tensor core's
 sums need not be bitwise those of the swap-AB kernels. The exact mode folds the weight scales of
-each 256-row block whose rows span at most 12 binades (layout.FOLD_BINADES, KernelWeights.w*_fold)
-into the predecoded bytes (the fast mode's scaled tables) and promotes each k32 product with one FMA
-by the token scale times 2^(B_e - 133), the rows' factors 2^(B_r - B_e) after the mainloop: the
-same bits as the two-scale promotion, which the other blocks take (tested), wherever the folded
-scale 2^(s_x + B_e - 260) and the accumulator times 2^(B_e - B_r) stay inside fp32's range (no
-underflow under 2^-149, no overflow). The same epilogues (D6 / D8, bit-exact given the dumps) and
+each 256-row block whose rows span at most 11 binades, and lie within 32 of the expert's largest
+row base (layout.fold_blocks, KernelWeights.w*_fold), into the predecoded bytes (the fast mode's
+scaled tables) and promotes each k32 product with one FMA by the token scale times 2^(B_e - 133),
+the rows' factors 2^(B_r - B_e) after the mainloop: the same bits as the two-scale promotion, which
+the other blocks take (tested), unless the folded scale 2^(s_x + B_e - 260) falls under 2^-149
+where the two-scale product 2^(s_x + s_w - 254) does not, or the folded accumulator (the two-scale
+one times 2^(B_e - B_r) <= 2^32) overflows. The same epilogues (D6 / D8, bit-exact given the dumps) and
 dumps.
 """
 

@@ -15,26 +15,34 @@
 // Decoding FP4 into shared memory inside this loop costs more than half the tensor rate (v14), so
 // the weights are decoded once per call by the predecode pass and arrive here by bulk copy.
 //
-// CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (fast mode: two
-// halves of 128, one SS m64n128k32 group each per K block, a 256-wide group would need a
-// 128-register temporary beside the 128 accumulators; exact mode: m64n64k32 steps, below).
+// CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (two halves of
+// 128, one SS m64n128k32 wgmma each per k32 step; a 256-wide one would need a 128-register temporary
+// beside the 128 accumulators; the exact mode's two-scale items: m64n64k32 steps, below).
 // Producer warpgroup: warp 0 lane 0 TMAs the activation tile (two 64-row boxes) and bulk-copies
-// the weight tile (32 KB; exact mode 36 KB with its scales); warp 1 stages the token scales (fast
-// mode as fp32 with the expert base folded in, exact mode the raw bytes; producer.cuh); warps 2-3
-// are the epilogue warps: the consumers leave each item's tile in bf16 in a staging buffer and go
-// on to the next item's mainloop while these two warps write the layer's output from it
-// (prefill_rows.cuh). Registers 56 / 224 (at 40 the scale and epilogue warps spilled; the mainloop
-// needs no more than 224). The staging buffer (64 KB) leaves room for 3 stages.
+// the weight tile (32 KB; 36 KB with its fp32 scales for the exact mode's two-scale items); warp 1
+// stages the token scales (producer.cuh: the fast mode's fp32 K128 scales and the exact mode's
+// folded items' fp32 k32 scales, each with the expert base folded in, or the two-scale items' raw
+// bytes); warps 2-3 are the epilogue warps: the consumers leave each item's tile in bf16 in a
+// staging buffer and go on to the next item's mainloop while these two warps write the layer's
+// output from it (prefill_rows.cuh). Registers 56 / 224 (at 40 the scale and epilogue warps
+// spilled; the mainloop needs no more than 224). The staging buffer (64 KB) leaves room for 3
+// stages.
 //
 // Numerics are those of the swap-AB kernels (gemm_sm90.cuh). Fast mode (k128): the E4M3 weights are
 // the bytes the scaled tables give, the four k32 products of a K block accumulate in the tensor
 // core and are promoted with one FMA by the token's fp32 scale, and after the mainloop each row
-// (here: column) is multiplied by 2^(B_r - B_e) <= 1. Exact mode (k32): the plain E2M1 values, each
-// k32 product promoted with both per-32 scales (promote_k32_one); the tile's fp32 weight scales come
-// with its E4M3 bytes in the one bulk copy, the tokens' scale bytes are staged raw (one 32-bit word
-// of four k32 steps a token) and converted by the consumers, two tokens a thread. Two FP32
-// instructions per accumulator and k32 step where the fast mode has one a K block: this loop is
-// bound by them, not by the tensor cores.
+// (here: column) is multiplied by 2^(B_r - B_e) <= 1. Exact mode (k32), every k32 product promoted
+// with both of its per-32 scales, in one of two forms per item (its 256-row block's fold flag,
+// megamoe/jit/layout.py fold_blocks):
+//   folded (rows within 11 binades of their base): the fast mode's E4M3 bytes, whose table already
+//     holds the weight's scale relative to its row, each k32 product promoted with one FMA by the
+//     token's k32 scale times 2^(B_e - 133), then the row factors as in the fast mode: the same
+//     bits as the two-scale form (prefill_mainloop_scaled says why; tested);
+//   two-scale: the plain E2M1 values, each k32 product promoted with both scales
+//     (promote_k32_one); the tile's fp32 weight scales come with its E4M3 bytes in the one bulk
+//     copy, the tokens' scale bytes are staged raw (one 32-bit word of four k32 steps a token) and
+//     converted by the consumers. Two FP32 instructions per accumulator and k32 step: 1.8x the
+//     folded form's time (bench/NOTES.md v18).
 #pragma once
 
 #include <cstdint>
@@ -55,14 +63,15 @@ namespace megamoe {
 // wgmma N) are in contract.cuh.
 constexpr int kPrefillHalf = 128;
 
-// The stage ring: activations | the predecoded weight tile (E4M3, 128-byte swizzle; exact mode:
-// then its fp32 scales) | token scales, one word a token (linear: token tok at tok; the scale warp
-// writes them through scale_index): fast mode the fp32 K128 scale, exact mode the four k32 scale
-// bytes as they are. The scale warp writes the item's tile (pick_tile: its valid rows rounded up
-// to a power of two, a word 0 past the valid ones: fp32 0, or bytes that the exact mode's consumers
-// read as 2^-127); the consumers promote all 128 rows, so rows past that tile take whatever an
-// earlier stage left there: their accumulators are never written out (the epilogues store valid
-// rows only).
+// The stage ring: activations | the predecoded weight tile (E4M3, 128-byte swizzle; the exact
+// mode's slot is 36 KB: its two-scale items' fp32 weight scales, or its folded items' token scales,
+// fold_scales) | token scales, one word a token (linear: token tok at tok; the scale warp writes
+// them through scale_index): fast mode the fp32 K128 scale, the exact mode's two-scale items the
+// four k32 scale bytes as they are. The scale warp writes the item's tile (pick_tile: its valid
+// rows rounded up to a power of two, 0 past the valid ones: fp32 0, or bytes that the exact mode's
+// consumers read as 2^-127); the consumers promote all 128 rows, so rows past that tile take
+// whatever an earlier stage left there: their accumulators are never written out (the epilogues
+// store valid rows only).
 template <bool kExact>
 struct PrefillRing {
   static constexpr int kX = kPrefillTokens * kBlockK;
@@ -75,7 +84,7 @@ struct PrefillRing {
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
-  // Exact mode, an item that folds its weight scales (prefill_folded): its tiles are the fast
+  // Exact mode, an item that folds its weight scales (folded): its tiles are the fast
   // mode's 32 KB, so the weight slot's last 4 KB are free; the scale warp writes the tokens' fp32
   // k32 scales (with the expert base) there, [4 k32 steps][128 tokens], and the consumers read them
   // as the fast mode reads its sx.
@@ -158,8 +167,9 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 //     FMA per accumulator. The rows' factors 2^(B_r - B_e) follow after the mainloop in both modes
 //     (prefill_stage_tile). A folded k32 product is the two-scale promotion's times 2^(B_e - B_r)
 //     (its 32 weights share one d, so the tensor core's sum scales by a power of two: measured so
-//     for d <= 12, megamoe/jit/layout.py FOLD_BINADES), hence the same bits wherever the scales'
-//     product 2^(s_x + B_e - 260) and the scaled accumulator stay inside fp32's range.
+//     for d <= 12, and the fold takes d <= 11, megamoe/jit/layout.py FOLD_BINADES), hence the same
+//     bits wherever the scales' product 2^(s_x + B_e - 260) does not round (it is >= 2^-149 where
+//     the two-scale one is) and the folded accumulator stays finite.
 template <typename Cfg, bool kEachK32>
 __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, const typename Cfg::Ring& ring,
                                                         RingCursor& cur, int wg, int sx0,

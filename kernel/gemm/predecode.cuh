@@ -2,11 +2,12 @@
 // as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of one
 // expert, K block and 256 rows, each one bulk copy; contract kPrefillTile*). Decoding inside the
 // prefill kernel instead costs more than half the tensor rate (bench/NOTES.md v14); here it costs
-// 1.5 bytes of HBM traffic per weight (the exact mode ~1.66: its scale bytes in, fp32 scales out).
+// 1.5 bytes of HBM traffic per weight (the exact mode's two-scale blocks ~1.66: their scale bytes in,
+// fp32 scales out).
 //   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
 //     128-byte swizzle.
 //   Exact mode (k32), a block of 256 rows that folds (p.w_fold, megamoe/jit/layout.py fold_blocks:
-//     every row's scales within 12 binades of its base): the fast mode's bytes, its LUT offsets
+//     every row's scales within 11 binades of its base): the fast mode's bytes, its LUT offsets
 //     8 (B_r - s_g) made here from the scale bytes; the tile's last 4 KB are not written.
 //   Exact mode, other blocks: the same layout through the plain table (the E2M1 values
 //     themselves), then the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the
@@ -40,6 +41,14 @@ __host__ __device__ constexpr int prefill_wsf_index(int ks, int n) {
   return (((ks * 2 + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
 }
 
+// The scaled tables' byte offsets 8 d of a row's four k32 groups, d = B_r - s_g (<= 11 where the
+// host's fold flag is set, layout.py fold_blocks), from its base and scale bytes; each d is taken as
+// |B_r - s_g| and clamped to the last table, so flags that do not match the scales cannot index
+// past the tables.
+__device__ __forceinline__ uint32_t fold_offsets(uint32_t row_base, uint32_t scale_bytes) {
+  return __vminu4(__vabsdiffu4(row_base * 0x01010101u, scale_bytes), (kLutEntries - 1) * 0x01010101u) << 3;
+}
+
 // Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0, so it divides).
 template <bool kExact>
 __device__ __forceinline__ void predecode_body(const GemmParams& p) {
@@ -63,7 +72,7 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   const int n_rb = p.n_rows / kPrefillRows;
   const int64_t expert = ekb / (p.k / kBlockK);
   // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
-  // fast mode (each difference <= 12, so the bytes neither borrow nor carry); else the plain table.
+  // fast mode (fold_offsets); else the plain table.
   const bool fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
   uint32_t off_a, off_b;
   if (!kExact) {
@@ -71,9 +80,8 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
     off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
   } else if (fold) {
     const uint8_t* base = p.w_row_base + expert * p.n_rows;
-    off_a = (__ldg(base + row_a) * 0x01010101u - __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4))) << 3;
-    off_b = (__ldg(base + row_a + 8) * 0x01010101u - __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4)))
-            << 3;
+    off_a = fold_offsets(__ldg(base + row_a), __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4)));
+    off_b = fold_offsets(__ldg(base + row_a + 8), __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4)));
   } else {
     off_a = off_b = kPlainLutOffsets;
   }

@@ -101,7 +101,7 @@ PARAMS = (
         "ptr",
         "uint8_t*",
         "prefill: the weights decoded to E4M3, [E, K/128, R/256] tiles of PREFILL_TILE_BYTES: [256][128] bytes"
-        " with the 128-byte swizzle (k32: then the rows' fp32 scales) (written by the predecode pass, read by"
+        " with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by"
         " the prefill kernel)",
     ),
     Field("x_sf", "ptr", "const uint8_t*", "activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)"),

@@ -28,7 +28,7 @@ Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_
     row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
 The exact mode's (promotion k32) prefill path uses them too (fold_blocks):
     fold [E, ceil(R/256)] uint8: 1 where every row of the 256-row block has all its scale bytes
-    within FOLD_BINADES (12) of its row base.
+    within FOLD_BINADES (11) of its row base, and that within FOLD_ROW_SPREAD (32) of B_e.
 """
 
 from __future__ import annotations
@@ -107,25 +107,31 @@ def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 # The exact mode's prefill path folds a block's weight scales into its predecoded bytes where every
-# row's scale bytes lie within this many binades of its base. The scaled tables are exact to 14
-# (Q.FAST_EXACT_BINADES), but measured on the H200 the tensor core's k32 sums then change: with
-# spans of 13 and 14, 29 and 1223 of 444416 accumulators differed from the two-scale promotion's
-# (up to 2^-11 relative; E4M3 subnormal weights other than 2^-7 appear from d = 13), with spans up
-# to 12 none did (bench/NOTES.md v18). At 12 a block folds only where that leaves every bit as it is.
-FOLD_BINADES = 12
+# row's scale bytes lie within FOLD_BINADES of its base, and the row's base within FOLD_ROW_SPREAD of
+# its expert's. The scaled tables are exact to 14 binades (Q.FAST_EXACT_BINADES), but measured on
+# the H200 the tensor core's k32 sums then change: with spans of 13 and 14, 29 and 1223 of 444416
+# accumulators differed from the two-scale promotion's (up to 2^-11 relative), with spans up to 12
+# none did (bench/NOTES.md v18). The differences came with E4M3-subnormal weights, which the tables
+# give from d = 12 on (0.5 x 2^-6); at 11 every folded weight is a normal E4M3 value, as every
+# weight of the two-scale path is. The row spread bounds the folded accumulator, the two-scale one
+# times 2^(B_e - B_r): it overflows only where the result exceeds 2^(128 - 32).
+FOLD_BINADES = 11
+FOLD_ROW_SPREAD = 32
 
 
 def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor) -> torch.Tensor:
     """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
-    contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base. There the
-    exact mode's prefill path predecodes the weights through the fast mode's scaled tables and
-    promotes each k32 product with one FMA; other blocks take the two-scale promotion
-    (gemm_sm90_prefill.cuh)."""
-    span = row_base.to(torch.int32) - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
-    E, R = span.shape
+    contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base B_r and B_r
+    within FOLD_ROW_SPREAD of the expert's largest B_e. There the exact mode's prefill path
+    predecodes the weights through the fast mode's scaled tables and promotes each k32 product with
+    one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh)."""
+    base = row_base.to(torch.int32)
+    span = base - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
+    ok = (span <= FOLD_BINADES) & (base.amax(dim=1, keepdim=True) - base <= FOLD_ROW_SPREAD)
+    E, R = ok.shape
     blocks = -(-R // contract.PREFILL_ROWS)
-    span = torch.nn.functional.pad(span, (0, blocks * contract.PREFILL_ROWS - R))
-    return (span.view(E, blocks, contract.PREFILL_ROWS).amax(dim=2) <= FOLD_BINADES).to(torch.uint8)
+    ok = torch.nn.functional.pad(ok, (0, blocks * contract.PREFILL_ROWS - R), value=True)
+    return ok.view(E, blocks, contract.PREFILL_ROWS).all(dim=2).to(torch.uint8)
 
 
 @dataclasses.dataclass

@@ -3,6 +3,7 @@ the dequantized operands; the formats and the D6 rule come from megamoe.referenc
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -113,6 +114,18 @@ def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool
     valid = torch.ones(acc1.shape[0], dtype=torch.bool, device=acc1.device)
     out = ref.l1_epilogue(acc1, w_route, valid, activation_clamp=clamp, fast_math=fast)
     return out.l2_acts, out.l2_sf
+
+
+def prefill_weights(promotion: str, kw):
+    """(promotion, weights) for a test's promotion name: "k32/unfolded" is the exact mode with every
+    256-row block on the prefill path's two-scale promotion (no block folded, layout.fold_blocks:
+    the weights the tests make otherwise all fold)."""
+    if promotion != "k32/unfolded":
+        return promotion, kw
+    unfolded = copy.copy(kw)
+    unfolded.w1_fold = torch.zeros_like(kw.w1_fold)
+    unfolded.w2_fold = torch.zeros_like(kw.w2_fold)
+    return "k32", unfolded
 
 
 def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:

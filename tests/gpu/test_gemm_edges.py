@@ -16,17 +16,29 @@ from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe.jit import layout as L
 
-from .gemm_helpers import Pool, bound_ratio, check_l1_epilogue, combine_rows, log_result, random_weights, reference_acc
+from .gemm_helpers import (
+    Pool,
+    bound_ratio,
+    check_l1_epilogue,
+    combine_rows,
+    log_result,
+    prefill_weights,
+    random_weights,
+    reference_acc,
+)
 
 
 # (promotion, max_tile, wgs): the 4-warpgroup 8-token kernel, the 2-warpgroup kernel whose items run
 # at 8 tokens, the 4-warpgroup 64-token kernel (one serial mainloop, items 8 .. 64 wide) and the
 # 2-warpgroup one it replaces where the weight rows do not fill 256-row CTAs, and the largest tiles;
-# (None, None): the prefill path of that promotion (predecode pass + gemm_sm90_prefill.cuh).
+# (None, None): the prefill path of that promotion (predecode pass + gemm_sm90_prefill.cuh; the exact
+# mode's with its weight scales folded where the blocks allow, which the tests' weights all do, and
+# "k32/unfolded": its two-scale promotion).
 KERNELS = [
     ("k32", 8, 4),
     ("k32", 64, 2),
     ("k32", None, None),
+    ("k32/unfolded", None, None),
     ("k128", None, None),
     ("k128", 8, 4),
     ("k128", 8, 2),
@@ -65,6 +77,8 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
     H, inter = 1024, 512
     ranges = [((253, 254), (1, 10)), ((0, 5), (245, 254)), ((55, 65), (55, 65))]
     pool, w1, s1, kw = _experts_with_scale_ranges(ranges, H, inter, [9, 7, 20], seed=1)
+    name = promotion
+    promotion, kw = prefill_weights(promotion, kw)
     res = G.l1_gemm(
         pool.x,
         pool.sf,
@@ -85,10 +99,10 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
         assert torch.isfinite(got).all(), f"expert {e}: non-finite accumulators"
         assert (exact.abs() > 2.0**-126).float().mean() > 0.9, "test data: results should be normal numbers"
         worst = max(worst, bound_ratio(got, exact, bound))
-    check_l1_epilogue(pool, res, inter, True, None, f"extreme scales {promotion} tile {max_tile}")
+    check_l1_epilogue(pool, res, inter, True, None, f"extreme scales {name} tile {max_tile}")
     log_result(
         test="extreme_scale_bytes",
-        promotion=promotion,
+        promotion=name,
         max_tile=max_tile,
         wgs=wgs,
         max_ratio=worst,
@@ -117,7 +131,8 @@ def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs
     zero_rows = [pool.offs[1] + 3]
     for p in zero_rows:
         pool.x[p, 32:64] = 0  # token group 1 all zero
-    kw = L.transform_weights(w1, s1, w2, s2)
+    name = promotion
+    promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
     res = G.l1_gemm(
         pool.x,
         pool.sf,
@@ -141,7 +156,7 @@ def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs
         keep = ~nan_mask[rows]
         assert not torch.isnan(res.acc1[rows][keep]).any(), "NaN leaked into another row"
         assert bound_ratio(res.acc1[rows][keep], exact[keep], bound[keep]) <= G.TAU[promotion]
-    check_l1_epilogue(pool, res, inter, True, clamp, f"NaN rows {promotion} tile {max_tile} clamp {clamp}")
+    check_l1_epilogue(pool, res, inter, True, clamp, f"NaN rows {name} tile {max_tile} clamp {clamp}")
 
 
 def _fast_rule_reference(pool: Pool, w, w_sf):

@@ -14,6 +14,7 @@ import torch
 
 from megamoe import gemm as G
 from megamoe.jit import build as jb
+from megamoe.jit import contract
 from megamoe.jit import layout as L
 from megamoe.reference import MegaMoEInputError
 
@@ -25,6 +26,7 @@ from .gemm_helpers import (
     combine_rows,
     first_diff,
     log_result,
+    prefill_weights,
     random_weights,
     reference_acc,
     bound_ratio,
@@ -39,15 +41,19 @@ PREFILL_COUNTS = [0, 1, 127, 128, 129, 300, 64, 5]
 # epilogue warps' staging buffer changes hands between items (both barrier parities, a second
 # write into it) in every CTA.
 MANY_ITEMS = [1500, 1300, 129, 5, 700, 2000, 0, 1]
+# The exact mode's prefill path folds the weight scales of the blocks the tests' weights give (all);
+# "k32/unfolded" runs the same weights on its two-scale promotion (gemm_helpers.prefill_weights).
+PROMOTIONS = ["k32", "k32/unfolded", "k128"]
 
 
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion", PROMOTIONS)
 @pytest.mark.parametrize(
     "H,inter,counts",
     [(1024, 1024, COUNTS), (2048, 1024, PREFILL_COUNTS), (512, 2048, [600, 3]), (512, 1024, MANY_ITEMS)],
 )
 def test_prefill_l1_bound_and_epilogue(H, inter, counts, promotion):
     pool, (w1, s1, _, _), kw = setup_l1(H, inter, counts, seed=H + inter + len(counts))
+    promotion, kw = prefill_weights(promotion, kw)
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)
     for fast, clamp in ((True, 1.0), (False, None)):
         out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
@@ -79,7 +85,7 @@ def test_prefill_l1_bound_and_epilogue(H, inter, counts, promotion):
         assert worst <= G.TAU[promotion]
 
 
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion", PROMOTIONS)
 @pytest.mark.parametrize("H,inter,counts", [(1024, 2048, COUNTS), (2048, 512, PREFILL_COUNTS), (2048, 512, MANY_ITEMS)])
 def test_prefill_l2_bound_and_epilogue(H, inter, counts, promotion):
     gen = torch.Generator().manual_seed(400 + H + len(counts))
@@ -87,7 +93,7 @@ def test_prefill_l2_bound_and_epilogue(H, inter, counts, promotion):
     E = len(counts)
     w1, s1 = random_weights(E, 2 * inter, H, gen=gen)
     w2, s2 = random_weights(E, H, inter, gen=gen)
-    kw = L.transform_weights(w1, s1, w2, s2)
+    promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
     comb, dst = combine_rows(pool, H, K=2, gen=gen)  # random rows of a [2, T, H] buffer, the rest NaN
     res = G.l2_gemm(
         pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion=promotion, prefill=True, debug=True
@@ -102,7 +108,7 @@ def test_prefill_l2_bound_and_epilogue(H, inter, counts, promotion):
     assert worst <= G.TAU[promotion]
 
 
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion", PROMOTIONS)
 def test_prefill_gemm_exact_grid(promotion):
     """GEMM_EXACT: integers, equal scales -> acc == exact bitwise."""
     H, inter = 1024, 1024
@@ -111,7 +117,7 @@ def test_prefill_gemm_exact_grid(promotion):
     pool = Pool(counts, H, gen=gen, grid=True, grid_sf=(127, 127))
     w1, s1 = random_weights(4, 2 * inter, H, gen=gen, grid=True, grid_sf=(125, 127))
     w2, s2 = random_weights(4, H, inter, gen=gen, grid=True, grid_sf=(127, 127))
-    kw = L.transform_weights(w1, s1, w2, s2)
+    promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
     res = G.l1_gemm(
         pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, prefill=True, debug=True
     )
@@ -124,10 +130,11 @@ def test_prefill_gemm_exact_grid(promotion):
     log_result(test="prefill_gemm_exact", promotion=promotion, ok=True)
 
 
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion", PROMOTIONS)
 def test_prefill_production_build_matches_debug(promotion):
     H, inter = 1024, 512
     pool, _, kw = setup_l1(H, inter, PREFILL_COUNTS, seed=9)
+    promotion, kw = prefill_weights(promotion, kw)
     outs = []
     for debug in (True, False):
         res = G.l1_gemm(
@@ -146,50 +153,76 @@ def test_prefill_production_build_matches_debug(promotion):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+def _scratch(layer: int, promotion: str, tiles: int) -> torch.Tensor:
+    """The prefill path's scratch buffer of `layer` with `tiles` weight tiles, [tiles, tile bytes]."""
+    size = contract.PREFILL_TILE_BYTES[promotion]
+    (buf,) = [b for (_, _, lay, n), b in G._SCRATCH.items() if lay == layer and n == tiles * size]
+    return buf.view(tiles, size)
+
+
 @pytest.mark.parametrize("layer", [1, 2])
 def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
     """The exact mode's prefill path folds a 256-row block's weight scales into its predecoded bytes
-    where every row spans at most 12 binades (layout.fold_blocks) and promotes each k32 product with
-    one FMA (gemm_sm90_prefill.cuh): the same bits as the two-scale promotion. One launch with
-    folded blocks (rows spanning up to 12 binades, the most that folds) and one that is not (a row
-    spanning 22), against the same weights with no block folded: D5 / D7 and the layer's output
-    bitwise equal."""
-    H, inter = 1024, 512
-    counts = [300, 129, 5, 0]
+    where every row spans at most 11 binades (layout.fold_blocks) and promotes each k32 product with
+    one FMA (gemm_sm90_prefill.cuh): the same bits as the two-scale promotion. Weights whose rows
+    span up to 11 binades (the most that folds) but one row of 22 (its block does not fold), 10 % of
+    the activations E4M3 subnormals, several items per CTA: the flags as computed, then half of them
+    cleared (folded and two-scale items alternate in a CTA's ring), against no block folded: D5 / D7
+    and the layer's output bitwise equal. The folded tiles are the fast mode's predecoded bytes."""
+    if layer == 1:
+        H, inter, K, R = 512, 1024, 512, 2048
+    else:
+        H, inter, K, R = 2048, 512, 512, 2048
+    E = len(MANY_ITEMS)
     gen = torch.Generator().manual_seed(77 + layer)
-    K = H if layer == 1 else inter
-    pool = Pool(counts, K, gen=gen, sf_lo=100, sf_hi=140)
-    w1, s1 = random_weights(len(counts), 2 * inter, H, gen=gen, sf_lo=110, sf_hi=122)
-    w2, s2 = random_weights(len(counts), H, inter, gen=gen, sf_lo=110, sf_hi=122)
+    pool = Pool(MANY_ITEMS, K, gen=gen, sf_lo=100, sf_hi=140)
+    sub = (torch.rand(pool.x.shape, generator=gen) < 0.1).cuda() & pool.valid[:, None]
+    codes = torch.randint(1, 8, pool.x.shape, generator=gen, dtype=torch.int32).to(torch.uint8).cuda()
+    pool.x[sub] = codes[sub] | (pool.x[sub] & 0x80)  # subnormal payloads, the signs kept
+    w1, s1 = random_weights(E, 2 * inter, H, gen=gen, sf_lo=111, sf_hi=122)
+    w2, s2 = random_weights(E, H, inter, gen=gen, sf_lo=111, sf_hi=122)
     (s1 if layer == 1 else s2)[1, 700, 3] = 100
     kw = L.transform_weights(w1, s1, w2, s2)
-    fold = kw.w1_fold if layer == 1 else kw.w2_fold
+    name = "w1_fold" if layer == 1 else "w2_fold"
+    fold = getattr(kw, name)
     assert int((fold == 0).sum()) == 1 and int(fold.sum()) == fold.numel() - 1, fold.tolist()
-    unfolded = copy.copy(kw)
-    setattr(unfolded, "w1_fold" if layer == 1 else "w2_fold", torch.zeros_like(fold))
-    outs = []
-    for weights in (kw, unfolded):
+    half = copy.copy(kw)
+    setattr(half, name, fold * (torch.rand(fold.shape, generator=gen) < 0.5).to(fold.device, torch.uint8))
+    none = copy.copy(kw)
+    setattr(none, name, torch.zeros_like(fold))
+    tiles = E * (K // 128) * (R // 256)
+    comb, dst = combine_rows(pool, H, K=2, gen=torch.Generator().manual_seed(5))
+
+    def run(weights, promotion="k32"):
         if layer == 1:
             res = G.l1_gemm(
-                pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, weights, promotion="k32",
+                pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, weights, promotion=promotion,
                 prefill=True, debug=True,
             )  # fmt: skip
             torch.cuda.synchronize()
-            outs.append((res.acc1[pool.valid].clone(), res.l2_acts.view(torch.uint8)[pool.valid].clone()))
-        else:
-            comb, dst = combine_rows(pool, H, K=2, gen=torch.Generator().manual_seed(5))
-            res = G.l2_gemm(
-                pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, weights, comb, promotion="k32", prefill=True,
-                debug=True,
-            )  # fmt: skip
-            torch.cuda.synchronize()
-            outs.append((res.acc2[pool.valid].clone(), comb.clone()))
-    (acc_f, out_f), (acc_u, out_u) = outs
-    assert torch.isfinite(acc_f).all() and acc_f.abs().max() > 0
-    assert torch.equal(acc_f.view(torch.int32), acc_u.view(torch.int32)), (
-        f"folded vs two-scale promotion: {first_diff(acc_f.view(torch.int32), acc_u.view(torch.int32))}"
-    )
-    assert torch.equal(out_f.view(torch.uint8), out_u.view(torch.uint8)), "the layer's output differs"
+            return res.acc1[pool.valid].clone(), res.l2_acts.view(torch.uint8)[pool.valid].clone()
+        res = G.l2_gemm(
+            pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, weights, comb, promotion=promotion, prefill=True,
+            debug=True,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        return res.acc2[pool.valid].clone(), comb.view(torch.uint8).clone()
+
+    want = run(none)
+    assert torch.isfinite(want[0]).all() and want[0].abs().max() > 0
+    for weights, tag in ((kw, "flags as computed"), (half, "half the flags")):
+        got = run(weights)
+        a, b = got[0].view(torch.int32), want[0].view(torch.int32)
+        assert torch.equal(a, b), f"{tag}: folded vs two-scale promotion: {first_diff(a, b)}"
+        assert torch.equal(got[1], want[1]), f"{tag}: the layer's output differs"
+    # The last run's tiles (half the flags) against the fast mode's predecode pass of the same weights.
+    exact_tiles = _scratch(layer, "k32", tiles).view(E, K // 128, R // 256, -1)
+    exact_tiles = exact_tiles[..., : contract.PREFILL_TILE_BYTES["k128"]].clone()
+    run(kw, "k128")
+    fast_tiles = _scratch(layer, "k128", tiles).view(E, K // 128, R // 256, -1)
+    flags = getattr(half, name).bool()[:, None, :].expand(E, K // 128, R // 256)
+    assert torch.equal(exact_tiles[flags], fast_tiles[flags]), "a folded tile is not the fast mode's bytes"
+    assert not torch.equal(exact_tiles[~flags], fast_tiles[~flags])
     log_result(test="exact_fold_bits", layer=layer, folded_blocks=int(fold.sum()), blocks=fold.numel())
 
 
