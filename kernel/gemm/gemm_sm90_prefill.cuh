@@ -84,10 +84,10 @@ struct PrefillRing {
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
-  // Exact mode, an item that folds its weight scales (folded): its tiles are the fast
-  // mode's 32 KB, so the weight slot's last 4 KB are free; the scale warp writes the tokens' fp32
-  // k32 scales (with the expert base) there, [4 k32 steps][128 tokens], and the consumers read them
-  // as the fast mode reads its sx.
+  // Exact mode: an item whose 256-row block folds its weight scales (folded; layout.py fold_blocks)
+  // has the fast mode's 32 KB tiles, so the weight slot's last 4 KB are free; the scale warp writes
+  // the tokens' fp32 k32 scales (with the expert base) there, [4 k32 steps][128 tokens], and the
+  // consumers read them as the fast mode reads its sx.
   __device__ __forceinline__ static bool folded(const GemmParams& p, const WorkItem& wi) {
     return __ldg(p.w_fold + wi.expert * (p.n_rows / kPrefillRows) + wi.n_block) != 0;
   }
@@ -168,8 +168,8 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 //     (prefill_stage_tile). A folded k32 product is the two-scale promotion's times 2^(B_e - B_r)
 //     (its 32 weights share one d, so the tensor core's sum scales by a power of two: measured so
 //     for d <= 12, and the fold takes d <= 11, megamoe/jit/layout.py FOLD_BINADES), hence the same
-//     bits wherever the scales' product 2^(s_x + B_e - 260) does not round (it is >= 2^-149 where
-//     the two-scale one is) and the folded accumulator stays finite.
+//     bits wherever the folded scale 2^(s_x + B_e - 260), 2^(B_e - s_w - 6) times the two-scale
+//     one, is at least 2^-149 and the folded accumulator stays finite.
 template <typename Cfg, bool kEachK32>
 __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, const typename Cfg::Ring& ring,
                                                         RingCursor& cur, int wg, int sx0,
