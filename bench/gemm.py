@@ -151,7 +151,7 @@ def main() -> None:
         "--unfolded",
         action="store_true",
         help="the exact mode's prefill path as for weights none of whose 256-row blocks fold (rows spanning"
-        " more than 12 binades: the two-scale promotion; layout.fold_blocks)",
+        " more than 11 binades: the two-scale promotion; layout.fold_blocks)",
     )
     ap.add_argument(
         "--experts", type=int, default=E, help=f"local experts (default: {E}; a launch's fixed cost is the intercept)"

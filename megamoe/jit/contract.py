@@ -93,8 +93,8 @@ PARAMS = (
         "ptr",
         "const uint8_t*",
         "prefill, promotion k32: [E, R/256] 1 where every row of the 256-row block has all its scale bytes within"
-        " FOLD_BINADES of its row base: that block's weights are predecoded through the scaled tables and"
-        " promoted with one FMA per k32 step (layout.py fold_blocks)",
+        " FOLD_BINADES of its row base, and that within FOLD_ROW_SPREAD of the expert's: that block's weights are"
+        " predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)",
     ),
     Field(
         "w_e4m3",
