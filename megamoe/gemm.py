@@ -84,11 +84,11 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 # kernel, which decodes every weight tile once per token block. Measured crossovers (DSV3,
 # graph-timed, same call): fast mode (bench/NOTES.md v16) L1 (K = H) 0.80x the swap-AB kernel at 256
 # tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
-# 1.10x at 512, 1.22x at 1024. Exact mode, its weight scales folded (v18): the swap-AB kernel's
-# largest tile is 64 tokens, so from 65 an expert costs it two token blocks, and the prefill path
-# wins from there: L1 0.71x the swap-AB kernel at 64 tokens, 1.39x at 96 and 1.38x at 128; L2 0.73x,
-# 1.41x, 1.41x.
-PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 65, ("k32", 2): 65}
+# 1.10x at 512, 1.22x at 1024. Exact mode (v17; two FP32 instructions per accumulator and k32 step
+# in both kernels, so the pass pays off early): L1 1.03x at 128 tokens, 1.26x at 256; L2 1.06x,
+# 1.28x. Since v18 the prefill path folds the weight scales where the blocks allow (1.7x faster
+# again at 512 and 2048 tokens); the crossover was not measured again, so it may lie under 128.
+PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
 PREFILL_ROWS = contract.PREFILL_ROWS
 
 
