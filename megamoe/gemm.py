@@ -86,8 +86,11 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 # tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
 # 1.10x at 512, 1.22x at 1024. Exact mode (v17; two FP32 instructions per accumulator and k32 step
 # in both kernels, so the pass pays off early): L1 1.03x at 128 tokens, 1.26x at 256; L2 1.06x,
-# 1.28x. Since v18 the prefill path folds the weight scales where the blocks allow (1.7x faster
-# again at 512 and 2048 tokens); the crossover was not measured again, so it may lie under 128.
+# 1.28x. With the fold (v18) the prefill path wins from 65 tokens (past the exact swap-AB kernel's
+# largest tile, 64: L1 1.39x at 96 tokens, 0.71x at 64), but 128 stays: the mean pool rows per
+# expert count each expert's padding to 64, so a threshold of 65 would also send the Zipf routing
+# of 8 tokens per expert (largest 100, mean 68 rows) to the pass, which alone costs more than its
+# swap-AB launch (358 against 330 us at DSV3 L1).
 PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
 PREFILL_ROWS = contract.PREFILL_ROWS
 
