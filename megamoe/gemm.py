@@ -86,12 +86,14 @@ TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 # tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
 # 1.10x at 512, 1.22x at 1024. Exact mode (v17; two FP32 instructions per accumulator and k32 step
 # in both kernels, so the pass pays off early): L1 1.03x at 128 tokens, 1.26x at 256; L2 1.06x,
-# 1.28x. With the fold (v18) the prefill path wins from 65 tokens (past the exact swap-AB kernel's
-# largest tile, 64: L1 1.39x at 96 tokens, 0.71x at 64), but 128 stays: the mean pool rows per
-# expert count each expert's padding to 64, so a threshold of 65 would also send the Zipf routing
-# of 8 tokens per expert (largest 100, mean 68 rows) to the pass, which alone costs more than its
+# 1.28x. With the fold (v18) it wins from 65 tokens, past the exact swap-AB kernel's largest tile
+# (64), where an expert costs that kernel two token blocks: L1 1.39x at 96 tokens, 0.71x at 64; L2
+# 1.41x, 0.73x. The mean pool rows per expert (PREFILL_MIN_MEAN_ROWS) count each expert's padding
+# to 64, so the exact mode asks for two blocks' worth there: at 65 the Zipf routing of 8 tokens
+# per expert (largest 100, mean 68 rows) would take the pass, which alone costs more than its
 # swap-AB launch (358 against 330 us at DSV3 L1).
-PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
+PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 65, ("k32", 2): 65}
+PREFILL_MIN_MEAN_ROWS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
 PREFILL_ROWS = contract.PREFILL_ROWS
 
 
@@ -121,17 +123,18 @@ def _prefill_path(
 
 def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, promotion: str, n_rows: int) -> bool:
     """Whether a launch of `layer` takes the prefill path by default: weight rows a multiple of 256,
-    and both the largest expert (max_tokens, if known) and the mean pool rows per expert
-    (rows_per_expert: the pool's rows over its experts) at least PREFILL_MIN_TOKENS[(promotion,
-    layer)]. The mean matters because the predecode pass decodes every expert's weights: under a skewed
-    routing whose largest expert has 676 of 2048 tokens (32 experts) the prefill path took 648 us
-    at DSV3 L1 against 299 us for the swap-AB kernel (bench/NOTES.md v15)."""
+    the largest expert (max_tokens, if known) at least PREFILL_MIN_TOKENS[(promotion, layer)] and
+    the mean pool rows per expert (rows_per_expert: the pool's rows over its experts, padding
+    included) at least PREFILL_MIN_MEAN_ROWS[(promotion, layer)]. The mean matters because the
+    predecode pass decodes every expert's weights: under a skewed routing whose largest expert has
+    676 of 2048 tokens (32 experts) the prefill path took 648 us at DSV3 L1 against 299 us for the
+    swap-AB kernel (bench/NOTES.md v15)."""
     need = PREFILL_MIN_TOKENS.get((promotion, layer))
     return (
         need is not None
         and max_tokens is not None
         and max_tokens >= need
-        and rows_per_expert >= need
+        and rows_per_expert >= PREFILL_MIN_MEAN_ROWS[(promotion, layer)]
         and n_rows % PREFILL_ROWS == 0
     )
 
@@ -661,8 +664,9 @@ def l1_gemm(
     prefill: the prefill path (the weights decoded once into an E4M3 scratch buffer of E * H * 2I
     bytes, 1/8 more in the exact mode, kept per device, stream and layer until
     release_prefill_buffers(), then the GEMM with tokens as wgmma M);
-    None (default) takes it where use_prefill says (max_tokens and the mean pool rows per expert
-    >= PREFILL_MIN_TOKENS[(promotion, 1)], no gate, no forced max_tile / wgs)."""
+    None (default) takes it where use_prefill says (max_tokens >= PREFILL_MIN_TOKENS[(promotion, 1)],
+    the mean pool rows per expert >= PREFILL_MIN_MEAN_ROWS[(promotion, 1)], no gate, no forced
+    max_tile / wgs)."""
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
     key = (

@@ -108,14 +108,17 @@ def test_gpu_only_tools_say_they_need_a_gpu(module, tmp_path):
 
 
 def test_the_prefill_path_is_taken_from_the_measured_crossovers_for_the_largest_and_the_mean_expert():
-    assert G.PREFILL_MIN_TOKENS == {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
+    assert G.PREFILL_MIN_TOKENS == {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 65, ("k32", 2): 65}
+    assert G.PREFILL_MIN_MEAN_ROWS == {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
     assert G.use_prefill(1, 512, 520.0, "k128", 4096) and not G.use_prefill(1, 511, 520.0, "k128", 4096)
     assert G.use_prefill(2, 512, 515.0, "k128", 7168) and not G.use_prefill(2, 511, 515.0, "k128", 7168)
     assert not G.use_prefill(2, 512, 500.0, "k128", 7168)  # the mean below the crossover
     assert not G.use_prefill(1, 676, 66.0, "k128", 4096)  # a skewed routing: the pass decodes every expert
     assert not G.use_prefill(1, None, 520.0, "k128", 4096)  # unknown largest expert
-    assert G.use_prefill(1, 128, 128.0, "k32", 4096) and not G.use_prefill(1, 127, 128.0, "k32", 4096)
-    assert not G.use_prefill(1, 256, 127.0, "k32", 4096)  # the exact mode's crossover is its own
+    # The exact mode: from 65 tokens (past its swap-AB kernel's largest tile), where the pool's mean
+    # is two blocks of 64 per expert (uniform 65 pads to 128); not the Zipf routing of 8 tokens.
+    assert G.use_prefill(1, 65, 130.0, "k32", 4096) and not G.use_prefill(1, 64, 130.0, "k32", 4096)
+    assert not G.use_prefill(1, 100, 68.0, "k32", 4096) and not G.use_prefill(1, 676, 104.0, "k32", 4096)
     assert not G.use_prefill(1, 4096, 4096.0, "k64", 4096)  # no such promotion: no prefill path
     assert not G.use_prefill(1, 4096, 4096.0, "k128", 4096 + 128)  # rows not a multiple of 256
     # Without a caller's choice: the automatic one, unless a gate or a forced specialisation says otherwise.
