@@ -253,6 +253,33 @@ def _err_record(dev: int | str | torch.device | None) -> torch.Tensor:
     return _ERR[dev]
 
 
+# The dynamic item order's counters (GemmParams.item_counter, scheduler.cuh claim_item): int32
+# pairs in one zeroed buffer per device, allocated with its first standalone swap-AB launch and
+# never replaced. Each built launch takes the next pair, round robin over _ITEM_COUNTER_SLOTS, more
+# than the launch caches hold, so two launch objects running at once on different streams have
+# their own pair (one launch object must not run on two streams at once: it would also write the
+# same outputs). Each launch leaves its pair zero.
+_ITEM_COUNTERS: dict[int, torch.Tensor] = {}
+_ITEM_COUNTER_SLOTS = 2048  # 4x the launch cache (_MAX_CACHED_LAUNCHES)
+_NEXT_ITEM_COUNTER: dict[int, int] = {}
+
+
+def _item_counter(dev: int) -> int:
+    """The device address of a fresh pair of item counters on device `dev`."""
+    if dev not in _ITEM_COUNTERS:
+        if torch.cuda.is_current_stream_capturing():
+            # Zeroed memory made during a capture is zeroed only when the graph replays.
+            raise RuntimeError(
+                "the first standalone GEMM launch on a device cannot be captured in a CUDA graph:"
+                " call it once before the capture"
+            )
+        _ITEM_COUNTERS[dev] = torch.zeros(2 * _ITEM_COUNTER_SLOTS, dtype=torch.int32, device=f"cuda:{dev}")
+        _NEXT_ITEM_COUNTER[dev] = 0
+    slot = _NEXT_ITEM_COUNTER[dev]
+    _NEXT_ITEM_COUNTER[dev] = (slot + 1) % _ITEM_COUNTER_SLOTS
+    return _ITEM_COUNTERS[dev].data_ptr() + 8 * slot
+
+
 def _record_devices(dev) -> list[int]:
     """The devices a record query names: one (see _device_index), or every device with a record (None)."""
     return sorted(_ERR) if dev is None else [_device_index(dev)]
@@ -511,6 +538,8 @@ def _launch(
             "arrival_need": 0,
             "combine_rows": 0,
             "w_e4m3": 0,
+            # The swap-AB kernels claim their items dynamically; the prefill kernel's order is static.
+            "item_counter": _item_counter(dev) if isinstance(spec, jb.GemmSpec) else 0,
             **fields,
         }
         params = contract.pack_params(

@@ -185,6 +185,7 @@ class MegaMoE:
             rebase_x=ws.ptr("l2_x128") if layer == 1 and fast else 0,
             rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
             rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
+            item_counter=0,  # the fused kernel takes its items in the static order
             err=G._err_record(self.device.index).data_ptr(),
             num_experts=cfg.local_experts,
             num_pool_rows=P,

@@ -67,6 +67,7 @@ struct GemmParams {
   uint8_t* rebase_x;  // L1 (fused, k128): [P, I] the intermediate rebased per 128 channels for L2 (nullptr = off)
   uint8_t* rebase_sf;  // L1 (fused, k128): [P, I/128] its scale bytes
   int* rebase_count;  // L1 (fused, k128): [B, I/128] warpgroup tiles written per 128 channels
+  int* item_counter;  // standalone swap-AB kernels: int[2], zero before the launch (each launch leaves it zero): work items claimed past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch object
   int* err;  // trap record (host-mapped), nullptr = trap without a record
   int32_t num_experts;  // E
   int32_t num_pool_rows;  // P
@@ -101,16 +102,17 @@ static_assert(offsetof(GemmParams, signal) == 384, "GemmParams layout");
 static_assert(offsetof(GemmParams, rebase_x) == 392, "GemmParams layout");
 static_assert(offsetof(GemmParams, rebase_sf) == 400, "GemmParams layout");
 static_assert(offsetof(GemmParams, rebase_count) == 408, "GemmParams layout");
-static_assert(offsetof(GemmParams, err) == 416, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_experts) == 424, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_pool_rows) == 428, "GemmParams layout");
-static_assert(offsetof(GemmParams, k) == 432, "GemmParams layout");
-static_assert(offsetof(GemmParams, n_rows) == 436, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_block) == 440, "GemmParams layout");
-static_assert(offsetof(GemmParams, arrival_need) == 444, "GemmParams layout");
-static_assert(offsetof(GemmParams, combine_rows) == 448, "GemmParams layout");
-static_assert(offsetof(GemmParams, has_clamp) == 452, "GemmParams layout");
-static_assert(offsetof(GemmParams, clamp_value) == 456, "GemmParams layout");
+static_assert(offsetof(GemmParams, item_counter) == 416, "GemmParams layout");
+static_assert(offsetof(GemmParams, err) == 424, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_experts) == 432, "GemmParams layout");
+static_assert(offsetof(GemmParams, num_pool_rows) == 436, "GemmParams layout");
+static_assert(offsetof(GemmParams, k) == 440, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_rows) == 444, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_block) == 448, "GemmParams layout");
+static_assert(offsetof(GemmParams, arrival_need) == 452, "GemmParams layout");
+static_assert(offsetof(GemmParams, combine_rows) == 456, "GemmParams layout");
+static_assert(offsetof(GemmParams, has_clamp) == 460, "GemmParams layout");
+static_assert(offsetof(GemmParams, clamp_value) == 464, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and

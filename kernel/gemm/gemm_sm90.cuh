@@ -62,9 +62,13 @@ struct GemmConfig {
           ? kEpilogueBytes<kLayer, kMaxN>
           : (kEpilogueBytes<1, kMaxN> > kEpilogueBytes<2, kMaxN> ? kEpilogueBytes<1, kMaxN> : kEpilogueBytes<2, kMaxN>);
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
+  // The standalone kernels take their items in the dynamic order (scheduler.cuh claim_item); the
+  // fused kernel's L2 items wait for L1 tiles of other CTAs, in the static order.
+  static constexpr bool kDynamic = !kFused;
+  static constexpr int kQueueBytes = kDynamic ? (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16 : 0;
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
-  // the epilogue staging, the scaled tables, the schedule.
-  static constexpr int kFixedBytes = 16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes;
+  // the epilogue staging, the scaled tables, the schedule, the item queue.
+  static constexpr int kFixedBytes = 16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kQueueBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
@@ -100,6 +104,7 @@ struct GemmSmem {
   uint8_t* epi;     // [kWGs][kEpiPerWg] epilogue staging
   uint2* lut;       // the fast mode's scaled tables
   Schedule* sched;
+  ItemQueue* queue;   // the dynamic order's (Cfg::kDynamic)
 
   __device__ __forceinline__ GemmSmem() {
     uint8_t* smem = dyn_smem;
@@ -115,6 +120,7 @@ struct GemmSmem {
     epi = reinterpret_cast<uint8_t*>(done + 2);
     lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
     sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
+    queue = reinterpret_cast<ItemQueue*>(reinterpret_cast<uint8_t*>(sched) + Cfg::kScheduleBytes);
   }
 };
 
@@ -134,6 +140,13 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
+    if constexpr (Cfg::kDynamic) {
+      for (int s = 0; s < kItemSlots; ++s) {
+        ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
+        ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
+      }
+      for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
+    }
     ptx::fence_mbar_init();
   } else if (tid == 32 && !kPerK32) {
 #pragma unroll
@@ -202,8 +215,12 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
   const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows);
   const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows) : 0;
+  // The dynamic order (standalone kernels: one layer) takes the items from the TMA thread's queue.
+  constexpr bool kDynamic = Cfg::kDynamic;
+  static_assert(!kDynamic || kLayerB == 0, "the dynamic order runs one layer's items");
   bool second = false;
   int item = blockIdx.x;
+  int taken = 0;   // the dynamic order: items taken from the queue
   if (item >= na) {
     second = true;
     item = kLayerB != 0 ? item : nb;
@@ -224,7 +241,10 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
       run(std::integral_constant<int, kLayerA>{});
     else
       run(std::integral_constant<int, (kLayerB != 0 ? kLayerB : kLayerA)>{});
-    item += gridDim.x;
+    if constexpr (kDynamic)
+      item = next_posted(*GemmSmem<Cfg>().queue, taken++);
+    else
+      item += gridDim.x;
     if (!second && item >= na && kLayerB != 0) {
       second = true;
       item = blockIdx.x;
@@ -254,7 +274,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   if (threadIdx.x / 32 < 4) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const GemmSmem<Cfg> sm;
-    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(p, sm.ring, *sm.sched, cur);
+    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, Cfg::kDynamic>(p, sm.ring, *sm.sched, cur, sm.queue);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

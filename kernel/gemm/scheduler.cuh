@@ -1,6 +1,7 @@
-// Static persistent schedule of the grouped GEMM: work items (expert, N block of weight rows,
-// token block), token block innermost so that CTAs running at the same time share weight tiles in
-// L2. Every role of a CTA (producer, scale warps, consumers) walks the same items.
+// Persistent schedule of the grouped GEMM: work items (expert, N block of weight rows, token
+// block), token block innermost so that CTAs running at the same time share weight tiles in L2.
+// Every role of a CTA (producer, scale warps, consumers) walks the same items, in a static or a
+// dynamic order (below, claim_item).
 //
 // The token tile is chosen per work item, not per launch: an expert's tokens are cut into blocks
 // of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
@@ -149,6 +150,101 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   w.end = s.offset[lo] + s.count[lo];
   w.tile = pick_tile<kMaxN, kRows>(w.valid);
   return w;
+}
+
+// The standalone swap-AB kernels take their items in a dynamic order: a CTA's first item is
+// blockIdx.x, each later one the next unclaimed item of a counter in global memory, claimed by the
+// TMA thread while it issues the last stages of its current item. The static round robin (item +=
+// gridDim.x, still the fused kernel's and the prefill kernel's order) gave a CTA its items whatever
+// the speed of its earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock
+// stamps, NOTES v13b), so the CTAs ended between 88 and 130 us. The TMA thread posts each claimed
+// item to the CTA's other roles (scale warps, consumers) through a small queue in shared memory, in
+// order; an item index >= the launch's item count ends every role's loop.
+//
+// What each role holds is set by its registers: the TMA thread and the scale warps (40 registers)
+// keep their queue counts in shared memory; the consumers keep theirs in a register in place of the
+// static order's item index and never wait on the queue (next_posted). Every queue address is a
+// 32-bit shared-window address: a loop-invariant register of any kind (a generic base, a per-warp
+// count address) held across the consumers' mainloop made ptxas spill the four-warpgroup and wide
+// kernels (24-200 bytes).
+constexpr int kItemSlots = 4;   // posted and not yet taken by every role: at most ~3 (short items, deep ring)
+
+struct ItemQueue {
+  uint64_t full[kItemSlots];    // the TMA thread's arrival: item[s] is written
+  uint64_t empty[kItemSlots];   // one arrival per reading warp: item[s] is read
+  int item[kItemSlots];
+  int count[4];                 // items posted (warp 0, the TMA thread) or taken (scale warps 1 .. 3)
+};
+
+// Stages before the end of its current item at which the TMA thread claims the next one; it posts
+// it before the last stage. The atomic's round trip (all CTAs claim at about the same time) hides
+// behind the stages between, and the claim comes as late as that allows (an item claimed is an
+// item no faster CTA can take).
+constexpr int kClaimAhead = 4;
+
+// The TMA thread: the next item of the dynamic order.
+__device__ __forceinline__ int claim_item(int* counter) {
+  return static_cast<int>(gridDim.x) + ptx::atom_relaxed_gpu_add(counter, 1);
+}
+
+// The TMA thread, after its last claim: the last CTA of the launch to get here zeroes the counters
+// for the next launch (every claim of this launch is then done: a CTA counts itself here only after
+// its claim returned an item past the end).
+__device__ __forceinline__ void retire_claims(int* counter) {
+  if (ptx::atom_relaxed_gpu_add(counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(counter, 0);
+    atomicExch(counter + 1, 0);
+  }
+}
+
+// The TMA thread: its next item for the other roles (the CTA's second item is the first posted). It
+// posts an item before it fills the last stage of the item before it (claim_item's place).
+__device__ __forceinline__ void post_item(ItemQueue& q, int item) {
+  const uint32_t count = ptx::smem_addr(&q.count[0]);
+  const uint32_t n = ptx::ld_shared_u32(count);
+  const uint32_t s = n % kItemSlots;
+  while (!ptx::mbar_try_wait_at(ptx::smem_addr(&q.empty[0]) + 8 * s, ((n / kItemSlots) & 1) ^ 1)) {
+  }
+  ptx::st_shared_u32(ptx::smem_addr(&q.item[0]) + 4 * s, static_cast<uint32_t>(item));
+  ptx::mbar_arrive_at(ptx::smem_addr(&q.full[0]) + 8 * s);
+  ptx::st_shared_u32(count, n + 1);
+}
+
+// The TMA thread: the item it posted last (its slot is rewritten only by its own later posts), read
+// back rather than held in a register.
+__device__ __forceinline__ int last_posted(const ItemQueue& q) {
+  const uint32_t n = ptx::ld_shared_u32(ptx::smem_addr(&q.count[0]));
+  return static_cast<int>(ptx::ld_shared_u32(ptx::smem_addr(&q.item[0]) + 4 * ((n - 1) % kItemSlots)));
+}
+
+// One converged consumer warp, after the last stage of its current item: the n-th posted item. No
+// wait: the TMA thread posted it before it filled that stage, whose full barrier the warp has passed
+// (the TMA thread's arrival there releases the post, the warp's wait acquires it).
+__device__ __forceinline__ int next_posted(ItemQueue& q, int n) {
+  const uint32_t s = static_cast<uint32_t>(n) % kItemSlots;
+  const int item = static_cast<int>(ptx::ld_shared_u32(ptx::smem_addr(&q.item[0]) + 4 * s));
+  __syncwarp();
+  if (ptx::elect_one()) ptx::mbar_arrive_at(ptx::smem_addr(&q.empty[0]) + 8 * s);
+  return item;
+}
+
+// One converged scale warp (warp 1 .. 3 of the CTA): its next posted item. The scale warps run ahead
+// of the TMA thread (they wait for the consumers' releases only), so they wait for the post. (No
+// timeout here: the TMA thread's own waits have one.)
+__device__ __forceinline__ int take_item(ItemQueue& q, int warp) {
+  const uint32_t count = ptx::smem_addr(&q.count[0]) + 4 * warp;
+  __syncwarp();
+  const uint32_t n = ptx::ld_shared_u32(count);
+  const uint32_t s = n % kItemSlots;
+  while (!ptx::mbar_try_wait_at(ptx::smem_addr(&q.full[0]) + 8 * s, (n / kItemSlots) & 1)) {
+  }
+  const int item = static_cast<int>(ptx::ld_shared_u32(ptx::smem_addr(&q.item[0]) + 4 * s));
+  __syncwarp();
+  if (ptx::elect_one()) {
+    ptx::mbar_arrive_at(ptx::smem_addr(&q.empty[0]) + 8 * s);
+    ptx::st_shared_u32(count, n + 1);
+  }
+  return item;
 }
 
 // Fused kernel: wait until every pool block under the token block is complete. L1 (arrival_need

@@ -133,6 +133,13 @@ PARAMS = (
     ),
     Field("rebase_sf", "ptr", "uint8_t*", "L1 (fused, k128): [P, I/128] its scale bytes"),
     Field("rebase_count", "ptr", "int*", "L1 (fused, k128): [B, I/128] warpgroup tiles written per 128 channels"),
+    Field(
+        "item_counter",
+        "ptr",
+        "int*",
+        "standalone swap-AB kernels: int[2], zero before the launch (each launch leaves it zero): work items claimed"
+        " past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch object",
+    ),
     Field("err", "ptr", "int*", "trap record (host-mapped), nullptr = trap without a record"),
     Field("num_experts", "i32", "int32_t", "E"),
     Field("num_pool_rows", "i32", "int32_t", "P"),

@@ -3,11 +3,14 @@ non-zero payloads, scale products under 2^-126, all-zero groups, NaN payloads in
 and without a clamp), and weight scales spread over more than 17 binades inside one K128 block,
 where the fast mode (promotion k128) must follow its documented operand rule exactly
 (megamoe.reference.quantize.dequantize_fp4_fast and rebase_k128). Also: a cached launch replayed
-from a CUDA graph gives the eager bits.
+from a CUDA graph gives the eager bits, and the swap-AB kernels' dynamic item order runs every item
+once per launch.
 
 Run: pytest -s tests/gpu/test_gemm_edges.py"""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -20,11 +23,13 @@ from .gemm_helpers import (
     Pool,
     bound_ratio,
     check_l1_epilogue,
+    check_l2_epilogue,
     combine_rows,
     log_result,
     prefill_weights,
     random_weights,
     reference_acc,
+    setup_l1,
     worst_bound_ratio,
 )
 
@@ -271,3 +276,101 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
     v = pool.valid  # padding rows are never written: they keep the poison
     assert torch.equal(out[v], want[0][v]) and torch.equal(out_sf[v], want[1][v])
     assert torch.equal(comb.view(torch.int16), want[2].view(torch.int16))
+
+
+# The swap-AB kernels' dynamic item order (kernel/gemm/scheduler.cuh claim_item): the exact mode's
+# and the fast mode's kernels with four and two consumer warpgroups, on 40 experts (L1: 8 row blocks x
+# up to 9 token blocks each, many more items than CTAs) and on 2 experts of 1 and 8 tokens (fewer).
+DYNAMIC_KERNELS = [("k32", 8, 4), ("k32", 64, 2), ("k128", 8, 4), ("k128", 64, 4), ("k128", 256, 2)]
+
+
+def _item_counters() -> torch.Tensor:
+    return G._ITEM_COUNTERS[torch.cuda.current_device()]
+
+
+@pytest.mark.parametrize("promotion,max_tile,wgs", DYNAMIC_KERNELS)
+@pytest.mark.parametrize("E,inter", [(40, 1024), (2, 512)])
+def test_every_item_runs_once_per_launch_in_the_dynamic_order_which_leaves_its_counters_zero(
+    promotion, max_tile, wgs, E, inter
+):
+    """Both layers: the debug launch is inside tau with D6 / D8 bit-exact from its dumps; then three
+    production launches each write every valid row (the outputs are poisoned before each) with the
+    debug launch's bits, and leave every item counter zero. Negative control (many items): with the
+    counters left at 5 by a broken reset, a launch skips items and the poison check sees it."""
+    H = 512
+    counts = [(7 * e) % 70 + 1 for e in range(E)]
+    pool, (w1, s1, w2, s2), kw = setup_l1(H, inter, counts, seed=40 + E)
+    fast = promotion == "k128"
+    tau = G.TAU[promotion]
+    res = _debug_l1(pool, kw, promotion, max_tile, wgs)
+    worst = worst_bound_ratio(res.acc1, pool, w1, s1)
+    assert worst <= tau, f"L1 off its tau: ratio {worst}"
+    check_l1_epilogue(pool, res, inter, fast, None, f"dynamic order {promotion} tile {max_tile}")
+    v = pool.valid
+    out = torch.empty(pool.P, inter, dtype=torch.uint8, device="cuda")
+    out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
+
+    def l1():
+        out.fill_(0x7F)  # a NaN code: every valid row must be rewritten
+        out_sf.fill_(0xFF)
+        G.l1_gemm(
+            pool.x,
+            pool.sf,
+            pool.offsets,
+            pool.num_tokens,
+            pool.w_route,
+            kw,
+            promotion=promotion,
+            max_tile=max_tile,
+            wgs=wgs,
+            out=out,
+            out_sf=out_sf,
+        )
+        torch.cuda.synchronize()
+
+    want_q, want_sf = res.l2_acts.view(torch.uint8)[v], res.l2_sf[v]
+    for i in range(3):
+        l1()
+        assert torch.equal(out[v], want_q) and torch.equal(out_sf[v], want_sf), f"L1 launch {i}: rows lost"
+        assert not _item_counters().any(), f"L1 launch {i} left its item counters non-zero"
+    if E == 40:
+        _item_counters()[0::2] = 5  # every launch's claim counter, as a broken reset would leave it
+        l1()
+        skipped = (out[v] != want_q).any(1).sum().item()
+        _item_counters().zero_()
+        assert skipped > 0, "negative control: items skipped by a non-zero claim counter went unnoticed"
+
+    # L2 on the L1 output (K = inter; the fast mode rebases it per K128 before the launch).
+    x2, sf2 = res.l2_acts.view(torch.uint8), res.l2_sf
+    l2_pool = copy.copy(pool)
+    l2_pool.x, l2_pool.sf = x2, sf2
+    comb, dst = combine_rows(pool, H)
+
+    def l2(debug=False):
+        r = G.l2_gemm(
+            x2,
+            sf2,
+            pool.offsets,
+            pool.num_tokens,
+            dst,
+            kw,
+            comb,
+            promotion=promotion,
+            max_tile=max_tile,
+            wgs=wgs,
+            debug=debug,
+        )
+        torch.cuda.synchronize()
+        return r
+
+    r2 = l2(debug=True)
+    worst2 = worst_bound_ratio(r2.acc2, l2_pool, w2, s2)
+    assert worst2 <= tau, f"L2 off its tau: ratio {worst2}"
+    check_l2_epilogue(pool, r2.acc2, comb, dst, f"dynamic order {promotion} tile {max_tile}")
+    want_c = comb.clone()
+    for i in range(3):
+        comb.fill_(float("nan"))
+        l2()
+        assert torch.equal(comb.view(torch.int16), want_c.view(torch.int16)), f"L2 launch {i}: rows lost"
+        assert not _item_counters().any(), f"L2 launch {i} left its item counters non-zero"
+    log_result(test="dynamic_order", promotion=promotion, max_tile=max_tile, E=E, l1_ratio=worst, l2_ratio=worst2)
