@@ -199,24 +199,22 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       const bool wide = wi.tile >= kChunkN;
       const int box = wide ? kChunkN : 8;
       const int boxes = wi.tile / box;
-      const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
-      int next = 0;
       for (int kb = 0; kb < num_kb; ++kb) {
-        if (kDynamic && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0)) next = claim_item(p.item_counter);
-        if (kDynamic && kb == num_kb - 1) post_item(*queue, next);   // past the end: the roles' end
+        if (kDynamic && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
+          post_item(*queue, claim_item(p.item_counter));   // past the end: the roles' end
         const int stage = cur.stage;
         ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
         ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
         for (int b = 0; b < boxes; ++b)
-          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
-                           &r.full[stage]);
+          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
+                           wi.row0 + b * box, &r.full[stage]);
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
         cur.advance<kStages>();
       }
       if constexpr (kDynamic)
-        item = next;
+        item = last_posted(*queue);
       else
         item += static_cast<int>(gridDim.x);
     }

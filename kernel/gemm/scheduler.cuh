@@ -176,11 +176,10 @@ struct ItemQueue {
   int count[4];                 // items posted (warp 0, the TMA thread) or taken (scale warps 1 .. 3)
 };
 
-// Stages before the end of its current item at which the TMA thread claims the next one; it posts
-// it before the last stage. The atomic's round trip (all CTAs claim at about the same time) hides
-// behind the stages between, and the claim comes as late as that allows (an item claimed is an
-// item no faster CTA can take).
-constexpr int kClaimAhead = 4;
+// Stages before the end of its current item at which the TMA thread claims the next one: the
+// atomic's round trip hides behind these stages' waits, and the claim comes as late as that allows
+// (an item claimed is an item no faster CTA can take).
+constexpr int kClaimAhead = 2;
 
 // The TMA thread: the next item of the dynamic order.
 __device__ __forceinline__ int claim_item(int* counter) {
