@@ -71,16 +71,19 @@ __device__ __forceinline__ bool elect_one() {
   return elected != 0;
 }
 
+// The mbarrier helpers take a 32-bit shared-window address (the *_at forms) or a pointer into shared
+// memory: a barrier indexed through a generic pointer keeps the window's base in a register.
+__device__ __forceinline__ void mbar_arrive_at(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+  mbar_arrive_at(smem_addr(bar));
 }
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
-// The mbarrier at a 32-bit shared-window address (an indexed barrier through a generic pointer
-// keeps the window's base in a register).
 __device__ __forceinline__ bool mbar_try_wait_at(uint32_t bar, uint32_t parity) {
   uint32_t ok;
   asm volatile(
@@ -94,21 +97,8 @@ __device__ __forceinline__ bool mbar_try_wait_at(uint32_t bar, uint32_t parity) 
       : "memory");
   return ok != 0;
 }
-__device__ __forceinline__ void mbar_arrive_at(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
+  return mbar_try_wait_at(smem_addr(bar), parity);
 }
 
 // Spin-waits have a timeout (SPEC §5: a hung GPU is never the result of bad input). On expiry the

@@ -55,8 +55,9 @@ KERNELS = [
 ]
 
 
-def _debug_l1(pool, kw, promotion, max_tile, wgs, **kwargs):
-    """A debug L1 launch of one of KERNELS (max_tile None: the promotion's prefill path), synchronised."""
+def _launch_l1(pool, kw, promotion, max_tile, wgs, debug=True, **kwargs):
+    """An L1 launch (by default the debug build) of one of KERNELS (max_tile None: the promotion's
+    prefill path), synchronised."""
     res = G.l1_gemm(
         pool.x,
         pool.sf,
@@ -68,7 +69,7 @@ def _debug_l1(pool, kw, promotion, max_tile, wgs, **kwargs):
         max_tile=max_tile,
         wgs=wgs,
         prefill=max_tile is None,
-        debug=True,
+        debug=debug,
         **kwargs,
     )
     torch.cuda.synchronize()
@@ -105,7 +106,7 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
     pool, w1, s1, kw = _experts_with_scale_ranges(ranges, H, inter, [9, 7, 20], seed=1)
     name = promotion
     promotion, kw = prefill_weights(promotion, kw)
-    res = _debug_l1(pool, kw, promotion, max_tile, wgs)
+    res = _launch_l1(pool, kw, promotion, max_tile, wgs)
     worst = 0.0
     for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
@@ -146,7 +147,7 @@ def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs
         pool.x[p, 32:64] = 0  # token group 1 all zero
     name = promotion
     promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
-    res = _debug_l1(pool, kw, promotion, max_tile, wgs, activation_clamp=clamp)
+    res = _launch_l1(pool, kw, promotion, max_tile, wgs, activation_clamp=clamp)
     nan_mask = torch.zeros(pool.P, dtype=torch.bool, device="cuda")
     nan_mask[nan_rows] = True
     assert torch.isnan(res.acc1[nan_rows]).all(), "a NaN payload must reach every accumulator of its row"
@@ -197,7 +198,7 @@ def test_fast_mode_follows_its_operand_rule_on_wide_scale_spreads(max_tile, wgs)
     assert ref.quantize.fast_rounded_rows(s1) == s1.shape[0] * s1.shape[1], (
         "test data: every row exceeds the exact window"
     )
-    res = _debug_l1(pool, kw, "k128", max_tile, wgs)
+    res = _launch_l1(pool, kw, "k128", max_tile, wgs)
     rule = max(bound_ratio(res.acc1[pool.rows(e)], ex, b) for e, (ex, b) in _fast_rule_reference(pool, w1, s1).items())
     original = worst_bound_ratio(res.acc1, pool, w1, s1)
     log_result(
@@ -213,7 +214,7 @@ def test_exact_mode_stays_inside_tau_on_wide_scale_spreads(max_tile, wgs):
     17 apart): the exact mode promotes every k32 product with both of its scales, so it stays within
     its tau of the fp64 sum of the original operands."""
     pool, w1, s1, kw = _wide_spreads([30, 140], seed=10)
-    res = _debug_l1(pool, kw, "k32", max_tile, wgs)
+    res = _launch_l1(pool, kw, "k32", max_tile, wgs)
     worst = worst_bound_ratio(res.acc1, pool, w1, s1)
     log_result(test="exact_wide_spread", max_tile=max_tile, max_ratio=worst, tau=G.TAU["k32"])
     assert worst <= G.TAU["k32"], f"exact mode off its tau on wide spreads: ratio {worst}"
@@ -302,7 +303,7 @@ def test_every_item_runs_once_per_launch_in_the_dynamic_order_which_leaves_its_c
     pool, (w1, s1, w2, s2), kw = setup_l1(H, inter, counts, seed=40 + E)
     fast = promotion == "k128"
     tau = G.TAU[promotion]
-    res = _debug_l1(pool, kw, promotion, max_tile, wgs)
+    res = _launch_l1(pool, kw, promotion, max_tile, wgs)
     worst = worst_bound_ratio(res.acc1, pool, w1, s1)
     assert worst <= tau, f"L1 off its tau: ratio {worst}"
     check_l1_epilogue(pool, res, inter, fast, None, f"dynamic order {promotion} tile {max_tile}")
@@ -313,20 +314,7 @@ def test_every_item_runs_once_per_launch_in_the_dynamic_order_which_leaves_its_c
     def l1():
         out.fill_(0x7F)  # a NaN code: every valid row must be rewritten
         out_sf.fill_(0xFF)
-        G.l1_gemm(
-            pool.x,
-            pool.sf,
-            pool.offsets,
-            pool.num_tokens,
-            pool.w_route,
-            kw,
-            promotion=promotion,
-            max_tile=max_tile,
-            wgs=wgs,
-            out=out,
-            out_sf=out_sf,
-        )
-        torch.cuda.synchronize()
+        _launch_l1(pool, kw, promotion, max_tile, wgs, debug=False, out=out, out_sf=out_sf)
 
     want_q, want_sf = res.l2_acts.view(torch.uint8)[v], res.l2_sf[v]
     for i in range(3):
