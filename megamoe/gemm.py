@@ -253,31 +253,34 @@ def _err_record(dev: int | str | torch.device | None) -> torch.Tensor:
     return _ERR[dev]
 
 
-# The dynamic item order's counters (GemmParams.item_counter, scheduler.cuh claim_item): int32
-# pairs in one zeroed buffer per device, allocated with its first standalone swap-AB launch and
-# never replaced. Each built launch takes the next pair, round robin over _ITEM_COUNTER_SLOTS, more
-# than the launch caches hold, so two launch objects running at once on different streams have
-# their own pair (one launch object must not run on two streams at once: it would also write the
-# same outputs). Each launch leaves its pair zero.
-_ITEM_COUNTERS: dict[int, torch.Tensor] = {}
-_ITEM_COUNTER_SLOTS = 2048  # 4x the launch cache (_MAX_CACHED_LAUNCHES)
-_NEXT_ITEM_COUNTER: dict[int, int] = {}
+# The dynamic item order's counters (GemmParams.item_counter, scheduler.cuh claim_item): an int32
+# pair per launch object, never reused (a CUDA graph keeps the address of the pair it was captured
+# with for as long as it lives), from zeroed chunks of _ITEM_COUNTER_CHUNK pairs per device. Each
+# launch leaves its pair zero. Launch objects of these kernels are cached per stream (_launch), so
+# two streams never run one pair at once: two grids on one pair could leave it non-zero, and every
+# later launch on it would skip items.
+_ITEM_COUNTERS: dict[int, list[torch.Tensor]] = {}
+_ITEM_COUNTER_CHUNK = 4096
+_ITEM_COUNTERS_USED: dict[int, int] = {}
 
 
 def _item_counter(dev: int) -> int:
-    """The device address of a fresh pair of item counters on device `dev`."""
-    if dev not in _ITEM_COUNTERS:
+    """The device address of a fresh, zeroed pair of item counters on device `dev`."""
+    chunks = _ITEM_COUNTERS.setdefault(dev, [])
+    used = _ITEM_COUNTERS_USED.get(dev, 0)
+    if used == len(chunks) * _ITEM_COUNTER_CHUNK:
         if torch.cuda.is_current_stream_capturing():
-            # Zeroed memory made during a capture is zeroed only when the graph replays.
+            # Memory zeroed during a capture is zeroed only when the graph replays.
             raise RuntimeError(
-                "the first standalone GEMM launch on a device cannot be captured in a CUDA graph:"
-                " call it once before the capture"
+                "megamoe needs new item counters for this launch and cannot zero them during a CUDA graph"
+                " capture: make one call with these arguments before the capture"
             )
-        _ITEM_COUNTERS[dev] = torch.zeros(2 * _ITEM_COUNTER_SLOTS, dtype=torch.int32, device=f"cuda:{dev}")
-        _NEXT_ITEM_COUNTER[dev] = 0
-    slot = _NEXT_ITEM_COUNTER[dev]
-    _NEXT_ITEM_COUNTER[dev] = (slot + 1) % _ITEM_COUNTER_SLOTS
-    return _ITEM_COUNTERS[dev].data_ptr() + 8 * slot
+        chunk = torch.zeros(2 * _ITEM_COUNTER_CHUNK, dtype=torch.int32, device=f"cuda:{dev}")
+        # Zeroed on this stream; a launch on another stream must not see the memory before.
+        torch.cuda.current_stream(dev).synchronize()
+        chunks.append(chunk)
+    _ITEM_COUNTERS_USED[dev] = used + 1
+    return chunks[used // _ITEM_COUNTER_CHUNK].data_ptr() + 8 * (used % _ITEM_COUNTER_CHUNK)
 
 
 def _record_devices(dev) -> list[int]:
@@ -521,7 +524,19 @@ def _launch(
     distinct (spec, tensors, arguments) and reused."""
     dev = _device_index(x.device)
     P = x.shape[0]
-    key = (spec, dev, x.data_ptr(), P, k, n_rows, num_experts, *fields.values())
+    # The swap-AB kernels' launch objects are per stream: each holds its own item counters (_item_counter).
+    stream = _stream(x)
+    key = (
+        spec,
+        dev,
+        stream if isinstance(spec, jb.GemmSpec) else None,
+        x.data_ptr(),
+        P,
+        k,
+        n_rows,
+        num_experts,
+        *fields.values(),
+    )
     launch = _LAUNCHES.get(key)
     if launch is None:
         if n_rows % spec.rows_per_cta:
@@ -553,7 +568,7 @@ def _launch(
             **fields,
         )
         launch = _keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
-    launch(_stream(x))
+    launch(stream)
     return launch
 
 

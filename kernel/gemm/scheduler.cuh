@@ -176,9 +176,12 @@ struct ItemQueue {
   int count[4];                 // items posted (warp 0, the TMA thread) or taken (scale warps 1 .. 3)
 };
 
-// Stages before the end of its current item at which the TMA thread claims the next one: the
-// atomic's round trip hides behind these stages' waits, and the claim comes as late as that allows
-// (an item claimed is an item no faster CTA can take).
+// Stages before the end of its current item at which the TMA thread claims the next one and posts
+// it (at least 1: the consumers' no-wait read, next_posted, needs the post before the last stage's
+// fill). The claim's round trip stalls the TMA thread once per item, while the ring holds the stages
+// it filled before. A claim 4 stages ahead with the index held in a register, the round trip hidden,
+// lost the Zipf routings' gain (NOTES v19): an item claimed early is an item a faster CTA could have
+// taken.
 constexpr int kClaimAhead = 2;
 
 // The TMA thread: the next item of the dynamic order.
@@ -187,17 +190,20 @@ __device__ __forceinline__ int claim_item(int* counter) {
 }
 
 // The TMA thread, after its last claim: the last CTA of the launch to get here zeroes the counters
-// for the next launch (every claim of this launch is then done: a CTA counts itself here only after
-// its claim returned an item past the end).
+// for the next launch. Every claim of this launch is then done: a CTA counts itself here after its
+// claim returned an item past the end, and the count's acq_rel chain orders every CTA's claims
+// before the last one's reset.
 __device__ __forceinline__ void retire_claims(int* counter) {
-  if (ptx::atom_relaxed_gpu_add(counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+  if (ptx::atom_acq_rel_gpu_add(counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
     atomicExch(counter, 0);
     atomicExch(counter + 1, 0);
   }
 }
 
 // The TMA thread: its next item for the other roles (the CTA's second item is the first posted). It
-// posts an item before it fills the last stage of the item before it (claim_item's place).
+// posts an item before it fills the last kClaimAhead stages of the item before it. (Its wait for a
+// free slot has no timeout: the slot's readers are the consumers and scale warps, whose ring waits
+// have one.)
 __device__ __forceinline__ void post_item(ItemQueue& q, int item) {
   const uint32_t count = ptx::smem_addr(&q.count[0]);
   const uint32_t n = ptx::ld_shared_u32(count);
