@@ -2,7 +2,8 @@
 200 calls queued without synchronising; the small default-like shape at 8 tokens).
 
 What it answers: how much of a call is Python (checks, y's allocation, pointer patches) and how
-much is the driver's launch, cooperative or not."""
+much is the driver's launch, cooperative or not; and the same for the standalone L1 GEMM (a
+repeated call, a call that looks up the launch cache's key, the launch alone)."""
 
 import time
 
@@ -43,8 +44,59 @@ def main() -> None:
         "plain launch alone": lambda: plain(stream),
         "torch.empty of y": lambda: torch.empty(8, 1024, dtype=torch.bfloat16, device="cuda"),
     }
+    rows.update(_gemm_rows())
     for name, f in rows.items():
         print(f"{name:42s} {per_call_us(f, 50 if 'sync' in name else 200):6.1f} us")
+
+
+def _gemm_rows() -> dict:
+    """The standalone L1 GEMM's host path at the fused layer's small shape (exact mode, 8 tokens per
+    expert): a repeated call (the last call's shortcut), calls alternating between two output
+    buffers (each a lookup of the launch cache's key), and its launch alone."""
+    from megamoe.jit import layout as L
+
+    E, H, inter, n = 16, 1024, 512, 8
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randint(0, 256, (E, 2 * inter, H // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, inter // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    kw = L.transform_weights(
+        w1,
+        torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8),
+        w2,
+        torch.full((E, H, inter // 32), 120, dtype=torch.uint8),
+    )
+    P = 64 * E
+    x = torch.zeros(P, H, dtype=torch.uint8, device="cuda")
+    sf = torch.full((P, H // 32), 127, dtype=torch.uint8, device="cuda")
+    offsets = torch.arange(0, P + 1, 64, dtype=torch.int32, device="cuda")
+    counts = torch.full((E,), n, dtype=torch.int32, device="cuda")
+    w_route = torch.ones(P, device="cuda")
+    outs = [
+        (
+            torch.empty(P, inter, dtype=torch.uint8, device="cuda"),
+            torch.empty(P, inter // 32, dtype=torch.uint8, device="cuda"),
+        )
+        for _ in range(2)
+    ]
+
+    def call(i):
+        return G.l1_gemm(x, sf, offsets, counts, w_route, kw, max_tokens=n, out=outs[i][0], out_sf=outs[i][1])
+
+    call(0), call(1)
+    torch.cuda.synchronize()
+    launch = next(v for k, v in G._CALLS.items() if k[0] == 1)
+    stream = G._stream(x)
+    flip = [0]
+
+    def alternate():
+        flip[0] ^= 1
+        call(flip[0])
+
+    return {
+        "l1_gemm, repeated call": lambda: call(0),
+        "l1_gemm, two output buffers in turn": alternate,
+        "l1_gemm's launch alone": lambda: launch(stream),
+    }
 
 
 if __name__ == "__main__":
