@@ -60,10 +60,10 @@ def _gemm_rows() -> dict:
     w1 = torch.randint(0, 256, (E, 2 * inter, H // 2), generator=g, dtype=torch.int32).to(torch.uint8)
     w2 = torch.randint(0, 256, (E, H, inter // 2), generator=g, dtype=torch.int32).to(torch.uint8)
     kw = L.transform_weights(
-        w1,
-        torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8),
-        w2,
-        torch.full((E, H, inter // 32), 120, dtype=torch.uint8),
+        w1.cuda(),
+        torch.full((E, 2 * inter, H // 32), 120, dtype=torch.uint8, device="cuda"),
+        w2.cuda(),
+        torch.full((E, H, inter // 32), 120, dtype=torch.uint8, device="cuda"),
     )
     P = 64 * E
     x = torch.zeros(P, H, dtype=torch.uint8, device="cuda")

@@ -343,6 +343,28 @@ def _check(name, t, dtypes, shape=None, device=None):
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
+def _check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
+    """The weights on the activations' device: the kernel dereferences them (on another device, or
+    on the CPU, the launch would fault and end the context)."""
+    for name in (
+        "w1",
+        "w1_sf",
+        "w1_lut",
+        "w1_row_base",
+        "w1_expert_base",
+        "w1_fold",
+        "w2",
+        "w2_sf",
+        "w2_lut",
+        "w2_row_base",
+        "w2_expert_base",
+        "w2_fold",
+    ):
+        t = getattr(kw, name)
+        if t.device != dev:
+            fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
+
+
 def _check_aligned(name, t, align=16):
     if t.data_ptr() % align:
         fail(name, f"a {align}-byte aligned address", f"{t.data_ptr() % align} mod {align}")
@@ -782,6 +804,7 @@ def l1_gemm(
     _check("w_route", w_route, (torch.float32,), (P,), dev)
     if kw.num_experts != E:
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
+    _check_weights_device(kw, dev)
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
@@ -890,6 +913,7 @@ def l2_gemm(
         l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate"
     )
     P, dev = l2_acts.shape[0], l2_acts.device
+    _check_weights_device(kw, dev)
     _check("dst_rows", dst_rows, _I32, (P,), dev)
     if not isinstance(combine, torch.Tensor) or combine.dim() < 1 or combine.shape[-1] != H:
         raise MegaMoEInputError(f"argument 'combine': expected a bf16 tensor [..., {H}]")

@@ -386,3 +386,20 @@ def test_a_launch_without_items_writes_nothing_and_leaves_its_item_counters_zero
         _launch_l1(pool, kw, promotion, max_tile, wgs, debug=False, out=out, out_sf=out_sf)
         assert (out == 0x7F).all() and (out_sf == 0xFF).all(), "a launch without items wrote rows"
         assert _counters_zero(), "a launch without items left its item counters non-zero"
+
+
+def test_weights_on_another_device_than_the_activations_are_an_input_error_naming_kw():
+    """CPU weights with CUDA activations: a MegaMoEInputError naming `kw` before any launch (the kernel
+    would dereference host addresses and fault, ending the context)."""
+    from megamoe.reference import MegaMoEInputError
+
+    pool, (w1, s1, w2, s2), _ = setup_l1(512, 512, [3, 9], seed=3)
+    kw_cpu = L.transform_weights(w1.cpu(), s1.cpu(), w2.cpu(), s2.cpu())
+    with pytest.raises(MegaMoEInputError, match="'kw'.*weights on cuda"):
+        G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw_cpu)
+    comb, dst = combine_rows(pool, 512)
+    x2 = torch.zeros(pool.P, 512, dtype=torch.uint8, device="cuda")
+    sf2 = torch.full((pool.P, 16), 127, dtype=torch.uint8, device="cuda")
+    with pytest.raises(MegaMoEInputError, match="'kw'.*weights on cuda"):
+        G.l2_gemm(x2, sf2, pool.offsets, pool.num_tokens, dst, kw_cpu, comb)
+    torch.cuda.synchronize()  # nothing was launched: the context is intact
