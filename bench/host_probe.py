@@ -3,7 +3,7 @@
 
 What it answers: how much of a call is Python (checks, y's allocation, pointer patches) and how
 much is the driver's launch, cooperative or not; and the same for the standalone L1 GEMM (a
-repeated call, a call that looks up the launch cache's key, the launch alone)."""
+repeated call, the launch alone)."""
 
 import time
 
@@ -51,8 +51,7 @@ def main() -> None:
 
 def _gemm_rows() -> dict:
     """The standalone L1 GEMM's host path at the fused layer's small shape (exact mode, 8 tokens per
-    expert): a repeated call (the last call's shortcut), calls alternating between two output
-    buffers (each a lookup of the launch cache's key), and its launch alone."""
+    expert): a repeated call (the launch cache's key built and looked up) and its launch alone."""
     from megamoe.jit import layout as L
 
     E, H, inter, n = 16, 1024, 512, 8
@@ -71,33 +70,14 @@ def _gemm_rows() -> dict:
     offsets = torch.arange(0, P + 1, 64, dtype=torch.int32, device="cuda")
     counts = torch.full((E,), n, dtype=torch.int32, device="cuda")
     w_route = torch.ones(P, device="cuda")
-    outs = [
-        (
-            torch.empty(P, inter, dtype=torch.uint8, device="cuda"),
-            torch.empty(P, inter // 32, dtype=torch.uint8, device="cuda"),
-        )
-        for _ in range(2)
-    ]
+    out = torch.empty(P, inter, dtype=torch.uint8, device="cuda")
+    out_sf = torch.empty(P, inter // 32, dtype=torch.uint8, device="cuda")
 
-    def call(i):
-        return G.l1_gemm(x, sf, offsets, counts, w_route, kw, max_tokens=n, out=outs[i][0], out_sf=outs[i][1])
+    def call():
+        return G.l1_gemm(x, sf, offsets, counts, w_route, kw, max_tokens=n, out=out, out_sf=out_sf)
 
-    call(0), call(1)
+    call()
     torch.cuda.synchronize()
     launch = next(v for k, v in G._CALLS.items() if k[0] == 1)
     stream = G._stream(x)
-    flip = [0]
-
-    def alternate():
-        flip[0] ^= 1
-        call(flip[0])
-
-    return {
-        "l1_gemm, repeated call": lambda: call(0),
-        "l1_gemm, two output buffers in turn": alternate,
-        "l1_gemm's launch alone": lambda: launch(stream),
-    }
-
-
-if __name__ == "__main__":
-    main()
+    return {"l1_gemm, repeated call": call, "l1_gemm's launch alone": lambda: launch(stream)}

@@ -54,7 +54,6 @@ dumps.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 
@@ -509,8 +508,25 @@ def _tkey(t):
 
 
 def _kw_key(kw) -> tuple:
+    """The weights' part of a launch's key: every address the launch holds (_weight_fields)."""
     return (
-        tuple(t.data_ptr() for t in (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_fold, kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_fold))
+        tuple(
+            t.data_ptr()
+            for t in (
+                kw.w1,
+                kw.w1_sf,
+                kw.w1_lut,
+                kw.w1_fold,
+                kw.w1_row_base,
+                kw.w1_expert_base,
+                kw.w2,
+                kw.w2_sf,
+                kw.w2_lut,
+                kw.w2_fold,
+                kw.w2_row_base,
+                kw.w2_expert_base,
+            )
+        )
         if isinstance(kw, KernelWeights)
         else (id(kw),)
     )
@@ -530,35 +546,6 @@ def _remember(key, launch) -> None:
     if len(_CALLS) >= _MAX_CACHED_LAUNCHES:
         _CALLS.clear()
     _CALLS[key] = launch
-
-
-class _LastCall:
-    """An entry point's last cached call. A call with the same tensor objects at the same addresses,
-    the same other arguments and the same stream launches it again without building the _CALLS key
-    (four attribute reads per tensor and the hash of a ~30-element tuple: ~5 us of Python). The
-    tensors are held by weak references: one kept alive here behind a CUDA graph pool's back would be
-    memory the pool hands out twice (the fused layer's fast path, NOTES)."""
-
-    __slots__ = ("stream", "refs", "ptrs", "others", "launch")
-
-    def __init__(self, stream: int, tensors: tuple, others: tuple, launch) -> None:
-        self.stream, self.others, self.launch = stream, others, launch
-        self.refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
-        self.ptrs = tuple(0 if t is None else t.data_ptr() for t in tensors)
-
-    def matches(self, stream: int, tensors: tuple, others: tuple) -> bool:
-        if stream != self.stream or others != self.others:
-            return False
-        for ref_, ptr, t in zip(self.refs, self.ptrs, tensors):
-            if ref_ is None:
-                if t is not None:
-                    return False
-            elif ref_() is not t or t.data_ptr() != ptr:
-                return False
-        return True
-
-
-_LAST: dict[int, _LastCall | None] = {1: None, 2: None}  # per layer (l1_gemm, l2_gemm)
 
 
 def _keep_launch(key, launch: driver.Launch) -> driver.Launch:
@@ -670,7 +657,6 @@ def release_prefill_buffers() -> None:
     _SCRATCH.clear()
     _CALLS.clear()
     _LAUNCHES.clear()
-    _LAST.update({1: None, 2: None})
 
 
 def _predecode(
@@ -766,7 +752,20 @@ def l1_gemm(
     max_tile / wgs)."""
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
-    key = None
+    key = (
+        1,
+        stream,  # the prefill path's scratch buffer is per stream
+        promotion,
+        prefill,
+        fast_math,
+        _tkey(activation_clamp),
+        max_tokens,
+        max_tile,
+        wgs,
+        arrival_block,
+        *_kw_key(kw),
+        *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
+    )
     if (
         not debug
         and out is not None
@@ -774,28 +773,12 @@ def l1_gemm(
         and promotion in PROMOTIONS
         and (promotion == "k32" or x_sf128 is not None)
     ):
-        tensors = (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)
-        others = (
-            promotion,
-            prefill,
-            fast_math,
-            _tkey(activation_clamp),
-            max_tokens,
-            max_tile,
-            wgs,
-            arrival_block,
-            *_kw_key(kw),
-        )
-        last = _LAST[1]
-        if last is not None and last.matches(stream, tensors, others):
-            last.launch(stream)
-            return L1Result(out, out_sf, None)
-        key = (1, stream, *others, *map(_tkey, tensors))  # stream: the prefill path's scratch is per stream
         launch = _CALLS.get(key)
         if launch is not None:
-            _LAST[1] = _LastCall(stream, tensors, others, launch)
             launch(stream)
             return L1Result(out, out_sf, None)
+    else:
+        key = None
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
@@ -858,9 +841,7 @@ def l1_gemm(
         ),
     )
     if key is not None:
-        call = _Sequence(pre, launch) if pre is not None else launch
-        _remember(key, call)
-        _LAST[1] = _LastCall(stream, tensors, others, call)
+        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
     return L1Result(out, out_sf, acc1)
 
 
@@ -892,20 +873,25 @@ def l2_gemm(
     as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
-    key = None
+    key = (
+        2,
+        stream,  # the prefill path's scratch buffer is per stream
+        promotion,
+        prefill,
+        max_tokens,
+        max_tile,
+        wgs,
+        arrival_block,
+        *_kw_key(kw),
+        *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
+    )
     if not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None):
-        tensors = (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)
-        others = (promotion, prefill, max_tokens, max_tile, wgs, arrival_block, *_kw_key(kw))
-        last = _LAST[2]
-        if last is not None and last.matches(stream, tensors, others):
-            last.launch(stream)
-            return L2Result(combine, None)
-        key = (2, stream, *others, *map(_tkey, tensors))  # stream: the prefill path's scratch is per stream
         launch = _CALLS.get(key)
         if launch is not None:
-            _LAST[2] = _LastCall(stream, tensors, others, launch)
             launch(stream)
             return L2Result(combine, None)
+    else:
+        key = None
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
@@ -963,7 +949,5 @@ def l2_gemm(
         ),
     )
     if key is not None:
-        call = _Sequence(pre, launch) if pre is not None else launch
-        _remember(key, call)
-        _LAST[2] = _LastCall(stream, tensors, others, call)
+        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
     return L2Result(combine, acc2)

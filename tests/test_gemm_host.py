@@ -168,23 +168,3 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     for n in (1, 2):
         assert len(layer._gemm_fields(n, 0.0, 0, False)) == C.GEMM_PARAMS.size
-
-
-def test_the_last_call_is_reused_only_for_the_same_tensor_objects_at_the_same_addresses():
-    """_LastCall, the repeated call's shortcut past the launch cache's key: every difference that the
-    key would see sends the call to the key (each `assert not` below fails if the check is dropped)."""
-    a, b = torch.zeros(4, 8), torch.zeros(4, 8)
-    tensors, others = (a, None, b), ("k32", None, 8)
-    last = G._LastCall(7, tensors, others, launch=object())
-    assert last.matches(7, (a, None, b), ("k32", None, 8))
-    assert not last.matches(8, tensors, others), "another stream"
-    assert not last.matches(7, tensors, ("k128", None, 8)), "another argument"
-    assert not last.matches(7, (a, None, b.clone()), others), "another tensor object (equal values)"
-    assert not last.matches(7, (a, b, b), others), "a tensor where the last call had None"
-    a.set_(torch.zeros(4, 8).untyped_storage())  # the same object, its memory replaced in place
-    assert not last.matches(7, tensors, others), "the same object at another address"
-    c = torch.zeros(2)
-    held = G._LastCall(7, (c,), (), launch=None)
-    del c  # a weak reference: the tensor is not kept alive, and a dead one never matches
-    assert held.refs[0]() is None
-    assert not held.matches(7, (torch.zeros(2),), ())
