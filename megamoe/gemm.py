@@ -342,23 +342,17 @@ def _check(name, t, dtypes, shape=None, device=None):
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
+# Every tensor of KernelWeights a launch holds the address of (_weight_fields): the launch key's
+# weights part (_kw_key) and the device check.
+_KW_TENSORS = tuple(
+    f"w{layer}{part}" for layer in (1, 2) for part in ("", "_sf", "_lut", "_fold", "_row_base", "_expert_base")
+)
+
+
 def _check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
     """The weights on the activations' device: the kernel dereferences them (on another device, or
     on the CPU, the launch would fault and end the context)."""
-    for name in (
-        "w1",
-        "w1_sf",
-        "w1_lut",
-        "w1_row_base",
-        "w1_expert_base",
-        "w1_fold",
-        "w2",
-        "w2_sf",
-        "w2_lut",
-        "w2_row_base",
-        "w2_expert_base",
-        "w2_fold",
-    ):
+    for name in _KW_TENSORS:
         t = getattr(kw, name)
         if t.device != dev:
             fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
@@ -508,28 +502,8 @@ def _tkey(t):
 
 
 def _kw_key(kw) -> tuple:
-    """The weights' part of a launch's key: every address the launch holds (_weight_fields)."""
-    return (
-        tuple(
-            t.data_ptr()
-            for t in (
-                kw.w1,
-                kw.w1_sf,
-                kw.w1_lut,
-                kw.w1_fold,
-                kw.w1_row_base,
-                kw.w1_expert_base,
-                kw.w2,
-                kw.w2_sf,
-                kw.w2_lut,
-                kw.w2_fold,
-                kw.w2_row_base,
-                kw.w2_expert_base,
-            )
-        )
-        if isinstance(kw, KernelWeights)
-        else (id(kw),)
-    )
+    """The weights' part of a launch's key: every address the launch holds."""
+    return tuple(getattr(kw, n).data_ptr() for n in _KW_TENSORS) if isinstance(kw, KernelWeights) else (id(kw),)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -3,6 +3,7 @@ TypeError / ValueError) before anything is launched, the activation clamp's vali
 rounding, the token-tile choice, one build per specialisation however many workers ask, and the
 GPU-only tools saying so instead of a traceback."""
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -168,3 +169,12 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     for n in (1, 2):
         assert len(layer._gemm_fields(n, 0.0, 0, False)) == C.GEMM_PARAMS.size
+
+
+def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_weights():
+    """A KernelWeights tensor the launch holds but the key leaves out would let a cached launch keep a
+    stale address; one the device check leaves out could fault the kernel."""
+    kw = _small_call_args()[5]
+    tensors = {f.name for f in dataclasses.fields(kw) if isinstance(getattr(kw, f.name), torch.Tensor)}
+    assert tensors == set(G._KW_TENSORS)
+    assert len(G._kw_key(kw)) == len(tensors)
