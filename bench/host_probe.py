@@ -5,6 +5,7 @@ What it answers: how much of a call is Python (checks, y's allocation, pointer p
 much is the driver's launch, cooperative or not; and the same for the standalone L1 GEMM (a
 repeated call, the launch alone)."""
 
+import sys
 import time
 
 import torch
@@ -27,6 +28,8 @@ def per_call_us(f, n: int = 200) -> float:
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("bench.host_probe needs a CUDA GPU (it times launches on the device)")
     cfg = ref.MoEConfig(hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=1, max_tokens_per_rank=8)
     layer = MegaMoE(cfg, ref.random_weights(16, 1024, 512, seed=1, device="cuda"))
     inp = ref.make_inputs(cfg, 8, seed=1, device="cuda")[0]
@@ -81,3 +84,7 @@ def _gemm_rows() -> dict:
     launch = next(v for k, v in G._CALLS.items() if k[0] == 1)
     stream = G._stream(x)
     return {"l1_gemm, repeated call": call, "l1_gemm's launch alone": lambda: launch(stream)}
+
+
+if __name__ == "__main__":
+    main()

@@ -100,7 +100,7 @@ def test_concurrent_builds_of_one_specialisation_compile_it_once(tmp_path, monke
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
-@pytest.mark.parametrize("module", ["bench.gemm", "bench.profile_one", "tests.gpu.record_fixtures"])
+@pytest.mark.parametrize("module", ["bench.gemm", "bench.profile_one", "bench.host_probe", "tests.gpu.record_fixtures"])
 def test_gpu_only_tools_say_they_need_a_gpu(module, tmp_path):
     args = {"bench.profile_one": ["1", "8", "k128"], "tests.gpu.record_fixtures": [str(tmp_path)]}.get(module, [])
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
