@@ -342,11 +342,10 @@ def _check(name, t, dtypes, shape=None, device=None):
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
-# Every tensor of KernelWeights a launch holds the address of (_weight_fields): the launch key's
-# weights part (_kw_key) and the device check.
-_KW_TENSORS = tuple(
-    f"w{layer}{part}" for layer in (1, 2) for part in ("", "_sf", "_lut", "_fold", "_row_base", "_expert_base")
-)
+# A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses a launch holds
+# (_weight_fields); with both layers', the launch key's weights part (_kw_key) and the device check.
+_KW_PARTS = ("", "_sf", "_lut", "_row_base", "_expert_base", "_fold")
+_KW_TENSORS = tuple(f"w{layer}{part}" for layer in (1, 2) for part in _KW_PARTS)
 
 
 def _check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
@@ -588,11 +587,7 @@ def _launch(
 def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
     """The weights' GemmParams fields; the exact mode reads the row and expert bases and the fold
     flags on its prefill path only (the blocks it folds)."""
-    w, sf, lut, row_base, expert_base, fold = (
-        (kw.w1, kw.w1_sf, kw.w1_lut, kw.w1_row_base, kw.w1_expert_base, kw.w1_fold)
-        if layer == 1
-        else (kw.w2, kw.w2_sf, kw.w2_lut, kw.w2_row_base, kw.w2_expert_base, kw.w2_fold)
-    )
+    w, sf, lut, row_base, expert_base, fold = (getattr(kw, f"w{layer}{part}") for part in _KW_PARTS)
     fast = promotion == "k128"
     return dict(
         w=w.data_ptr(),
