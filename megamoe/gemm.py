@@ -54,6 +54,7 @@ dumps.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 
@@ -508,11 +509,16 @@ def _kw_key(kw) -> tuple:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream(x: torch.Tensor) -> int:
-    """The current CUDA stream of x's device (torch's raw getter where it has one: ~10x cheaper)."""
+def _stream_of(dev: int) -> int:
+    """The current CUDA stream of device `dev` (torch's raw getter where it has one: ~10x cheaper)."""
     if _raw_stream is not None:
-        return _raw_stream(x.device.index)
-    return torch.cuda.current_stream(x.device).cuda_stream
+        return _raw_stream(dev)
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+def _stream(x: torch.Tensor) -> int:
+    """The current CUDA stream of x's device."""
+    return _stream_of(x.device.index)
 
 
 def _remember(key, launch) -> None:
@@ -529,15 +535,20 @@ def _keep_launch(key, launch: driver.Launch) -> driver.Launch:
     return launch
 
 
-def _launch(
-    spec: jb.GemmSpec | jb.PrefillSpec, x: torch.Tensor, k: int, n_rows: int, num_experts: int, fields: dict
+def _gemm_launch(
+    spec: jb.GemmSpec | jb.PrefillSpec,
+    x: torch.Tensor,
+    k: int,
+    n_rows: int,
+    num_experts: int,
+    fields: dict,
+    stream: int,
 ) -> driver.Launch:
-    """Launches on the current stream; the tensor maps and packed parameters are built once per
-    distinct (spec, tensors, arguments) and reused."""
+    """The launch of a GEMM on `stream` (not made here): its tensor maps and packed parameters are
+    built once per distinct (spec, tensors, arguments) and reused."""
     dev = _device_index(x.device)
     P = x.shape[0]
     # The swap-AB kernels' launch objects are per stream: each holds its own item counters (_item_counter).
-    stream = _stream(x)
     key = (
         spec,
         dev,
@@ -580,7 +591,6 @@ def _launch(
             **fields,
         )
         launch = _keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
-    launch(stream)
     return launch
 
 
@@ -609,6 +619,37 @@ class _Sequence:
             launch(stream)
 
 
+class PreparedGemm:
+    """One l1_gemm / l2_gemm call made ready for its tensors (prepare_l1_gemm, prepare_l2_gemm).
+    Calling it launches the kernel (the prefill path: the predecode pass, then the GEMM) on the
+    stream that was current when it was prepared, and returns `result`, the same object each time
+    (the destination tensors, rewritten by every call). It checks nothing and looks nothing up, so
+    its host time is about the driver's launch alone, where a repeated l1_gemm call also builds and
+    looks up the key of its tensors (bench.host_probe measures both).
+
+    Like a CUDA graph, it holds the tensors' addresses as they were when it was prepared. It keeps
+    the tensors alive (the prefill path's scratch buffer too, past release_prefill_buffers()), and
+    new values in them are what it computes on; a tensor that gets another shape, strides or storage
+    in place afterwards (resize_, set_, as_strided_) is not seen, and is the caller's to avoid.
+    It can be captured in a CUDA graph."""
+
+    def __init__(self, run, result, device: int, stream: int, tensors: tuple):
+        self.run, self.result = run, result
+        self.device, self.stream = device, stream
+        self._tensors = tensors
+
+    def __call__(self):
+        current = _stream_of(self.device)
+        if current != self.stream:
+            # Its launch holds item counters and a scratch buffer of that stream (_item_counter, _SCRATCH).
+            raise MegaMoEInputError(
+                f"a prepared GEMM call runs on the stream it was prepared on (0x{self.stream:x}); the"
+                f" current stream of cuda:{self.device} is 0x{current:x}: prepare one call per stream"
+            )
+        self.run(self.stream)
+        return self.result
+
+
 # The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by
 # every call (launches on one stream run in order; eager calls on two streams get two buffers). A
 # buffer is E * K * R bytes, 9/8 of that in the exact mode (the DSV3 slice of 32 experts: 940 MB for
@@ -629,16 +670,16 @@ def release_prefill_buffers() -> None:
 
 
 def _predecode(
-    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int, promotion: str
+    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int, promotion: str, stream: int
 ) -> tuple[driver.Launch, torch.Tensor]:
-    """Launches the predecode pass of `layer`'s weights (k x n_rows per expert) into its scratch
-    buffer ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R bytes, the
-    exact mode 1/8 more for its fp32 scales) and returns the launch and the buffer."""
+    """The predecode pass of `layer`'s weights (k x n_rows per expert) into the scratch buffer of
+    `stream` ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R bytes,
+    the exact mode 1/8 more for its fp32 scales): its launch (not made here) and the buffer."""
     weights = _weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
     dev = _device_index(x.device)
     tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
     size = tiles * contract.PREFILL_TILE_BYTES[promotion]
-    skey = (dev, _stream(x), layer, size)
+    skey = (dev, stream, layer, size)
     scratch = _SCRATCH.get(skey)
     if scratch is None:
         scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
@@ -662,7 +703,6 @@ def _predecode(
         launch = _keep_launch(
             key, driver.Launch(kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params)
         )
-    launch(_stream(x))
     return launch, scratch
 
 
@@ -719,6 +759,7 @@ def l1_gemm(
     None (default) takes it where use_prefill says (max_tokens >= PREFILL_MIN_TOKENS[(promotion, 1)],
     the mean pool rows per expert >= PREFILL_MIN_MEAN_ROWS[(promotion, 1)], no gate, no forced
     max_tile / wgs)."""
+    args = dict(locals())  # the arguments as given, for _plan_l1 (before any other local is bound)
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
     key = (
@@ -748,6 +789,36 @@ def l1_gemm(
             return L1Result(out, out_sf, None)
     else:
         key = None
+    call = _plan_l1(**args)
+    call()
+    if key is not None:
+        _remember(key, call.run)
+    return call.result
+
+
+def _plan_l1(
+    x_pool,
+    x_sf,
+    expert_offsets,
+    num_tokens,
+    w_route,
+    kw,
+    *,
+    fast_math,
+    activation_clamp,
+    promotion,
+    max_tokens,
+    max_tile,
+    wgs,
+    debug,
+    out,
+    out_sf,
+    x_sf128,
+    arrival,
+    arrival_block,
+    prefill,
+) -> PreparedGemm:
+    """l1_gemm's call, checked and made ready on the current stream (not launched)."""
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
@@ -783,10 +854,11 @@ def l1_gemm(
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
+    stream = _stream(x_pool)
     pre, w_e4m3 = (
-        _predecode(kw, 1, x_pool, H, 2 * inter, promotion) if isinstance(spec, jb.PrefillSpec) else (None, None)
+        _predecode(kw, 1, x_pool, H, 2 * inter, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
     )
-    launch = _launch(
+    launch = _gemm_launch(
         spec,
         _u8(x_pool),
         H,
@@ -808,10 +880,15 @@ def l1_gemm(
             has_clamp=has_clamp,
             clamp_value=c,
         ),
+        stream,
     )
-    if key is not None:
-        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
-    return L1Result(out, out_sf, acc1)
+    return PreparedGemm(
+        _Sequence(pre, launch) if pre is not None else launch,
+        L1Result(out, out_sf, acc1),
+        dev.index,
+        stream,
+        (x_pool, x_sf, expert_offsets, num_tokens, w_route, kw, out, out_sf, acc1, arrival, w_e4m3),
+    )
 
 
 def l2_gemm(
@@ -840,6 +917,7 @@ def l2_gemm(
 
     max_tokens / max_tile / wgs, arrival / arrival_block and prefill (its scratch: E * I * H bytes):
     as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
+    args = dict(locals())  # the arguments as given, for _plan_l2 (before any other local is bound)
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = _stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
     key = (
@@ -861,6 +939,33 @@ def l2_gemm(
             return L2Result(combine, None)
     else:
         key = None
+    call = _plan_l2(**args)
+    call()
+    if key is not None:
+        _remember(key, call.run)
+    return call.result
+
+
+def _plan_l2(
+    l2_acts,
+    l2_sf,
+    expert_offsets,
+    num_tokens,
+    dst_rows,
+    kw,
+    combine,
+    *,
+    promotion,
+    max_tokens,
+    max_tile,
+    wgs,
+    debug,
+    x_sf128,
+    arrival,
+    arrival_block,
+    prefill,
+) -> PreparedGemm:
+    """l2_gemm's call, checked and made ready on the current stream (not launched)."""
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
@@ -893,8 +998,11 @@ def l2_gemm(
         )
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    pre, w_e4m3 = _predecode(kw, 2, l2_acts, inter, H, promotion) if isinstance(spec, jb.PrefillSpec) else (None, None)
-    launch = _launch(
+    stream = _stream(l2_acts)
+    pre, w_e4m3 = (
+        _predecode(kw, 2, l2_acts, inter, H, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
+    )
+    launch = _gemm_launch(
         spec,
         _u8(l2_acts),
         inter,
@@ -916,7 +1024,49 @@ def l2_gemm(
             has_clamp=0,
             clamp_value=0.0,
         ),
+        stream,
     )
-    if key is not None:
-        _remember(key, _Sequence(pre, launch) if pre is not None else launch)
-    return L2Result(combine, acc2)
+    return PreparedGemm(
+        _Sequence(pre, launch) if pre is not None else launch,
+        L2Result(combine, acc2),
+        dev.index,
+        stream,
+        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, kw, combine, acc2, arrival, w_e4m3),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared calls: the checks and the launch's lookup done once (PreparedGemm)
+# ---------------------------------------------------------------------------------------------
+_L1_SIGNATURE = inspect.signature(l1_gemm)
+_L2_SIGNATURE = inspect.signature(l2_gemm)
+
+
+def _preparable(arguments: dict, entry: str) -> None:
+    """What a prepared call cannot do that its entry point does: compute the fast mode's rebased
+    operand (torch ops run on each call), or give a fresh NaN-filled debug dump each call."""
+    if arguments["debug"]:
+        fail(
+            "debug", f"False for a prepared call (its dump buffer would keep the last call's values: use {entry})", True
+        )
+    if arguments["promotion"] == "k128" and arguments["x_sf128"] is None:
+        fail("x_sf128", "the rebased operand (rebase_k128) for a prepared call with promotion 'k128'", None)
+
+
+def prepare_l1_gemm(*args, **kwargs) -> PreparedGemm:
+    """l1_gemm's call made ready (PreparedGemm): the same arguments, checked here, and nothing is
+    launched until the call. out and out_sf are allocated here when not given; promotion "k128"
+    needs x_sf128 (with the rebased x); debug=True is l1_gemm's."""
+    bound = _L1_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    _preparable(bound.arguments, "l1_gemm")
+    return _plan_l1(**bound.arguments)
+
+
+def prepare_l2_gemm(*args, **kwargs) -> PreparedGemm:
+    """l2_gemm's call made ready (PreparedGemm), as prepare_l1_gemm: the same arguments as l2_gemm,
+    checked here; promotion "k128" needs x_sf128; debug=True is l2_gemm's."""
+    bound = _L2_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    _preparable(bound.arguments, "l2_gemm")
+    return _plan_l2(**bound.arguments)

@@ -40,6 +40,28 @@ def test_l1_gemm_on_cpu_tensors_raises_the_spec_error_naming_the_argument():
     assert issubclass(MegaMoEInputError, TypeError) and issubclass(MegaMoEInputError, ValueError)
 
 
+def test_a_prepared_call_checks_its_arguments_like_the_entry_point_before_anything_is_made():
+    x, sf, offsets, counts, wr, kw = _small_call_args()
+    with pytest.raises(MegaMoEInputError, match="argument 'x': expected a CUDA tensor"):
+        G.prepare_l1_gemm(x, sf, offsets, counts, wr, kw)
+    with pytest.raises(TypeError, match="fast_maths"):
+        G.prepare_l1_gemm(x, sf, offsets, counts, wr, kw, fast_maths=True)
+    with pytest.raises(TypeError, match="combine"):
+        G.prepare_l2_gemm(x, sf, offsets, counts, wr, kw)
+
+
+@pytest.mark.parametrize("prepare", [G.prepare_l1_gemm, G.prepare_l2_gemm])
+def test_a_prepared_call_refuses_what_only_the_entry_point_does_per_call(prepare):
+    x, sf, offsets, counts, wr, kw = _small_call_args()
+    args = (x, sf, offsets, counts, wr, kw) + (
+        (torch.empty(128, 512, dtype=torch.bfloat16),) if prepare is G.prepare_l2_gemm else ()
+    )
+    with pytest.raises(MegaMoEInputError, match="argument 'debug': expected False for a prepared call"):
+        prepare(*args, debug=True)
+    with pytest.raises(MegaMoEInputError, match="argument 'x_sf128': expected the rebased operand"):
+        prepare(*args, promotion="k128")
+
+
 def test_an_unknown_promotion_or_tile_is_refused():
     with pytest.raises(MegaMoEInputError, match="'promotion'"):
         G.spec_for(1, promotion="fast")

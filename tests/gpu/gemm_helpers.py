@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe.jit import layout as L
 
@@ -191,3 +192,13 @@ def pool_arrivals(pool: Pool, block: int) -> torch.Tensor:
     valid = torch.zeros(nb * block, dtype=torch.int32, device=pool.valid.device)
     valid[: pool.P] = pool.valid.to(torch.int32)
     return valid.view(nb, block).sum(1, dtype=torch.int32)
+
+
+def pool_l1(pool: Pool, kw, **kwargs):
+    """l1_gemm on a pool's operands (x, sf, offsets, num_tokens, w_route) and the weights `kw`."""
+    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, **kwargs)
+
+
+def pool_l2(pool: Pool, dst, kw, combine, **kwargs):
+    """l2_gemm on a pool's operands (x and sf as the L2 activations) into `combine` at rows `dst`."""
+    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, combine, **kwargs)

@@ -14,6 +14,8 @@ from megamoe import gemm as G
 from megamoe.jit import layout as L
 
 from .gemm_helpers import (
+    pool_l1,
+    pool_l2,
     COUNTS,
     Pool,
     bound_ratio,
@@ -43,12 +45,8 @@ def test_l1_bound_and_epilogue(H, inter, max_tile):
         for clamp in (None, 1.0):
             out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
             out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
-            res = G.l1_gemm(
-                pool.x,
-                pool.sf,
-                pool.offsets,
-                pool.num_tokens,
-                pool.w_route,
+            res = pool_l1(
+                pool,
                 kw,
                 fast_math=fast,
                 activation_clamp=clamp,
@@ -73,9 +71,9 @@ def test_l1_bound_and_epilogue(H, inter, max_tile):
 def test_l1_production_build_matches_debug():
     H, inter = 1024, 1024
     pool, _, kw = _setup_l1(H, inter, COUNTS, seed=7)
-    a = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, max_tile=64, debug=True)
-    b = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, max_tile=64, debug=False)
-    c = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=False)  # auto tile
+    a = pool_l1(pool, kw, max_tile=64, debug=True)
+    b = pool_l1(pool, kw, max_tile=64, debug=False)
+    c = pool_l1(pool, kw, debug=False)  # auto tile
     torch.cuda.synchronize()
     v = pool.valid
     for other in (b, c):
@@ -88,7 +86,7 @@ def test_gemm_exact_grid(H, inter):
     """GEMM_EXACT: small integers, small scale spread -> every partial sum exact: acc == exact bitwise."""
     counts = [3, 0, 65, 130]
     pool, (w1, s1, w2, s2), kw = _setup_l1(H, inter, counts, seed=11, grid=True)
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=True)
+    res = pool_l1(pool, kw, debug=True)
     gen = torch.Generator().manual_seed(12)
     pool2 = Pool(counts, inter, gen=gen, grid=True)
     comb = torch.zeros(sum(counts), H, dtype=torch.bfloat16, device="cuda")
@@ -119,7 +117,7 @@ def test_l2_bound_and_epilogue(H, inter, max_tile):
     kw = L.transform_weights(w1, s1, w2, s2)
     T, K = sum(COUNTS), 2
     comb, dst = combine_rows(pool, H, K, gen=gen)  # a random choice of T of the K * T rows
-    res = G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, max_tile=max_tile, debug=True)
+    res = pool_l2(pool, dst, kw, comb, max_tile=max_tile, debug=True)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
     check_l2_epilogue(pool, res.acc2, comb, dst, "k32")
@@ -137,7 +135,7 @@ def test_chain_large_shapes(H, inter):
     """L1 -> L2 on the production shapes, L2 fed with the kernel's own l2_acts (SPEC D7)."""
     counts = [1, 0, 65, 17]
     pool, (w1, s1, w2, s2), kw = _setup_l1(H, inter, counts, seed=5)
-    l1 = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, debug=True)
+    l1 = pool_l1(pool, kw, debug=True)
     T = sum(counts)
     comb = torch.zeros(1, T, H, dtype=torch.bfloat16, device="cuda")
     dst = torch.full((pool.P,), -1, dtype=torch.int32, device="cuda")
@@ -166,7 +164,7 @@ def _wide_spread_l1_ratio(promotion: str) -> float:
     w1, s1 = random_weights(2, 2 * inter, H, gen=gen, sf_lo=90, sf_hi=150)
     w2, s2 = random_weights(2, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, debug=True)
+    res = pool_l1(pool, kw, promotion=promotion, debug=True)
     torch.cuda.synchronize()
     return worst_bound_ratio(res.acc1, pool, w1, s1)
 
@@ -204,12 +202,8 @@ def test_fast_l1_bound_and_epilogue(max_tile, counts):
         assert G.spec_for(1, promotion="k128", n_rows=2 * inter, max_tile=64).wgs == 4
     pool, (w1, s1, _, _), kw = _setup_l1(H, inter, counts, seed=200 + max_tile + len(counts))
     ref = reference_acc(pool, pool.x, pool.sf, w1, s1)  # against the ORIGINAL per-32 operands
-    res = G.l1_gemm(
-        pool.x,
-        pool.sf,
-        pool.offsets,
-        pool.num_tokens,
-        pool.w_route,
+    res = pool_l1(
+        pool,
         kw,
         promotion="k128",
         max_tile=max_tile,
@@ -237,9 +231,7 @@ def test_fast_l2_bound_and_epilogue(max_tile, counts):
     w2, s2 = random_weights(E, H, inter, gen=gen)
     kw = L.transform_weights(w1, s1, w2, s2)
     comb, dst = combine_rows(pool, H)  # valid pool rows to combine rows in order
-    res = G.l2_gemm(
-        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k128", max_tile=max_tile, debug=True
-    )
+    res = pool_l2(pool, dst, kw, comb, promotion="k128", max_tile=max_tile, debug=True)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
     check_l2_epilogue(pool, res.acc2, comb, dst, "k128")
@@ -259,7 +251,7 @@ def test_fast_gemm_exact_grid():
     w1, s1 = random_weights(2, 2 * inter, H, gen=gen, grid=True, grid_sf=(125, 127))
     w2, s2 = random_weights(2, H, inter, gen=gen, grid=True, grid_sf=(127, 127))
     kw = L.transform_weights(w1, s1, w2, s2)
-    res = G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k128", debug=True)
+    res = pool_l1(pool, kw, promotion="k128", debug=True)
     torch.cuda.synchronize()
     for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]

@@ -3,8 +3,8 @@ non-zero payloads, scale products under 2^-126, all-zero groups, NaN payloads in
 and without a clamp), and weight scales spread over more than 17 binades inside one K128 block,
 where the fast mode (promotion k128) must follow its documented operand rule exactly
 (megamoe.reference.quantize.dequantize_fp4_fast and rebase_k128). Also: a cached launch replayed
-from a CUDA graph gives the eager bits, and the swap-AB kernels' dynamic item order runs every item
-once per launch.
+from a CUDA graph gives the eager bits, so do prepared calls (prepare_l1_gemm / prepare_l2_gemm), and
+the swap-AB kernels' dynamic item order runs every item once per launch.
 
 Run: pytest -s tests/gpu/test_gemm_edges.py"""
 
@@ -20,6 +20,7 @@ from megamoe import reference as ref
 from megamoe.jit import layout as L
 
 from .gemm_helpers import (
+    pool_l1,
     Pool,
     bound_ratio,
     check_l1_epilogue,
@@ -58,12 +59,8 @@ KERNELS = [
 def _launch_l1(pool, kw, promotion, max_tile, wgs, debug=True, **kwargs):
     """An L1 launch (by default the debug build) of one of KERNELS (max_tile None: the promotion's
     prefill path), synchronised."""
-    res = G.l1_gemm(
-        pool.x,
-        pool.sf,
-        pool.offsets,
-        pool.num_tokens,
-        pool.w_route,
+    res = pool_l1(
+        pool,
         kw,
         promotion=promotion,
         max_tile=max_tile,
@@ -279,6 +276,80 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
     assert torch.equal(comb.view(torch.int16), want[2].view(torch.int16))
 
 
+@pytest.mark.parametrize("prefill", [False, True], ids=["swap-AB", "prefill"])
+def test_a_prepared_call_writes_the_entry_points_bits_again_from_a_graph_and_past_a_buffer_release(prefill):
+    """prepare_l1_gemm / prepare_l2_gemm on the tensors of an l1_gemm / l2_gemm call: called three
+    times, then from a CUDA graph captured on their stream, they write the entry points' bits; the
+    prefill path's prepared calls keep their scratch buffer through release_prefill_buffers(). Under
+    another stream a prepared call is an input error and launches nothing. Prints the host time of
+    a prepared call and of a repeated entry point call."""
+    import time
+
+    from megamoe.reference import MegaMoEInputError
+
+    H, inter = 1024, 512
+    pool, _, kw = setup_l1(H, inter, [3, 60, 130], seed=21)
+    out = torch.empty(pool.P, inter, dtype=torch.uint8, device="cuda")
+    out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
+    comb, dst = combine_rows(pool, H)
+    l1_args = (pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw)
+    l2_args = (out, out_sf, pool.offsets, pool.num_tokens, dst, kw, comb)
+    opts = dict(promotion="k32", prefill=prefill, max_tokens=130)
+    G.l1_gemm(*l1_args, **opts, out=out, out_sf=out_sf)
+    G.l2_gemm(*l2_args, **opts)
+    torch.cuda.synchronize()
+    want = (out.clone(), out_sf.clone(), comb.clone())
+    v = pool.valid  # padding rows are never written
+
+    def poison():
+        out.fill_(0x55)
+        out_sf.fill_(0x55)
+        comb.fill_(float("nan"))
+        torch.cuda.synchronize()
+
+    def check(tag):
+        torch.cuda.synchronize()
+        assert torch.equal(out[v], want[0][v]) and torch.equal(out_sf[v], want[1][v]), f"{tag}: L1 bits"
+        assert torch.equal(comb.view(torch.int16), want[2].view(torch.int16)), f"{tag}: L2 bits"
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        l1 = G.prepare_l1_gemm(*l1_args, **opts, out=out, out_sf=out_sf)
+        l2 = G.prepare_l2_gemm(*l2_args, **opts)
+    G.release_prefill_buffers()  # the prepared calls keep theirs
+    poison()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            assert l1() is l1.result and l1.result.l2_acts is out
+            l2()
+    check("prepared, eager")
+    poison()
+    with pytest.raises(MegaMoEInputError, match="runs on the stream it was prepared on"):
+        l1()  # the current stream is not s
+    torch.cuda.synchronize()
+    assert (out[v] == 0x55).all(), "a prepared call refused under another stream launched"
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        l1()
+        l2()
+    g.replay()
+    check("prepared, graph replay")
+
+    n = 200
+    with torch.cuda.stream(s):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            l1()
+        prepared_us = (time.perf_counter() - t0) / n * 1e6
+        t0 = time.perf_counter()
+        for _ in range(n):
+            G.l1_gemm(*l1_args, **opts, out=out, out_sf=out_sf)
+        entry_us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    log_result(test="prepared_call", prefill=prefill, prepared_us=prepared_us, entry_point_us=entry_us)
+
+
 # The swap-AB kernels' dynamic item order (kernel/gemm/scheduler.cuh claim_item): the exact mode's
 # and the fast mode's kernels with four and two consumer warpgroups, on pools of (experts, H, I): 40
 # experts of 1-70 tokens (L1: up to ~1600 items, many per CTA), 2 experts of 1 and 8 tokens (fewer
@@ -396,7 +467,7 @@ def test_weights_on_another_device_than_the_activations_are_an_input_error_namin
     pool, (w1, s1, w2, s2), _ = setup_l1(512, 512, [3, 9], seed=3)
     kw_cpu = L.transform_weights(w1.cpu(), s1.cpu(), w2.cpu(), s2.cpu())
     with pytest.raises(MegaMoEInputError, match="'kw'.*weights on cuda"):
-        G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw_cpu)
+        pool_l1(pool, kw_cpu)
     comb, dst = combine_rows(pool, 512)
     x2 = torch.zeros(pool.P, 512, dtype=torch.uint8, device="cuda")
     sf2 = torch.full((pool.P, 16), 127, dtype=torch.uint8, device="cuda")

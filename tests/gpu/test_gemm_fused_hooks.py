@@ -31,6 +31,8 @@ from megamoe.jit import contract
 
 from . import gemm_hooks_worker as W
 from .gemm_helpers import (
+    pool_l1,
+    pool_l2,
     COUNTS,
     Pool,
     check_l1_epilogue,
@@ -52,11 +54,11 @@ SENTINEL_BF16 = 0x7FA5  # a NaN payload the kernel never produces (bf16 NaN from
 
 
 def _l1(pool, kw, promotion="k32", **kw2):
-    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, **kw2)
+    return pool_l1(pool, kw, promotion=promotion, **kw2)
 
 
 def _l2(pool, kw, dst, comb, promotion="k32", **kw2):
-    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion=promotion, **kw2)
+    return pool_l2(pool, dst, kw, comb, promotion=promotion, **kw2)
 
 
 def _l1_outputs(pool, inter, fill=SENTINEL_U8):

@@ -19,6 +19,8 @@ from megamoe.jit import layout as L
 from megamoe.reference import MegaMoEInputError
 
 from .gemm_helpers import (
+    pool_l1,
+    pool_l2,
     COUNTS,
     Pool,
     check_l1_epilogue,
@@ -58,12 +60,8 @@ def test_prefill_l1_bound_and_epilogue(H, inter, counts, promotion):
     for fast, clamp in ((True, 1.0), (False, None)):
         out = torch.full((pool.P, inter), 0x55, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
         out_sf = torch.full((pool.P, inter // 32), 0x55, dtype=torch.uint8, device="cuda")
-        res = G.l1_gemm(
-            pool.x,
-            pool.sf,
-            pool.offsets,
-            pool.num_tokens,
-            pool.w_route,
+        res = pool_l1(
+            pool,
             kw,
             promotion=promotion,
             prefill=True,
@@ -95,9 +93,7 @@ def test_prefill_l2_bound_and_epilogue(H, inter, counts, promotion):
     w2, s2 = random_weights(E, H, inter, gen=gen)
     promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
     comb, dst = combine_rows(pool, H, K=2, gen=gen)  # random rows of a [2, T, H] buffer, the rest NaN
-    res = G.l2_gemm(
-        pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion=promotion, prefill=True, debug=True
-    )
+    res = pool_l2(pool, dst, kw, comb, promotion=promotion, prefill=True, debug=True)
     torch.cuda.synchronize()
     worst = worst_bound_ratio(res.acc2, pool, w2, s2)
     check_l2_epilogue(pool, res.acc2, comb, dst, f"prefill {promotion}")
@@ -118,9 +114,7 @@ def test_prefill_gemm_exact_grid(promotion):
     w1, s1 = random_weights(4, 2 * inter, H, gen=gen, grid=True, grid_sf=(125, 127))
     w2, s2 = random_weights(4, H, inter, gen=gen, grid=True, grid_sf=(127, 127))
     promotion, kw = prefill_weights(promotion, L.transform_weights(w1, s1, w2, s2))
-    res = G.l1_gemm(
-        pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion=promotion, prefill=True, debug=True
-    )
+    res = pool_l1(pool, kw, promotion=promotion, prefill=True, debug=True)
     torch.cuda.synchronize()
     for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
@@ -137,12 +131,8 @@ def test_prefill_production_build_matches_debug(promotion):
     promotion, kw = prefill_weights(promotion, kw)
     outs = []
     for debug in (True, False):
-        res = G.l1_gemm(
-            pool.x,
-            pool.sf,
-            pool.offsets,
-            pool.num_tokens,
-            pool.w_route,
+        res = pool_l1(
+            pool,
             kw,
             promotion=promotion,
             prefill=True,
@@ -195,16 +185,10 @@ def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
 
     def run(weights, promotion="k32"):
         if layer == 1:
-            res = G.l1_gemm(
-                pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, weights, promotion=promotion,
-                prefill=True, debug=True,
-            )  # fmt: skip
+            res = pool_l1(pool, weights, promotion=promotion, prefill=True, debug=True)
             torch.cuda.synchronize()
             return res.acc1[pool.valid].clone(), res.l2_acts.view(torch.uint8)[pool.valid].clone()
-        res = G.l2_gemm(
-            pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, weights, comb, promotion=promotion, prefill=True,
-            debug=True,
-        )  # fmt: skip
+        res = pool_l2(pool, dst, weights, comb, promotion=promotion, prefill=True, debug=True)
         torch.cuda.synchronize()
         return res.acc2[pool.valid].clone(), comb.view(torch.uint8).clone()
 
@@ -230,12 +214,8 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
     """(The choice itself is tested on the CPU: tests/test_gemm_host.py.)"""
     pool, _, kw = setup_l1(512, 512, [3, 2], seed=1)
     with pytest.raises(MegaMoEInputError, match="prefill"):
-        G.l1_gemm(
-            pool.x,
-            pool.sf,
-            pool.offsets,
-            pool.num_tokens,
-            pool.w_route,
+        pool_l1(
+            pool,
             kw,
             promotion="k128",
             prefill=True,
@@ -243,9 +223,7 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
         )
     assert jb.PrefillSpec(1).rows_per_cta == G.PREFILL_ROWS == 256
     with pytest.raises(MegaMoEInputError, match="prefill"):
-        G.l1_gemm(
-            pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, promotion="k32", prefill=True, wgs=2
-        )
+        pool_l1(pool, kw, promotion="k32", prefill=True, wgs=2)
 
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
