@@ -54,8 +54,8 @@ def main() -> None:
 
 def _gemm_rows() -> dict:
     """The standalone L1 GEMM's host path at the fused layer's small shape (exact mode, 8 tokens per
-    expert): a repeated call (the launch cache's key built and looked up), a prepared call (its stream
-checked) and its launch alone."""
+        expert): a repeated call (the launch cache's key built and looked up), a prepared call (its stream
+    checked) and its launch alone."""
     from megamoe.jit import layout as L
 
     E, H, inter, n = 16, 1024, 512, 8

@@ -32,6 +32,8 @@ pairs); so do the fast mode's four-warpgroup kernels of tiles 16..64 (pick_wgs),
 mainloop runs an item as one wgmma group of 8, 16, 32 or 64 tokens, the smallest that holds its
 rows. The entry points never synchronise with the device, cache the launch (tensor maps and packed
 parameters) for the same tensors and arguments, and can be captured in a CUDA graph.
+prepare_l1_gemm / prepare_l2_gemm take the same arguments and return the call made ready
+(PreparedGemm): calling it is the driver's launch alone, with no checks and no key to build.
 
 Prefill path (both promotions; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS tokens per expert
 (the largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer
@@ -343,8 +345,8 @@ def _check(name, t, dtypes, shape=None, device=None):
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
-# A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses a launch holds
-# (_weight_fields); with both layers', the launch key's weights part (_kw_key) and the device check.
+# A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses that layer's launch holds
+# (_weight_fields) and its key's weights part names (_kw_key); both layers' are the device check's.
 _KW_PARTS = ("", "_sf", "_lut", "_row_base", "_expert_base", "_fold")
 _KW_TENSORS = tuple(f"w{layer}{part}" for layer in (1, 2) for part in _KW_PARTS)
 
@@ -501,9 +503,11 @@ def _tkey(t):
     return t if t is None or isinstance(t, (int, float, str)) else (type(t).__name__, id(t))
 
 
-def _kw_key(kw) -> tuple:
-    """The weights' part of a launch's key: every address the launch holds."""
-    return tuple(getattr(kw, n).data_ptr() for n in _KW_TENSORS) if isinstance(kw, KernelWeights) else (id(kw),)
+def _kw_key(kw, layer: int) -> tuple:
+    """The weights' part of a `layer` launch's key: every address the launch holds (_weight_fields)."""
+    if not isinstance(kw, KernelWeights):
+        return (id(kw),)
+    return tuple(getattr(kw, f"w{layer}{part}").data_ptr() for part in _KW_PARTS)
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -773,7 +777,7 @@ def l1_gemm(
         max_tile,
         wgs,
         arrival_block,
-        *_kw_key(kw),
+        *_kw_key(kw, 1),
         *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
     )
     if (
@@ -929,7 +933,7 @@ def l2_gemm(
         max_tile,
         wgs,
         arrival_block,
-        *_kw_key(kw),
+        *_kw_key(kw, 2),
         *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
     )
     if not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None):

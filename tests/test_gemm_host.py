@@ -199,4 +199,4 @@ def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_we
     kw = _small_call_args()[5]
     tensors = {f.name for f in dataclasses.fields(kw) if isinstance(getattr(kw, f.name), torch.Tensor)}
     assert tensors == set(G._KW_TENSORS)
-    assert len(G._kw_key(kw)) == len(tensors)
+    assert sum(len(G._kw_key(kw, layer)) for layer in (1, 2)) == len(tensors)
