@@ -9,10 +9,12 @@ Routings: uniform (every expert gets `tokens`), zipf (32 x `tokens` tokens, expe
 proportional to (e + 1)^-1.2: at 8 tokens/expert, 256 tokens with the largest expert at about 80).
 Every time is the median over replays of a CUDA graph of several launches (kernel time: no host
 launch cost in it); `eager` is the same call launched from Python, and `host` the Python time of one
-launch (entry-point checks, cached parameters, cuLaunchKernel).
+launch (the entry point's launch key built and looked up, cuLaunchKernel), `prep` that of the same
+call prepared (prepare_l1_gemm / prepare_l2_gemm: the launch alone).
 Columns:
   k32 / k128   our kernel with promotion k32 (exact mode) / k128 (fast mode), graph-timed, us
   eager        the fast mode launched eagerly, us;  host  its Python time per launch, us
+  prep         the Python time per launch of the same call prepared (PreparedGemm), us
   fp8_rw       torch._scaled_grouped_mm, FP8 weights and activations with row-wise fp32 scales
   bf16         torch._grouped_mm, BF16
   floor        max(weight+scale bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s)
@@ -211,29 +213,30 @@ def main() -> None:
                         osf = torch.empty(P, inter // 32, dtype=torch.uint8, device=dev)
                         args_ = (x, xsf, offsets, ntok, wr, kw)
                         extra = dict(out=out, out_sf=osf)
-                        gemm_fn = G.l1_gemm
+                        gemm_fn, prepare = G.l1_gemm, G.prepare_l1_gemm
                     else:
                         comb = torch.empty(1, P, H, dtype=torch.bfloat16, device=dev)
                         dst = torch.arange(P, dtype=torch.int32, device=dev)
                         args_ = (x, xsf, offsets, ntok, dst, kw, comb)
                         extra = {}
-                        gemm_fn = G.l2_gemm
+                        gemm_fn, prepare = G.l2_gemm, G.prepare_l2_gemm
+                    opts = dict(
+                        promotion=promotion,
+                        max_tokens=max(counts),
+                        x_sf128=x128,
+                        max_tile=args.max_tile,
+                        wgs=args.wgs,
+                        prefill=None if args.prefill == "auto" else False,
+                        **extra,
+                    )
 
-                    def fn(gemm_fn=gemm_fn, args_=args_, extra=extra, promotion=promotion, x128=x128):
-                        gemm_fn(
-                            *args_,
-                            promotion=promotion,
-                            max_tokens=max(counts),
-                            x_sf128=x128,
-                            max_tile=args.max_tile,
-                            wgs=args.wgs,
-                            prefill=None if args.prefill == "auto" else False,
-                            **extra,
-                        )
+                    def fn(gemm_fn=gemm_fn, args_=args_, opts=opts):
+                        gemm_fn(*args_, **opts)
 
                     res[promotion] = graph_us(fn, launches=2 if m >= 512 else 8)
                     if promotion == promotions[-1]:
                         res["eager"], res["host"] = eager_us(fn)
+                        res["prep"] = eager_us(prepare(*args_, **opts))[1]
                 M = sum(counts)
                 flops = 2.0 * M * R * K
                 auto_prefill = args.prefill == "auto" and args.max_tile is None and args.wgs is None
@@ -267,6 +270,7 @@ def main() -> None:
                         prefill_k32=auto_prefill and G.use_prefill(layer, max(counts), P / len(counts), "k32", R),
                         eager=res.get("eager"),
                         host=res.get("host"),
+                        host_prepared=res.get("prep"),
                         fp8=fp8_t,
                         bf16=bf16_t,
                         floor=max(wbytes / HBM, flops / PEAK) * 1e6,
@@ -281,7 +285,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     print()
     print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
-    print("per launch); hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
+    print("per launch; prep = the same for the call prepared: prepare_l1_gemm / prepare_l2_gemm);")
+    print("hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed); * = the prefill path")
     print("of that promotion (predecode pass + tokens-as-M GEMM, both timed)")
     print(
@@ -290,14 +295,14 @@ def main() -> None:
     )
     print(
         f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
-        f"{'host':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}"
+        f"{'host':>5} {'prep':>5} {'fp8_rw':>8} {'bf16':>8} {'floor':>7} {'hbm%':>6} {'TF/s':>7} {'pk%':>5} {'x_fp8':>6}"
     )
     f = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
     for r in rows:
         print(
             f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} "
             f"{f(r['k32']) + ('*' if r.get('prefill_k32') else ''):>9} "
-            f"{f(r['k128']) + ('*' if r.get('prefill') else ''):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
+            f"{f(r['k128']) + ('*' if r.get('prefill') else ''):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r.get('host_prepared')):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
             f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
             f"{r['x_fp8']:6.2f}"
         )
