@@ -54,7 +54,7 @@ def main() -> None:
 
 def _gemm_rows() -> dict:
     """The standalone L1 GEMM's host path at the fused layer's small shape (exact mode, 8 tokens per
-        expert): a repeated call (the launch cache's key built and looked up), a prepared call (its stream
+    expert): a repeated call (the launch cache's key built and looked up), a prepared call (its stream
     checked) and its launch alone."""
     from megamoe.jit import layout as L
 

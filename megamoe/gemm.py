@@ -33,12 +33,14 @@ mainloop runs an item as one wgmma group of 8, 16, 32 or 64 tokens, the smallest
 rows. The entry points never synchronise with the device, cache the launch (tensor maps and packed
 parameters) for the same tensors and arguments, and can be captured in a CUDA graph.
 prepare_l1_gemm / prepare_l2_gemm take the same arguments and return the call made ready
-(PreparedGemm): calling it is the driver's launch alone, with no checks and no key to build.
+(PreparedGemm): calling it compares the current stream with its own and launches, with no
+argument checks and no key to build.
 
 Prefill path (both promotions; use_prefill, `prefill=`): from PREFILL_MIN_TOKENS tokens per expert
 (the largest and the mean) a launch first decodes the layer's weights into an E4M3 scratch buffer
 (the predecode pass, kernel/gemm/predecode.cuh; E * K * R bytes per device, stream and layer, the
-exact mode 1/8 more for its fp32 scales, freed by release_prefill_buffers()), then runs the GEMM
+exact mode 1/8 more for its fp32 scales, freed by release_prefill_buffers() once no prepared call
+holds it), then runs the GEMM
 with tokens as the wgmma M dimension (kernel/gemm/gemm_sm90_prefill.cuh). Each promotion keeps its
 numerics: the fast mode's operand rule and per-K128 promotion (the same E4M3 weight bytes,
 TAU["k128"]), the exact mode's per-k32 promotion with both scales (TAU["k32"]); the tensor core's
@@ -259,9 +261,10 @@ def _err_record(dev: int | str | torch.device | None) -> torch.Tensor:
 # The dynamic item order's counters (GemmParams.item_counter, scheduler.cuh claim_item): an int32
 # pair per launch object, never reused (a CUDA graph keeps the address of the pair it was captured
 # with for as long as it lives), from zeroed chunks of _ITEM_COUNTER_CHUNK pairs per device. Each
-# launch leaves its pair zero. Launch objects of these kernels are cached per stream (_launch), so
-# two streams never run one pair at once: two grids on one pair could leave it non-zero, and every
-# later launch on it would skip items.
+# launch leaves its pair zero. Launch objects of these kernels are cached per stream (_gemm_launch),
+# so two streams never run one pair at once: two grids on one pair could leave it non-zero, and every
+# later launch on it would skip items. (A CUDA graph captured on a stream keeps that stream's pairs:
+# it must not be replayed while calls on that stream, eager, prepared or another replay, run.)
 _ITEM_COUNTERS: dict[int, list[torch.Tensor]] = {}
 _ITEM_COUNTER_CHUNK = 4096
 _ITEM_COUNTERS_USED: dict[int, int] = {}
@@ -503,11 +506,16 @@ def _tkey(t):
     return t if t is None or isinstance(t, (int, float, str)) else (type(t).__name__, id(t))
 
 
+def _layer_weights(kw: KernelWeights, layer: int) -> tuple[torch.Tensor, ...]:
+    """`layer`'s KernelWeights tensors (w{layer}{part} for each of _KW_PARTS)."""
+    return tuple(getattr(kw, f"w{layer}{part}") for part in _KW_PARTS)
+
+
 def _kw_key(kw, layer: int) -> tuple:
     """The weights' part of a `layer` launch's key: every address the launch holds (_weight_fields)."""
     if not isinstance(kw, KernelWeights):
         return (id(kw),)
-    return tuple(getattr(kw, f"w{layer}{part}").data_ptr() for part in _KW_PARTS)
+    return tuple(t.data_ptr() for t in _layer_weights(kw, layer))
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -601,7 +609,7 @@ def _gemm_launch(
 def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
     """The weights' GemmParams fields; the exact mode reads the row and expert bases and the fold
     flags on its prefill path only (the blocks it folds)."""
-    w, sf, lut, row_base, expert_base, fold = (getattr(kw, f"w{layer}{part}") for part in _KW_PARTS)
+    w, sf, lut, row_base, expert_base, fold = _layer_weights(kw, layer)
     fast = promotion == "k128"
     return dict(
         w=w.data_ptr(),
@@ -627,15 +635,24 @@ class PreparedGemm:
     """One l1_gemm / l2_gemm call made ready for its tensors (prepare_l1_gemm, prepare_l2_gemm).
     Calling it launches the kernel (the prefill path: the predecode pass, then the GEMM) on the
     stream that was current when it was prepared, and returns `result`, the same object each time
-    (the destination tensors, rewritten by every call). It checks nothing and looks nothing up, so
-    its host time is about the driver's launch alone, where a repeated l1_gemm call also builds and
-    looks up the key of its tensors (bench.host_probe measures both).
+    (the destination tensors, rewritten by every call). It compares the current stream with its own
+    (another one is an input error: its launch holds that stream's item counters and scratch buffer)
+    and checks and looks up nothing else, so its host time is about the driver's launch alone, where
+    a repeated l1_gemm call also builds and looks up the key of its tensors (bench.host_probe and
+    bench.gemm's `prep` column measure both).
 
     Like a CUDA graph, it holds the tensors' addresses as they were when it was prepared. It keeps
-    the tensors alive (the prefill path's scratch buffer too, past release_prefill_buffers()), and
-    new values in them are what it computes on; a tensor that gets another shape, strides or storage
-    in place afterwards (resize_, set_, as_strided_) is not seen, and is the caller's to avoid.
-    It can be captured in a CUDA graph."""
+    the tensors alive (the weights' too, and the prefill path's scratch buffer past
+    release_prefill_buffers(), after which the next prefill-path call allocates another), and new
+    values in them are what it computes on; a tensor that gets another shape, strides or storage in
+    place afterwards (resize_, set_, as_strided_) is not seen, and is the caller's to avoid. Tensors
+    made on another stream than the call's are torch's usual case (synchronise, or record_stream,
+    before they are freed).
+
+    CUDA graphs: prepare it under `with torch.cuda.stream(s)` and capture it with
+    `torch.cuda.graph(g, stream=s)` (a bare torch.cuda.graph(g) captures on a stream of its own, and
+    the call refuses it); the graph then shares the call's item counters and scratch buffer, so it
+    must not be replayed while calls on `s` run."""
 
     def __init__(self, run, result, device: int, stream: int, tensors: tuple):
         self.run, self.result = run, result
@@ -658,7 +675,8 @@ class PreparedGemm:
 # every call (launches on one stream run in order; eager calls on two streams get two buffers). A
 # buffer is E * K * R bytes, 9/8 of that in the exact mode (the DSV3 slice of 32 experts: 940 MB for
 # L1, 470 MB for L2; a process that runs both promotions keeps both) and lives until
-# release_prefill_buffers(), because the cached launches point into it. CUDA graphs: a graph
+# release_prefill_buffers(), because the cached launches point into it (and past it while a prepared
+# call, PreparedGemm, that holds it lives). CUDA graphs: a graph
 # keeps the buffer of the stream it was captured on, so graphs captured on one stream share it and
 # must not be replayed at the same time on two streams.
 _SCRATCH: dict[tuple, torch.Tensor] = {}
@@ -666,8 +684,9 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 def release_prefill_buffers() -> None:
     """Frees the prefill path's scratch buffers (and forgets the cached launches that point into
-    them); the next prefill-path call allocates again. Not while a captured graph that uses them
-    may still be replayed."""
+    them); the next prefill-path call allocates again. A prepared call (PreparedGemm) keeps its
+    buffer until it is itself dropped. Not while a captured graph that uses them may still be
+    replayed."""
     _SCRATCH.clear()
     _CALLS.clear()
     _LAUNCHES.clear()
@@ -891,7 +910,7 @@ def _plan_l1(
         L1Result(out, out_sf, acc1),
         dev.index,
         stream,
-        (x_pool, x_sf, expert_offsets, num_tokens, w_route, kw, out, out_sf, acc1, arrival, w_e4m3),
+        (x_pool, x_sf, expert_offsets, num_tokens, w_route, *_layer_weights(kw, 1), out, out_sf, acc1, arrival, w_e4m3),
     )
 
 
@@ -1035,7 +1054,7 @@ def _plan_l2(
         L2Result(combine, acc2),
         dev.index,
         stream,
-        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, kw, combine, acc2, arrival, w_e4m3),
+        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, *_layer_weights(kw, 2), combine, acc2, arrival, w_e4m3),
     )
 
 
@@ -1074,3 +1093,8 @@ def prepare_l2_gemm(*args, **kwargs) -> PreparedGemm:
     bound.apply_defaults()
     _preparable(bound.arguments, "l2_gemm")
     return _plan_l2(**bound.arguments)
+
+
+# help() and inspect show the entry points' parameters.
+prepare_l1_gemm.__signature__ = _L1_SIGNATURE.replace(return_annotation=PreparedGemm)
+prepare_l2_gemm.__signature__ = _L2_SIGNATURE.replace(return_annotation=PreparedGemm)

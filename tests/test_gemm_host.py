@@ -62,6 +62,14 @@ def test_a_prepared_call_refuses_what_only_the_entry_point_does_per_call(prepare
         prepare(*args, promotion="k128")
 
 
+@pytest.mark.parametrize("geometry", [(2**31, 128, 0), (0, 128, 0), (132, 2048, 0), (132, 128, 2**31)])
+def test_a_launch_geometry_the_untyped_driver_call_would_truncate_is_refused(geometry):
+    from megamoe.jit import driver
+
+    with pytest.raises(ValueError, match="launch geometry out of range"):
+        driver.Launch(None, *geometry, b"")
+
+
 def test_an_unknown_promotion_or_tile_is_refused():
     with pytest.raises(MegaMoEInputError, match="'promotion'"):
         G.spec_for(1, promotion="fast")

@@ -161,14 +161,22 @@ class Launch:
     whose CTAs wait on each other need."""
 
     def __init__(self, fn, grid: int, block: int, dyn_smem: int, params: bytes, *, cooperative: bool = False):
+        # The untyped call passes these as C ints, which would truncate larger values silently: they
+        # are checked here and read-only after (properties).
         if not (0 < grid < 2**31 and 0 < block <= 1024 and 0 <= dyn_smem < 2**31):
             raise ValueError(f"launch geometry out of range: grid {grid}, block {block}, smem {dyn_smem}")
-        self.fn, self.grid, self.block, self.dyn_smem = fn, grid, block, dyn_smem
+        self._grid, self._block, self._dyn_smem = int(grid), int(block), int(dyn_smem)
         self._fn = ctypes.c_void_p(fn.value if isinstance(fn, ctypes.c_void_p) else fn)
         self._pbuf = ctypes.create_string_buffer(params, len(params))
         self._args = (ctypes.c_void_p * 1)(ctypes.cast(self._pbuf, ctypes.c_void_p))
-        self.cooperative = cooperative
+        self._cooperative = bool(cooperative)
         self._launch = _raw("cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel")
+
+    fn = property(lambda self: self._fn, doc="the kernel (CUfunction)")
+    grid = property(lambda self: self._grid, doc="CTAs (a 1-D grid)")
+    block = property(lambda self: self._block, doc="threads per CTA")
+    dyn_smem = property(lambda self: self._dyn_smem, doc="dynamic shared memory bytes per CTA")
+    cooperative = property(lambda self: self._cooperative, doc="launched with cuLaunchCooperativeKernel")
 
     def patch(self, offset: int, fmt: str, *values) -> None:
         """Rewrites fields of the parameter bytes (struct format `fmt`) for the next launches."""
@@ -176,12 +184,12 @@ class Launch:
 
     def __call__(self, stream: int) -> None:
         s = ctypes.c_void_p(stream)
-        if self.cooperative:
-            res = self._launch(self._fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, s, self._args)
+        if self._cooperative:
+            res = self._launch(self._fn, self._grid, 1, 1, self._block, 1, 1, self._dyn_smem, s, self._args)
         else:
-            res = self._launch(self._fn, self.grid, 1, 1, self.block, 1, 1, self.dyn_smem, s, self._args, None)
+            res = self._launch(self._fn, self._grid, 1, 1, self._block, 1, 1, self._dyn_smem, s, self._args, None)
         if res:
-            check(res, "cuLaunchCooperativeKernel" if self.cooperative else "cuLaunchKernel")
+            check(res, "cuLaunchCooperativeKernel" if self._cooperative else "cuLaunchKernel")
 
 
 def tma_2d_u8(ptr: int, inner: int, outer: int, row_stride: int, box_inner: int, box_outer: int) -> bytes:
