@@ -533,10 +533,21 @@ def _stream(x: torch.Tensor) -> int:
     return _stream_of(x.device.index)
 
 
-def _remember(key, launch) -> None:
-    if len(_CALLS) >= _MAX_CACHED_LAUNCHES:
-        _CALLS.clear()
-    _CALLS[key] = launch
+def _cached_call(key, stream, plan, args: dict, cached_result):
+    """An entry point's call: the launch cached under `key` (None: a call that is not cached) on
+    `stream`, returning cached_result(); else plan(**args) checked, built, launched and cached."""
+    if key is not None:
+        launch = _CALLS.get(key)
+        if launch is not None:
+            launch(stream)
+            return cached_result()
+    call = plan(**args)
+    call()
+    if key is not None:
+        if len(_CALLS) >= _MAX_CACHED_LAUNCHES:
+            _CALLS.clear()
+        _CALLS[key] = call.run
+    return call.result
 
 
 def _keep_launch(key, launch: driver.Launch) -> driver.Launch:
@@ -799,24 +810,14 @@ def l1_gemm(
         *_kw_key(kw, 1),
         *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
     )
-    if (
+    cacheable = (
         not debug
         and out is not None
         and out_sf is not None
         and promotion in PROMOTIONS
         and (promotion == "k32" or x_sf128 is not None)
-    ):
-        launch = _CALLS.get(key)
-        if launch is not None:
-            launch(stream)
-            return L1Result(out, out_sf, None)
-    else:
-        key = None
-    call = _plan_l1(**args)
-    call()
-    if key is not None:
-        _remember(key, call.run)
-    return call.result
+    )
+    return _cached_call(key if cacheable else None, stream, _plan_l1, args, lambda: L1Result(out, out_sf, None))
 
 
 def _plan_l1(
@@ -955,18 +956,8 @@ def l2_gemm(
         *_kw_key(kw, 2),
         *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
     )
-    if not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None):
-        launch = _CALLS.get(key)
-        if launch is not None:
-            launch(stream)
-            return L2Result(combine, None)
-    else:
-        key = None
-    call = _plan_l2(**args)
-    call()
-    if key is not None:
-        _remember(key, call.run)
-    return call.result
+    cacheable = not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None)
+    return _cached_call(key if cacheable else None, stream, _plan_l2, args, lambda: L2Result(combine, None))
 
 
 def _plan_l2(
