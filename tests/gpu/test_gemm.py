@@ -14,8 +14,6 @@ from megamoe import gemm as G
 from megamoe.jit import layout as L
 
 from .gemm_helpers import (
-    pool_l1,
-    pool_l2,
     COUNTS,
     Pool,
     bound_ratio,
@@ -23,6 +21,8 @@ from .gemm_helpers import (
     combine_rows,
     first_diff,
     log_result,
+    pool_l1,
+    pool_l2,
     random_weights,
     reference_acc,
     worst_bound_ratio,

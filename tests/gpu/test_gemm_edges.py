@@ -20,13 +20,14 @@ from megamoe import reference as ref
 from megamoe.jit import layout as L
 
 from .gemm_helpers import (
-    pool_l1,
     Pool,
     bound_ratio,
     check_l1_epilogue,
     check_l2_epilogue,
     combine_rows,
     log_result,
+    pool_l1,
+    pool_l2,
     prefill_weights,
     random_weights,
     reference_acc,
@@ -412,25 +413,12 @@ def test_every_item_runs_in_each_launch_of_the_dynamic_order_which_leaves_its_co
         assert skipped > 0, "negative control: items skipped by a non-zero claim counter went unnoticed"
 
     # L2 on the L1 output (K = inter; the fast mode rebases it per K128 before the launch).
-    x2, sf2 = res.l2_acts.view(torch.uint8), res.l2_sf
-    l2_pool = copy.copy(pool)
-    l2_pool.x, l2_pool.sf = x2, sf2
+    l2_pool = copy.copy(pool)  # the L1 output as the L2 activations
+    l2_pool.x, l2_pool.sf = res.l2_acts.view(torch.uint8), res.l2_sf
     comb, dst = combine_rows(pool, H)
 
     def l2(debug=False):
-        r = G.l2_gemm(
-            x2,
-            sf2,
-            pool.offsets,
-            pool.num_tokens,
-            dst,
-            kw,
-            comb,
-            promotion=promotion,
-            max_tile=max_tile,
-            wgs=wgs,
-            debug=debug,
-        )
+        r = pool_l2(l2_pool, dst, kw, comb, promotion=promotion, max_tile=max_tile, wgs=wgs, debug=debug)
         torch.cuda.synchronize()
         return r
 

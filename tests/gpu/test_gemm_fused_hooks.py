@@ -31,8 +31,6 @@ from megamoe.jit import contract
 
 from . import gemm_hooks_worker as W
 from .gemm_helpers import (
-    pool_l1,
-    pool_l2,
     COUNTS,
     Pool,
     check_l1_epilogue,
@@ -41,6 +39,8 @@ from .gemm_helpers import (
     first_diff,
     log_result,
     pool_arrivals,
+    pool_l1,
+    pool_l2,
     setup_l1,
     worst_bound_ratio,
 )

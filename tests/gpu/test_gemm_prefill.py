@@ -19,19 +19,19 @@ from megamoe.jit import layout as L
 from megamoe.reference import MegaMoEInputError
 
 from .gemm_helpers import (
-    pool_l1,
-    pool_l2,
     COUNTS,
     Pool,
+    bound_ratio,
     check_l1_epilogue,
     check_l2_epilogue,
     combine_rows,
     first_diff,
     log_result,
+    pool_l1,
+    pool_l2,
     prefill_weights,
     random_weights,
     reference_acc,
-    bound_ratio,
     setup_l1,
     worst_bound_ratio,
 )
