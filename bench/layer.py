@@ -1,6 +1,7 @@
 """Benchmark of a whole MoE layer on one rank (R = 1, every expert local); prints one table.
 
     python -m bench.layer [--shapes dsv3,v4flash] [--tokens 1,8,64,512,4096,8192] [--out FILE.json] [--quick]
+                          [--engine auto|swapab|prefill]
 
 Shapes: the slices of bench/gemm.py (32 local experts; DeepSeek-V3 H 7168, I 2048; V4-Flash H 4096,
 I 2048), top-8 routing. T = tokens per rank (the layer's batch), routed uniform top-k by
@@ -9,7 +10,8 @@ T = 8 and 512 (a smoke run; an explicit --shapes or --tokens still wins).
 
 Every time is bench.gemm's graph_us: the median over replays of a CUDA graph of several calls of
 the whole layer (no host launch cost). Columns, per (shape, T):
-  fused        megamoe.moe.MegaMoE(cfg, weights, promotion="k32"): the fused layer, us
+  fused        megamoe.moe.MegaMoE(cfg, weights, promotion="k32"): the fused layer, us (its GEMM engine:
+               the layer's per-call choice, or --engine's; the engine column names it)
   unfused      torch dispatch (vectorised, on the GPU) + megamoe.gemm.l1_gemm / l2_gemm (k32) + torch
                combine, us;  unf-k128  the same with promotion k128 (its rebase_k128 in torch ops, timed)
   torch        naive torch FP8: gather, torch._scaled_grouped_mm (row-wise FP8, power-of-two row
@@ -63,6 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", default=None, metavar="FILE.json", help="also write every number as JSON to this file")
     ap.add_argument("--quick", action="store_true", help="a reduced set for smoke runs: dsv3, T = 8 and 512")
+    ap.add_argument(
+        "--engine",
+        default="auto",
+        choices=("auto", "swapab", "prefill"),
+        help="the fused layer's GEMM engine (default: the layer's choice per call, MegaMoE.engine_for)",
+    )
     args = ap.parse_args(argv)
     shapes = (args.shapes or (QUICK_SHAPES if args.quick else ",".join(SHAPES))).split(",")
     unknown = [s for s in shapes if s not in SHAPES]
@@ -391,15 +399,15 @@ def built(obj):
     return obj
 
 
-def make_fused(cfg, weights, promotion: str = "k32"):
+def make_fused(cfg, weights, promotion: str = "k32", engine: str = "auto"):
     from megamoe.moe import MegaMoE  # written alongside this benchmark; imported late on purpose
 
-    layer = MegaMoE(cfg, weights, promotion=promotion)
+    layer = MegaMoE(cfg, weights, promotion=promotion, engine=engine)
     # The value checks of SPEC §7 read the inputs (a device sync); the benchmark's inputs are valid.
     return lambda *inputs: layer(*inputs, check_inputs=False)
 
 
-def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
+def bench_case(shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto") -> dict:
     """One row of the table: every column at (shape, T) on the same inputs."""
     hidden, inter = SHAPES[shape]
     top_k = TOP_K[shape]
@@ -412,8 +420,8 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
     launches = launches_for(tokens)
 
     makes = {
-        "fused": lambda: make_fused(cfg, weights),
-        "fused-k128": lambda: make_fused(cfg, weights, "k128"),
+        "fused": lambda: make_fused(cfg, weights, "k32", engine),
+        "fused-k128": lambda: make_fused(cfg, weights, "k128", engine),
         "unfused": lambda: UnfusedLayer(cfg, built(kw), "k32", "cuda"),
         "unfused-k128": lambda: UnfusedLayer(cfg, built(kw), "k128", "cuda"),
         "torch": lambda: built(torch_layer),
@@ -436,7 +444,11 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer) -> dict:
         return ref.calc_diff(a, b) if a is not None and b is not None else None
 
     fused = cols["fused"].us
+    from megamoe.moe import choose_engine
+
     return dict(
+        engine_k32=choose_engine(cfg, "k32", tokens, engine),
+        engine_k128=choose_engine(cfg, "k128", tokens, engine),
         shape=shape,
         hidden=hidden,
         intermediate=inter,
@@ -474,7 +486,9 @@ TABLE = (  # (header, row key, format)
     ("slots", "slots", "{}"),
     ("experts", "active_experts", "{}"),
     ("fused", "fused_us", "{:.1f}"),
+    ("eng", "engine_k32", "{}"),
     ("fused-k128", "fused-k128_us", "{:.1f}"),
+    ("eng-k128", "engine_k128", "{}"),
     ("unfused", "unfused_us", "{:.1f}"),
     ("unf-k128", "unfused-k128_us", "{:.1f}"),
     ("torch", "torch_us", "{:.1f}"),
@@ -532,7 +546,7 @@ def format_table(rows: list[dict]) -> str:
 
 LEGEND = (
     "times in us per layer call, median of CUDA-graph replays;\n"
-    "fused = the fused layer, exact GEMM mode (k32); fused-k128 = its fast mode;\n"
+    "fused = the fused layer, exact GEMM mode (k32); fused-k128 = its fast mode; eng = their GEMM engines;\n"
     "floor = max(bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s); fused/floor = fused time / floor;\n"
     "x_unf / x_torch = unfused k32 / torch time over fused; d_* = calc_diff of y against unfused k32's y;\n"
     "host = Python time per eager fused call (no input value checks), us"
@@ -561,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
             torch_layer = RuntimeError(f"row-wise FP8 weights: {first_line(exc)}")
         torch.cuda.empty_cache()
         for tokens in args.tokens:
-            rows.append(bench_case(shape, tokens, weights, kw, torch_layer))
+            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine))
         del weights, kw, torch_layer
         torch.cuda.empty_cache()
     print(LEGEND)

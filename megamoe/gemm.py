@@ -693,6 +693,16 @@ class PreparedGemm:
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
+def prefill_scratch(dev: int, stream: int, layer: int, size: int) -> torch.Tensor:
+    """The scratch buffer of `size` bytes for a layer's predecoded weights on device `dev` and stream
+    `stream` (the standalone prefill path's and the fused layer's prefill engine's), made on first use."""
+    skey = (dev, stream, layer, size)
+    scratch = _SCRATCH.get(skey)
+    if scratch is None:
+        scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=f"cuda:{dev}")
+    return scratch
+
+
 def release_prefill_buffers() -> None:
     """Frees the prefill path's scratch buffers (and forgets the cached launches that point into
     them); the next prefill-path call allocates again. A prepared call (PreparedGemm) keeps its
@@ -713,10 +723,7 @@ def _predecode(
     dev = _device_index(x.device)
     tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
     size = tiles * contract.PREFILL_TILE_BYTES[promotion]
-    skey = (dev, stream, layer, size)
-    scratch = _SCRATCH.get(skey)
-    if scratch is None:
-        scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=x.device)
+    scratch = prefill_scratch(dev, stream, layer, size)
     spec = jb.PredecodeSpec(promotion)
     key = (spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
     launch = _LAUNCHES.get(key)

@@ -13,8 +13,17 @@ same tensors can be captured in a CUDA graph.
 
 The GEMMs run in the exact mode (promotion "k32", the default) or the fast mode ("k128": the pull
 and the L1 epilogue also write the operands rebased per 128 channels, `megamoe.reference.rebase_k128`,
-and the GEMMs read those; H and I multiples of 512), at token tile 64 (= BLOCK_M, which the layer
-requires); megamoe.gemm.TAU is each mode's GEMM_BOUND tau.
+and the GEMMs read those; H and I multiples of 512); megamoe.gemm.TAU is each mode's GEMM_BOUND tau.
+They run on one of the GEMM core's two engines (the same kernel layer as megamoe.gemm's standalone
+kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes one):
+* "swapab" (decode sizes): the weights as wgmma M, decoded from FP4 in the consumers, at token tile
+  64 (= BLOCK_M, which the layer requires), with four consumer warpgroups in the fast mode; items
+  taken in the dynamic order (L2 items after every L1 item, each waiting only for its pool block's
+  L1 tiles);
+* "prefill" (prefill sizes; H and I multiples of 128, 2I and H of 256): every weight of both layers
+  decoded once per call to E4M3 inside the launch (into a scratch buffer of E_l * 3 * H * I bytes,
+  9/8 of it in the exact mode, shared with megamoe.gemm's prefill path per device and stream), then
+  tokens as wgmma M, 128 a CTA tile.
 
 Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
@@ -52,6 +61,28 @@ from .jit import driver
 from .jit.layout import transform_weights
 
 PROMOTIONS = jb.PROMOTIONS
+
+# The prefill engine from this many expected pool rows per local expert (MegaMoE.engine_for), per
+# promotion: the crossovers measured with bench.layer --engine (bench/NOTES.md v21).
+FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 64}
+
+
+def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
+    """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
+    prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
+    (T R K / E: every rank's call as large as this one, routed uniformly) where the shape fits it."""
+    if engine != "auto":
+        return engine
+    rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
+    return "prefill" if prefill_engine_fits(cfg) and rows >= FUSED_PREFILL_MIN_ROWS[promotion] else "swapab"
+
+
+def prefill_engine_fits(cfg: ref.MoEConfig) -> bool:
+    """Whether the prefill engine runs this shape: its CTA tiles are 256 weight rows of both layers
+    (2I and H) and 128 intermediate channels."""
+    return cfg.hidden % C.PREFILL_ROWS == 0 and (2 * cfg.intermediate) % C.PREFILL_ROWS == 0
+
+
 _OFF = C.FUSED_PARAMS.offsets
 assert [_OFF[n] - _OFF["x"] for n in ("x", "x_sf", "topk_idx", "topk_weights", "y")] == [0, 8, 16, 24, 32]
 _I32 = "<i"
@@ -90,9 +121,10 @@ class MegaMoE:
         device: torch.device | int | None = None,
         num_sms: int | None = None,
         promotion: str = "k32",
+        engine: str = "auto",
     ):
         rank, size = ranks.rank_and_size(group)
-        self.cfg, self.group, self.rank, self.promotion = cfg, group, rank, promotion
+        self.cfg, self.group, self.rank, self.promotion, self.engine = cfg, group, rank, promotion, engine
         self._host = ranks.host_group(group)  # None for one rank
         refused = None
         try:
@@ -114,7 +146,9 @@ class MegaMoE:
         buf, offsets = ranks.symmetric_zeros(total, dev, group, self._host)  # zero on every rank on return
         self.ws = _Workspace(buf, layout)
         self.ws["peers"].copy_(torch.tensor(offsets, dtype=torch.int64))
-        self._launches: dict[tuple, driver.Launch] = {}  # per (fast_math, debug, activation_clamp)
+        # per (fast_math, debug, activation_clamp, engine, stream of the prefill engine's scratch)
+        self._launches: dict[tuple, driver.Launch] = {}
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # what those launches point into
         self._checked: set[tuple] = set()  # input tensors whose shapes, dtypes, devices passed
         # The last call's checked input tensors (weak references: a strong one would keep a tensor
         # of a CUDA graph tree's memory pool alive behind the tree's back, and its checkpointed
@@ -133,6 +167,14 @@ class MegaMoE:
             fail("cfg.num_experts", f"at most {C.MAX_EXPERTS} local experts", cfg.local_experts)
         if promotion not in PROMOTIONS:
             fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
+        if self.engine not in ("auto", *jb.FUSED_ENGINES):
+            fail("engine", f"one of {('auto', *jb.FUSED_ENGINES)}", repr(self.engine))
+        if self.engine == "prefill" and not prefill_engine_fits(cfg):
+            fail(
+                "engine",
+                "'auto' or 'swapab' for this shape (the prefill engine needs H and 2I multiples of 256)",
+                (cfg.hidden, cfg.intermediate),
+            )
         if promotion == "k128" and (cfg.hidden % 512 or cfg.intermediate % 512):
             # the scale warp reads one 4-byte word of per-128 scale bytes per four K blocks
             fail(
@@ -159,7 +201,11 @@ class MegaMoE:
         """int64 [E_l]: the tokens each local expert received over the calls made with record_stats."""
         return self.ws["recv_stats"]
 
-    def _gemm_fields(self, layer: int, clamp: float, has_clamp: int, debug: bool) -> bytes:
+    def engine_for(self, tokens: int) -> str:
+        """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine)."""
+        return choose_engine(self.cfg, self.promotion, tokens, self.engine)
+
+    def _gemm_fields(self, layer: int, clamp: float, has_clamp: int, debug: bool, w_e4m3: int) -> bytes:
         cfg, d, ws = self.cfg, self.dims, self.ws
         P, H, inter = d["P"], cfg.hidden, cfg.intermediate
         k, n_rows = (H, 2 * inter) if layer == 1 else (inter, H)
@@ -185,7 +231,7 @@ class MegaMoE:
             rebase_x=ws.ptr("l2_x128") if layer == 1 and fast else 0,
             rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
             rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
-            item_counter=0,  # the fused kernel takes its items in the static order
+            item_counter=ws.ptr("item_counter"),  # the swap-AB engine's dynamic order (both layers')
             err=G._err_record(self.device.index).data_ptr(),
             num_experts=cfg.local_experts,
             num_pool_rows=P,
@@ -196,12 +242,14 @@ class MegaMoE:
             combine_rows=cfg.top_k * cfg.max_tokens_per_rank,
             has_clamp=has_clamp if layer == 1 else 0,
             clamp_value=clamp if layer == 1 else 0.0,
-            w_e4m3=0,  # the predecoded weights of gemm.py's prefill path: the fused kernel has none
+            w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
         )
         return C.GEMM_PARAMS.pack(**fields)
 
-    def _launch(self, fast_math: bool, debug: bool, clamp_arg) -> driver.Launch:
-        key = (fast_math, debug, clamp_arg)
+    def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str) -> driver.Launch:
+        # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path).
+        stream = self._stream() if engine == "prefill" else None
+        key = (fast_math, debug, clamp_arg, engine, stream)
         launch = self._launches.get(key)
         if launch is None:
             clamp, has_clamp = G._clamp(clamp_arg)
@@ -211,11 +259,15 @@ class MegaMoE:
                     torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
-            kern = G.kernel(jb.FusedSpec(fast_math, debug, self.promotion), self.device.index)
+            kern = G.kernel(jb.FusedSpec(fast_math, debug, self.promotion, engine), self.device.index)
+            w_e4m3 = (0, 0)
+            if engine == "prefill":
+                scratch = self._scratch[key] = tuple(self._prefill_scratch(layer, stream) for layer in (1, 2))
+                w_e4m3 = tuple(t.data_ptr() for t in scratch)
             cfg, d = self.cfg, self.dims
             params = C.FUSED_PARAMS.pack(
-                l1=self._gemm_fields(1, clamp, has_clamp, debug),
-                l2=self._gemm_fields(2, clamp, has_clamp, debug),
+                l1=self._gemm_fields(1, clamp, has_clamp, debug, w_e4m3[0]),
+                l2=self._gemm_fields(2, clamp, has_clamp, debug, w_e4m3[1]),
                 x=0,
                 x_sf=0,
                 topk_idx=0,
@@ -272,7 +324,8 @@ class MegaMoE:
         refused = launch = None
         try:
             self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
-            launch = self._launch(fm, debug, clamp_arg)
+            engine = self.engine_for(x.shape[0])
+            launch = self._launch(fm, debug, clamp_arg, engine)
         except Exception as e:
             if self._host is None:
                 raise
@@ -341,6 +394,15 @@ class MegaMoE:
             self._last = (*map(weakref.ref, (x, x_sf, topk_idx, topk_weights)), x.data_ptr())
         if out is not None:
             _check_tensor("out", out, torch.bfloat16, (x.shape[0], cfg.hidden), self.device)
+
+    def _prefill_scratch(self, layer: int, stream: int) -> torch.Tensor:
+        """The prefill engine's predecoded weights of `layer` ([E_l, K/128, R/256] tiles of
+        contract.PREFILL_TILE_BYTES), the scratch buffer megamoe.gemm's prefill path uses for the same
+        size on this device and stream."""
+        cfg = self.cfg
+        k, n_rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
+        tiles = cfg.local_experts * (k // C.BLOCK_K) * (n_rows // C.PREFILL_ROWS)
+        return G.prefill_scratch(self.device.index, stream, layer, tiles * C.PREFILL_TILE_BYTES[self.promotion])
 
     def _stream(self) -> int:
         """The current CUDA stream of the layer's device (torch's raw getter where it has one)."""
@@ -419,7 +481,7 @@ class MegaMoE:
             self.weights,
             [points],
             kernel_mode=f"sm90-fused-{self.promotion}",
-            build_id=jb.FusedSpec(fast_math, True, self.promotion).name,
+            build_id=jb.FusedSpec(fast_math, True, self.promotion, self.engine_for(y.shape[0])).name,
             tau=self.tau,
             recv_stats_before=[stats_before],
             ranks=[self.rank],

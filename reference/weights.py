@@ -59,8 +59,18 @@ def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
 def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0, device="cpu") -> ExpertWeights:
     """Quantized random weights (global, all experts): every element drawn from N(0, 1/fan_in)
     (std 1/sqrt(fan_in), fan_in = H for w1 and I for w2), then quantized per 32 (SPEC §1)."""
+    # One expert at a time: the draws are the CPU generator's (the same numbers as one draw of the
+    # whole tensor), each expert quantized where the weights are asked for. On the CPU the whole
+    # DSV3 slice at once took tens of GB and minutes; the quantizer is device-agnostic.
     g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(num_experts, 2 * intermediate, hidden, generator=g) / hidden**0.5
-    w2 = torch.randn(num_experts, hidden, intermediate, generator=g) / intermediate**0.5
-    q1, q2 = quantize_weights(w1), quantize_weights(w2)
-    return ExpertWeights(q1.codes, q1.scales, q2.codes, q2.scales).to(device)
+
+    def layer(rows: int, fan_in: int):
+        parts = [
+            quantize_weights((torch.randn(rows, fan_in, generator=g) / fan_in**0.5).to(device))
+            for _ in range(num_experts)
+        ]
+        return torch.stack([q.codes for q in parts]), torch.stack([q.scales for q in parts])
+
+    w1, w1_sf = layer(2 * intermediate, hidden)
+    w2, w2_sf = layer(hidden, intermediate)
+    return ExpertWeights(w1, w1_sf, w2, w2_sf)

@@ -113,22 +113,32 @@ def test_registers_are_the_launch_allocation(built):
 
 def fused_specs() -> list[jb.FusedSpec]:
     return [
-        jb.FusedSpec(fm, dbg, promotion) for promotion in jb.PROMOTIONS for fm in (True, False) for dbg in (False, True)
+        jb.FusedSpec(fm, dbg, promotion, engine)
+        for promotion in jb.PROMOTIONS
+        for engine in jb.FUSED_ENGINES
+        for fm in (True, False)
+        for dbg in (False, True)
     ]
+
+
+# Measured (ptxas -v, nvcc 13.0): the fast mode's swap-AB engine (four warpgroups, 104 registers a
+# consumer) 244 bytes: four accumulators of the 64-token group around each stage's promotion, and
+# words of the 40-register producer roles; the prefill engine 176-256 (fast, the producer warpgroup's
+# epilogue and tail at 56 registers) and 336-364 (exact: accumulators of the two-scale mainloop,
+# which only weight blocks wider than 11 binades take, and the trap paths); the exact swap-AB
+# engine 0-8.
+FUSED_SPILL_BYTES = 384
 
 
 def test_the_fused_kernels_compile_with_at_most_a_few_spilled_words():
     """The fused layer (kernel/fused/): its consumers hold both layers' mainloops and epilogues in
-    one loop; the exact mode keeps some values in local memory, outside the mainloops (measured:
-    224-232 bytes, 284-388 in the debug builds, none in the per-stage loops), the fast mode none. A
-    phase that lost its registers again spills a kilobyte (measured before the tail moved to the
-    producer warpgroup)."""
+    one loop, at most FUSED_SPILL_BYTES of local memory. A phase that lost its registers again
+    spills a kilobyte (measured before the tail moved to the producer warpgroup), and so did the
+    exact prefill engine with a mainloop instantiated per layer."""
     with ThreadPoolExecutor(max_workers=2) as ex:
         specs = fused_specs()
         results = list(ex.map(jb.build, specs))
     bad = [
-        f"{s.name}: {b.spill_bytes} spill bytes"
-        for s, b in zip(specs, results)
-        if b.spill_bytes > (512 if s.debug else 256)
+        f"{s.name}: {b.spill_bytes} spill bytes" for s, b in zip(specs, results) if b.spill_bytes > FUSED_SPILL_BYTES
     ]
     assert not bad, "\n".join(bad)

@@ -198,7 +198,8 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     layer.dims, layer.device = C.workspace_dims(cfg), torch.device("cpu")
     layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     for n in (1, 2):
-        assert len(layer._gemm_fields(n, 0.0, 0, False)) == C.GEMM_PARAMS.size
+        for w_e4m3 in (0, 1 << 20):  # the swap-AB engine, the prefill engine (its scratch)
+            assert len(layer._gemm_fields(n, 0.0, 0, False, w_e4m3)) == C.GEMM_PARAMS.size
 
 
 def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_weights():

@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 
 #include "../common/ptx.cuh"
+#include "../common/rebase.cuh"
 #include "../common/ue8m0.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
@@ -46,10 +47,12 @@ __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int t
 // column), the debug dumps (the fp32 values D5 / D7 compare), then the tile into the staging buffer
 // once the epilogue warps have released it (epi_empty, parity phase ^ 1), and one arrival per
 // thread on epi_full.
-template <int kLayer, bool kDebug, bool kRowFactors>
+// layer (1 or 2) only picks the debug dump's layout: one instantiation serves the fused kernel's two
+// layers (a second beside it made ptxas spill the exact mode's mainloops).
+template <bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
-                                                   uint32_t phase) {
+                                                   uint32_t phase, int layer) {
   const int ctid = ptx::thread_idx() - 128;   // re-read: held across the mainloop it is spilled
   const int wtid = ctid % 128;
   const int t = wtid % 4;
@@ -84,7 +87,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float v = acc[h][4 * j + 2 * r + c];
-            if constexpr (kLayer == 1) {   // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
+            if (layer == 1) {   // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
               const int64_t inter = p.n_rows / 2;
               const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
               p.dump[row * 2 * inter + (j % 2) * inter + ch] = v;
@@ -119,7 +122,12 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
 // warp takes two tokens; lane l: token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the
 // tile's four, its 8 channels l % 4 (the group's maximum over four lanes: two shuffles), stored as 8
 // bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's scale byte.
-template <bool kFastMath>
+// kFused (the fused kernel): an item's 128 channels are one K128 block of L2, so in the fast mode
+// (kRebase) the warp also writes them rebased per 128 channels (rebase_k128: the largest of the
+// token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
+// block's 4 scale groups in the block's L1-completion counter (complete at I / 32, as the swap-AB
+// epilogue counts them), after a proxy fence: the L2 TMA reads what it wrote.
+template <bool kFastMath, bool kFused = false, bool kRebase = false>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
   const int64_t inter = p.n_rows / 2;
@@ -170,6 +178,31 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       const int64_t row = wi.row0 + tok;
       *reinterpret_cast<uint2*>(out + row * inter + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
       if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
+    }
+    if constexpr (kRebase) {   // lanes l ^ 4, l ^ 8 hold the token's other groups
+      int smax = max(byte, __shfl_xor_sync(0xFFFFFFFFu, byte, 4));
+      smax = max(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 8));
+      const int d = smax - byte;
+      const float mult = d > 149 ? 0.0f : exp2i(-d);
+      uint32_t rw[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        rw[i] = d == 0 ? qw[i]
+                       : rebase_e4m3x2(qw[i] & 0xFFFFu, mult) |
+                             (static_cast<uint32_t>(rebase_e4m3x2(qw[i] >> 16, mult)) << 16);
+      if (tok < wi.valid) {
+        const int64_t row = wi.row0 + tok;
+        *reinterpret_cast<uint2*>(p.rebase_x + row * inter + ch_cta + 32 * grp + 8 * q) = make_uint2(rw[0], rw[1]);
+        if (grp == 0 && q == 0) p.rebase_sf[row * (inter / 128) + wi.n_block] = static_cast<uint8_t>(smax);
+      }
+    }
+  }
+  if constexpr (kFused) {
+    __syncwarp();
+    if (lane == 0 && first < wi.valid) {
+      ptx::fence_proxy_async_global();
+      __threadfence();
+      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, 4);
     }
   }
 }

@@ -1,21 +1,30 @@
 // The fused MegaMoE layer for SM90 (SPEC §3), one persistent launch per call on every rank. This
 // file is the kernel layer only: it orders the phases and hands each to its piece:
 //   dispatch.cuh    stage / count / layout / pull (D1-D4), every thread of every CTA;
-//   ../gemm/        the GEMM core's roles over L1 items, then L2 items, through one stage ring:
-//                   the L1 TMA waits on each pool block's arrival counter, the L1 epilogue
-//                   (SwiGLU + requant, D6) counts its tiles in the block's L1-completion counter,
-//                   the L2 TMA waits until that counter is full, the L2 epilogue writes bf16 rows
-//                   into the token's rank's combine buffer (D8);
+//   a GEMM engine   the GEMM core's roles over L1 items, then L2 items, through one stage ring (the
+//                   same roles as the standalone kernels: one kernel layer). The L1 producer waits on
+//                   each pool block's arrival counter, the L1 epilogue (SwiGLU + requant, D6) counts
+//                   its tiles in the block's L1-completion counter, the L2 producer waits until that
+//                   counter is full, the L2 epilogue writes bf16 rows into the token's rank's
+//                   combine buffer (D8). Two engines, chosen per call by the host (megamoe/moe.py):
+//                     SwapAbEngine   ../gemm/gemm_sm90.cuh: weights as wgmma M, FP4 decoded in the
+//                                    consumers, tokens as N up to 64 a pool block, two or four
+//                                    consumer warpgroups, the dynamic item order (decode sizes);
+//                     PrefillEngine  ../gemm/gemm_sm90_prefill.cuh: every weight decoded once per
+//                                    call by every CTA after the pull (predecode.cuh), then tokens
+//                                    as wgmma M, 128 a CTA tile (prefill sizes);
 //   combine.cuh     after every rank's CTAs finished their L2 tiles: y (D9), the counters' cleanup
 //                   and the receive statistics (D10).
 // Between the phases, two system-scope counters per call (sync.cuh): dispatch posted (the layout
-// needs every rank's counts) and L2 done (the combine needs every rank's rows). Each CTA's last
-// thread out clears its call's signal words; the signals alternate between two sets by call parity,
-// so a peer that runs ahead into its next call never touches words this call still uses.
+// needs every rank's counts) and L2 done (the combine needs every rank's rows); the prefill engine
+// adds a third, local one: every CTA decoded its share of the weights. Each CTA's last thread out
+// clears its call's signal words; the signals alternate between two sets by call parity, so a peer
+// that runs ahead into its next call never touches words this call still uses.
 //
 // Every CTA must be resident at once (the counters are waited on by all of them): the host
-// launches one CTA per SM, cooperatively. L1 items never wait on L2 items, and each CTA runs all
-// its L1 items before its L2 items, so the gates cannot deadlock.
+// launches one CTA per SM, cooperatively. L1 items never wait on L2 items, and the items are taken
+// in an order in which every L1 item comes before every L2 item (scheduler.cuh), so the gates cannot
+// deadlock.
 #pragma once
 
 #include <cstdint>
@@ -23,26 +32,125 @@
 #include "../common/ptx.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/gemm_sm90.cuh"
+#include "../gemm/gemm_sm90_prefill.cuh"
+#include "../gemm/predecode.cuh"
 #include "combine.cuh"
 #include "dispatch.cuh"
 #include "sync.cuh"
 
 namespace megamoe {
 
-// Two consumer warpgroups at token tile kFusedMaxN = BLOCK_M, so a token block is one pool block
-// and its L1-completion count is I / 32 whatever the tile of its items. kPerK32: the exact
-// promotion (k32), else the fast one (k128: the pull and the L1 epilogue also write the operands
-// rebased per 128 channels, which the GEMMs read).
-template <bool kPerK32>
-using FusedConfig = GemmConfig<0, kFusedMaxN, kPerK32, 2>;
 constexpr int kTailBarrier = 3;   // named barrier of the producers' tail (1 + wg are the epilogues')
+constexpr int kTailThreads = 128;   // the producer warpgroup
 
-template <bool kPerK32, bool kFastMath, bool kDebug>
-__device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
-  using Cfg = FusedConfig<kPerK32>;
-  gemm_setup<Cfg, kPerK32>(fp.l1.err);
+// The swap-AB engine: kWGs consumer warpgroups at token tile kFusedMaxN = BLOCK_M, so a token block
+// is one pool block and its L1-completion count is I / 32 whatever the tile of its items (with four
+// warpgroups the serial mainloop runs an item at 8, 16, 32 or 64 tokens: scheduler.cuh pick_tile).
+// kPerK32: the exact promotion (k32), else the fast one (k128: the pull and the L1 epilogue also
+// write the operands rebased per 128 channels, which the GEMMs read).
+template <int kWGs, bool kPerK32, bool kFastMath, bool kDebug>
+struct SwapAbEngine {
+  using Cfg = GemmConfig<0, kFusedMaxN, kPerK32, kWGs>;
+  static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
+  static constexpr int kTokenBlock = kFusedMaxN;
+  static constexpr bool kPredecode = false;
+
+  __device__ static void setup(int* err) {
+    gemm_setup<Cfg, kPerK32>(err);
+  }
   // Until the GEMM starts, the ring's activation buffers are the dispatch's scratch.
-  int* scratch = reinterpret_cast<int*>(GemmSmem<Cfg>().ring.x);
+  __device__ static uint8_t* scratch() {
+    return GemmSmem<Cfg>().ring.x;
+  }
+  __device__ static Schedule& sched() {
+    return *GemmSmem<Cfg>().sched;
+  }
+  // The GEMM roles, L1 items then L2 items. Returns false in the consumers, which end with their
+  // item loop (run_consumer: a region that does anything after it loses its registers), and true
+  // in the producer warpgroup once the CTA's items are written (the consumers' `done` barrier).
+  __device__ static bool run(const FusedParams& fp) {
+    RingCursor cur;
+    if (threadIdx.x / 32 >= 4) {
+      ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+      run_consumer<Cfg, kFusedMaxN, kPerK32, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur);
+      return false;
+    }
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    {
+      const GemmSmem<Cfg> sm;
+      run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true>(fp.l1, fp.l2, sm.ring, *sm.sched, cur,
+                                                                        sm.queue);
+    }
+    const GemmSmem<Cfg> sm;
+    if (static_cast<int>(blockIdx.x) < launch_items<Cfg::kRows, true>(*sm.sched, fp.l1, fp.l2))
+      ptx::mbar_wait(sm.done, 0, kWaitL2Done, -1, fp.l1.err);
+    return true;
+  }
+};
+
+// The prefill engine: the weights of both layers decoded to E4M3 tiles by every CTA after the pull
+// (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch), then the prefill kernel's roles over
+// 128-token blocks (two pool blocks) in the static order; its epilogue warps count each pool block's
+// L1 tiles (prefill_l1_out).
+template <bool kExact, bool kFastMath, bool kDebug>
+struct PrefillEngine {
+  using Cfg = PrefillConfig<0, kExact>;
+  static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
+  static constexpr int kTokenBlock = kPrefillTokens;
+  static constexpr bool kPredecode = true;
+
+  __device__ static void setup(int* err) {
+    prefill_setup<Cfg>(err);
+  }
+  __device__ static uint8_t* scratch() {
+    return PrefillSmem<Cfg>().ring.x;
+  }
+  __device__ static Schedule& sched() {
+    return *PrefillSmem<Cfg>().sched;
+  }
+  __device__ static bool run(const FusedParams& fp) {
+    if (!prefill_roles<Cfg, kFastMath, kDebug, kExact, 1, 2>(fp.l1, fp.l2)) return false;
+    ptx::named_barrier(kTailBarrier, kTailThreads);   // the epilogue warps wrote the CTA's last item
+    return true;
+  }
+};
+
+// Every weight of both layers to the prefill kernel's E4M3 tiles (predecode.cuh), warp w of the grid
+// taking groups w, w + warps, ... of L1's then L2's, then the CTAs' count (local, gpu scope): the
+// TMA thread (thread 0) bulk-copies tiles of any CTA, so it waits for every CTA's. smem: 2 KB per
+// warp and the scaled tables, free until the GEMM starts.
+template <bool kExact>
+__device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t* smem) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  uint8_t* lut = smem;
+  uint8_t* mine = smem + 1024 + warp * 2048;
+  stage_scaled_luts(lut);
+  __syncthreads();
+  const int64_t g1 = static_cast<int64_t>(fp.l1.num_experts) * (fp.l1.k / kBlockK) * (fp.l1.n_rows / 16);
+  const int64_t g2 = static_cast<int64_t>(fp.l2.num_experts) * (fp.l2.k / kBlockK) * (fp.l2.n_rows / 16);
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp; g < g1 + g2; g += nwarps) {
+    if (g < g1)
+      predecode_group<kExact>(fp.l1, g, mine, lut, lane);
+    else
+      predecode_group<kExact>(fp.l2, g - g1, mine, lut, lane);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* sig = call_signals(fp, call_epoch(fp));
+    ptx::fence_proxy_async_global();
+    __threadfence();
+    ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
+    wait_counter_gpu(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
+    ptx::fence_proxy_async_global();   // the tiles were written by generic stores; TMA reads them
+  }
+}
+
+template <typename Engine, bool kPerK32, bool kDebug>
+__device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
+  Engine::setup(fp.l1.err);
+  int* scratch = reinterpret_cast<int*>(Engine::scratch());
   const int groups = fp.local_experts * fp.num_ranks;
   const PullTables tables{scratch + 64, scratch + 64 + groups + 1};
 
@@ -54,57 +162,45 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
       int* sig = call_signals(fp, call_epoch(fp));
       signal_all_ranks(fp, sig, kSignalPosted);
       wait_counter_sys(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
-      build_layout(fp, *GemmSmem<Cfg>().sched, tables);
+      build_layout(fp, Engine::sched(), tables);
     }
     __syncwarp();
-    Schedule& sched = *GemmSmem<Cfg>().sched;
-    build_schedule<kFusedMaxN>(
+    Schedule& sched = Engine::sched();
+    build_schedule<Engine::kTokenBlock>(
         sched, fp.local_experts, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
   }
   __syncthreads();
   pull_rows<!kPerK32>(fp, tables);
+  if constexpr (Engine::kPredecode) {
+    // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks).
+    predecode_layers<kPerK32>(fp, Engine::scratch() + 20 * 1024);
+  }
   ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
   __syncthreads();
 
-  // The GEMM roles, L1 items then L2 items. The consumers end with their item loop (see
-  // run_consumer: a region that does anything after it loses its registers); the producer
-  // warpgroup finishes the call once the consumers' last item is written.
-  RingCursor cur;
-  if (threadIdx.x / 32 >= 4) {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    run_consumer<Cfg, kFusedMaxN, kPerK32, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur, GemmSmem<Cfg>().done);
-    return;
-  }
-  ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(fp.l1, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
-  run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(fp.l2, GemmSmem<Cfg>().ring, *GemmSmem<Cfg>().sched, cur);
+  if (!Engine::run(fp)) return;   // the consumers
 
-  constexpr int kTail = 128;
+  // The tail, in the producer warpgroup once the CTA's items are written.
   const int tail_tid = ptx::thread_idx();
-  {
-    const GemmSmem<Cfg> sm;
-    const int b = blockIdx.x;
-    if (b < sm.sched->num_items(fp.l1.n_rows / Cfg::kRows) || b < sm.sched->num_items(fp.l2.n_rows / Cfg::kRows))
-      ptx::mbar_wait(sm.done, 0, kWaitL2Done, -1, fp.l1.err);
-  }
   if (tail_tid == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
     wait_counter_sys(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err);
   }
-  ptx::named_barrier(kTailBarrier, kTail);
-  combine_tokens(fp, tail_tid, kTail);
-  cleanup_counters<kDebug>(fp, *GemmSmem<Cfg>().sched, tail_tid, kTail);
-  ptx::named_barrier(kTailBarrier, kTail);
+  ptx::named_barrier(kTailBarrier, kTailThreads);
+  combine_tokens(fp, tail_tid, kTailThreads);
+  cleanup_counters<kDebug>(fp, Engine::sched(), tail_tid, kTailThreads);
+  ptx::named_barrier(kTailBarrier, kTailThreads);
   if (tail_tid == 0) {
     const int epoch = call_epoch(fp);
     int* sig = call_signals(fp, epoch);
     __threadfence();
     if (atomicAdd(sig + kSignalExit, 1) == static_cast<int>(gridDim.x) - 1) {
-      // Last CTA of this rank's call: every CTA passed both waits, so nothing reads these words
+      // Last CTA of this rank's call: every CTA passed every wait, so nothing reads these words
       // again in this call, and peers add into them only in the call after next.
       sig[kSignalPosted] = 0;
       sig[kSignalL2Done] = 0;
+      sig[kSignalDecoded] = 0;
       sig[kSignalExit] = 0;
       fp.ws_epoch[0] = epoch + 1;
     }

@@ -48,4 +48,16 @@ __device__ __forceinline__ void wait_counter_sys(const int* counter, int need, i
   (void)ptx::ld_acquire_sys(counter);
 }
 
+// The same for a counter that only this rank's CTAs raise (gpu scope).
+__device__ __forceinline__ void wait_counter_gpu(const int* counter, int need, int what, int index, int* err) {
+  if (ptx::ld_relaxed_gpu(counter) < need) {
+    const long long start = clock64();
+    while (ptx::ld_relaxed_gpu(counter) < need) {
+      if (clock64() - start > ptx::kSpinTimeoutCycles)
+        ptx::report_trap(err, what, index, need, ptx::ld_relaxed_gpu(counter));
+    }
+  }
+  (void)ptx::ld_acquire_gpu(counter);
+}
+
 }  // namespace megamoe

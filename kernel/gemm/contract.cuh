@@ -34,6 +34,7 @@ enum WaitKind : int {
   kWaitL1Done = 5,  // L1 completion counter of pool block
   kWaitDispatch = 6,  // dispatch counter (source ranks' CTAs that staged their tokens and posted their counts)
   kWaitL2Done = 7,  // L2 completion counter (CTAs of every rank that finished their L2 tiles)
+  kWaitDecoded = 8,  // predecode counter (this rank's CTAs that decoded their share of the weights, fused prefill path)
   kLayoutCheck = 4,  // the launch's dynamic shared memory is smaller than the layout
 };
 
@@ -122,6 +123,7 @@ constexpr int kSignalWords = 4;
 constexpr int kSignalPosted = 0;   // + 1 by every CTA of every rank after its dispatch
 constexpr int kSignalL2Done = 1;   // + 1 by every CTA of every rank after its L2 tiles
 constexpr int kSignalExit = 2;     // + 1 by every CTA of this rank at its end
+constexpr int kSignalDecoded = 3;  // + 1 by every CTA of this rank after its predecode share
 
 struct FusedParams {
   GemmParams l1;  // L1 over the pool (gate: arrivals; signals l1_done)
@@ -131,7 +133,7 @@ struct FusedParams {
   const int64_t* topk_idx;  // [T, K], -1 = no expert
   const float* topk_weights;  // [T, K]
   uint16_t* y;  // bf16 [T, H] (D9)
-  int* ws_signals;  // 2, 4: per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), CTAs done; the last CTA of a call clears its parity
+  int* ws_signals;  // 2, 4: per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), CTAs done, CTAs that decoded their share of the weights (the prefill path); the last CTA of a call clears its parity
   int* ws_arrivals;  // B: D4: rows pulled into each pool block
   int* ws_l1_done;  // B: D6: L1 warpgroup tiles written of each pool block (I/32 = complete)
   int* ws_epoch;  // 4: word 0: calls made on this workspace (selects the signals' parity)
@@ -160,6 +162,7 @@ struct FusedParams {
   int64_t* ws_recv_stats;  // E_l: D10: cumulative N_e
   int* ws_snap_arrivals;  // B: debug build: arrivals before the cleanup
   int* ws_snap_l1_done;  // B: debug build: l1_done before the cleanup
+  int* ws_item_counter;  // 2: the swap-AB engine's dynamic item order (GemmParams.item_counter): items claimed past the first gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)
   int32_t rank;  // this rank
   int32_t num_ranks;  // R
   int32_t num_tokens;  // T of this call on this rank
@@ -210,18 +213,19 @@ static_assert(offsetof(FusedParams, ws_combine) == 1264, "FusedParams layout");
 static_assert(offsetof(FusedParams, ws_recv_stats) == 1272, "FusedParams layout");
 static_assert(offsetof(FusedParams, ws_snap_arrivals) == 1280, "FusedParams layout");
 static_assert(offsetof(FusedParams, ws_snap_l1_done) == 1288, "FusedParams layout");
-static_assert(offsetof(FusedParams, rank) == 1296, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_ranks) == 1300, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_tokens) == 1304, "FusedParams layout");
-static_assert(offsetof(FusedParams, max_tokens) == 1308, "FusedParams layout");
-static_assert(offsetof(FusedParams, hidden) == 1312, "FusedParams layout");
-static_assert(offsetof(FusedParams, intermediate) == 1316, "FusedParams layout");
-static_assert(offsetof(FusedParams, num_experts) == 1320, "FusedParams layout");
-static_assert(offsetof(FusedParams, local_experts) == 1324, "FusedParams layout");
-static_assert(offsetof(FusedParams, top_k) == 1328, "FusedParams layout");
-static_assert(offsetof(FusedParams, block_m) == 1332, "FusedParams layout");
-static_assert(offsetof(FusedParams, pool_rows) == 1336, "FusedParams layout");
-static_assert(offsetof(FusedParams, record_stats) == 1340, "FusedParams layout");
+static_assert(offsetof(FusedParams, ws_item_counter) == 1296, "FusedParams layout");
+static_assert(offsetof(FusedParams, rank) == 1304, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_ranks) == 1308, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_tokens) == 1312, "FusedParams layout");
+static_assert(offsetof(FusedParams, max_tokens) == 1316, "FusedParams layout");
+static_assert(offsetof(FusedParams, hidden) == 1320, "FusedParams layout");
+static_assert(offsetof(FusedParams, intermediate) == 1324, "FusedParams layout");
+static_assert(offsetof(FusedParams, num_experts) == 1328, "FusedParams layout");
+static_assert(offsetof(FusedParams, local_experts) == 1332, "FusedParams layout");
+static_assert(offsetof(FusedParams, top_k) == 1336, "FusedParams layout");
+static_assert(offsetof(FusedParams, block_m) == 1340, "FusedParams layout");
+static_assert(offsetof(FusedParams, pool_rows) == 1344, "FusedParams layout");
+static_assert(offsetof(FusedParams, record_stats) == 1348, "FusedParams layout");
 static_assert(sizeof(FusedParams) == 1408, "FusedParams layout");
 
 }  // namespace megamoe

@@ -62,10 +62,9 @@ struct GemmConfig {
           ? kEpilogueBytes<kLayer, kMaxN>
           : (kEpilogueBytes<1, kMaxN> > kEpilogueBytes<2, kMaxN> ? kEpilogueBytes<1, kMaxN> : kEpilogueBytes<2, kMaxN>);
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
-  // The standalone kernels take their items in the dynamic order (scheduler.cuh claim_item); the
-  // fused kernel's L2 items wait for L1 tiles of other CTAs, in the static order.
-  static constexpr bool kDynamic = !kFused;
-  static constexpr int kQueueBytes = kDynamic ? (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16 : 0;
+  // Every swap-AB kernel takes its items in the dynamic order (scheduler.cuh claim_item), through
+  // the TMA thread's item queue.
+  static constexpr int kQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
   // the epilogue staging, the scaled tables, the schedule, the item queue.
   static constexpr int kFixedBytes = 16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kQueueBytes;
@@ -104,7 +103,7 @@ struct GemmSmem {
   uint8_t* epi;     // [kWGs][kEpiPerWg] epilogue staging
   uint2* lut;       // the fast mode's scaled tables
   Schedule* sched;
-  ItemQueue* queue;   // the dynamic order's (Cfg::kDynamic)
+  ItemQueue* queue;   // the dynamic order's (scheduler.cuh)
 
   __device__ __forceinline__ GemmSmem() {
     uint8_t* smem = dyn_smem;
@@ -140,13 +139,11 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
-    if constexpr (Cfg::kDynamic) {
-      for (int s = 0; s < kItemSlots; ++s) {
-        ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
-        ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
-      }
-      for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
+    for (int s = 0; s < kItemSlots; ++s) {
+      ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
+      ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
     }
+    for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
     ptx::fence_mbar_init();
   } else if (tid == 32 && !kPerK32) {
 #pragma unroll
@@ -157,8 +154,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
 // the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
 template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, typename Ctx>
-__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, uint8_t* s_epi_wg,
-                                         int wg) {
+__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi) {
   float acc[N / 2];
   // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
   // tiles up to 64 they are loaded before the mainloop, so that their global-memory latency hides
@@ -187,19 +183,26 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = __fmul_rn(acc[i], (i & 2) ? fb : fa);
   }
+  // The warpgroup and its epilogue staging, from threadIdx: held across the mainloop they cost the
+  // four-warpgroup fused kernel (104 registers) spills in it.
+  const int wg = ptx::thread_idx() / 128 - 1;
+  uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
   layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, kFastMath, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
 }
 
-// The consumer side of a kernel's items, as one loop: the items of layer kLayerA (standalone), or
-// those of kLayerA and then those of kLayerB (the fused kernel: L1, then L2), in the order the
-// producer fills them. One loop and nothing after it: ptxas gives the consumers' setmaxnreg budget
-// only to a region that ends there (a second loop or any code after the loop made it fall back to
-// the launch's 168 registers and spill; measured on the fused kernel). So the work that follows
-// the items is signalled from inside the loop: after its last item each consumer warp arrives on
-// `done` (nullptr: nobody waits).
+// The consumer side of a launch's items, as one loop: layer kLayerA's (standalone), or those of
+// kLayerA and then those of kLayerB (the fused kernel: L1, then L2), in the dynamic order the TMA
+// thread posts them (scheduler.cuh). One loop and nothing after it: ptxas gives the consumers'
+// setmaxnreg budget only to a region that ends there (a second loop or any code after the loop made
+// it fall back to the launch's 168 registers and spill; measured on the fused kernel). So the work
+// that follows the items is signalled from inside the loop: after its last item each consumer warp
+// arrives on the `done` barrier (kLayerB: the fused kernel's producer warpgroup waits on it). Nothing
+// that can be re-read from shared memory is held across the items (the four-warpgroup kernels have
+// 104 registers a thread, and the mainloop spilled with the item count and the barrier's address
+// held): the launch's item count and an item's layer are read from the schedule where needed.
 template <typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kLayerA, int kLayerB = 0>
-__device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur,
-                                             uint64_t* done) {
+__device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur) {
+  constexpr bool kTwo = kLayerB != 0;
   const GemmSmem<Cfg> sm;
   const int ctid = ptx::thread_idx();
   const int wg = ctid / 128 - 1;     // weight rows [64 wg, 64 wg + 64) of the CTA tile
@@ -212,46 +215,31 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.row_a = consumer_row_a(ctid);
   ctx.lane = clane;
   ctx.t = clane % 4;
-  uint8_t* s_epi_wg = sm.epi + wg * Cfg::kEpiPerWg;
-  const int na = sm.sched->num_items(pa.n_rows / Cfg::kRows);
-  const int nb = kLayerB != 0 ? sm.sched->num_items(pb.n_rows / Cfg::kRows) : 0;
-  // The dynamic order (standalone kernels: one layer) takes the items from the TMA thread's queue.
-  constexpr bool kDynamic = Cfg::kDynamic;
-  static_assert(!kDynamic || kLayerB == 0, "the dynamic order runs one layer's items");
-  bool second = false;
   int item = blockIdx.x;
-  int taken = 0;   // the dynamic order: items taken from the queue
-  if (item >= na) {
-    second = true;
-    item = kLayerB != 0 ? item : nb;
-  }
-  while (item < (second ? nb : na)) {
-    const GemmParams& p = second ? pb : pa;
+  int taken = 0;   // items taken from the queue
+  // One instantiation of the mainloop and epilogue per (layer, token tile), each with its layer's
+  // parameters known at compile time (kernel parameter space: read as constants, where a pointer
+  // chosen at run time held two registers across the mainloop and made every field a load).
+  auto run = [&](auto layer_c, int local) {
+    constexpr int L = decltype(layer_c)::value;
+    const GemmParams& p = kTwo && L == kLayerB ? pb : pa;
     ctx.p = &p;
-    const WorkItem wi = decode_item<kMaxN, Cfg::kRows>(item, *sm.sched, p.n_rows / Cfg::kRows);
-    // One instantiation of the mainloop and epilogue per (layer, token tile); the branches are uniform.
-    auto run = [&](auto layer_c) {
-      constexpr int L = decltype(layer_c)::value;
-      if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
-      else
-        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi, s_epi_wg, wg);
-    };
-    if (kLayerB == 0 || !second)
-      run(std::integral_constant<int, kLayerA>{});
+    const WorkItem wi = decode_item<kMaxN, Cfg::kRows>(local, *GemmSmem<Cfg>().sched, p.n_rows / Cfg::kRows);
+    if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
+      run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi);
     else
-      run(std::integral_constant<int, (kLayerB != 0 ? kLayerB : kLayerA)>{});
-    if constexpr (kDynamic)
-      item = next_posted(*GemmSmem<Cfg>().queue, taken++);
+      run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi);
+  };
+  while (item < launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {
+    const int na = layer_items<Cfg::kRows>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
+    if (!kTwo || item < na)
+      run(std::integral_constant<int, kLayerA>{}, item);
     else
-      item += gridDim.x;
-    if (!second && item >= na && kLayerB != 0) {
-      second = true;
-      item = blockIdx.x;
-    }
-    if (done != nullptr && item >= (second ? nb : na)) {   // this CTA's last item is written
+      run(std::integral_constant<int, (kTwo ? kLayerB : kLayerA)>{}, item - na);
+    item = next_posted(*GemmSmem<Cfg>().queue, taken++);
+    if (kTwo && item >= launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {   // the CTA's last
       __syncwarp();
-      if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(done);   // re-read: held across the items it spills
+      if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(GemmSmem<Cfg>().done);
     }
   }
 }
@@ -274,11 +262,11 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   if (threadIdx.x / 32 < 4) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const GemmSmem<Cfg> sm;
-    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, Cfg::kDynamic>(p, sm.ring, *sm.sched, cur, sm.queue);
+    run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, false>(p, p, sm.ring, *sm.sched, cur, sm.queue);
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  run_consumer<Cfg, kMaxN, kPerK32, kFastMath, kDebug, kLayer>(p, p, cur, nullptr);
+  run_consumer<Cfg, kMaxN, kPerK32, kFastMath, kDebug, kLayer>(p, p, cur);
 }
 
 }  // namespace megamoe

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/ptx.cuh"
 #include "../common/ue8m0.cuh"
@@ -171,12 +172,11 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 //     bits wherever the folded scale 2^(s_x + B_e - 260), 2^(B_e - s_w - 6) times the two-scale
 //     one, is at least 2^-149 and the folded accumulator stays finite.
 template <typename Cfg, bool kEachK32>
-__device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, const typename Cfg::Ring& ring,
+__device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int num_kb, const typename Cfg::Ring& ring,
                                                         RingCursor& cur, int wg, int sx0,
                                                         float (&acc)[2][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
-  const int num_kb = p.k / kBlockK;
   float tmp[kPrefillHalf / 2];
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = cur.stage;
@@ -299,13 +299,12 @@ struct PrefillK32Step {
 };
 
 template <typename Cfg>
-__device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const typename Cfg::Ring& ring,
+__device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int num_kb, const typename Cfg::Ring& ring,
                                                      RingCursor& cur, int wg, int sx0,
                                                      float (&acc)[2][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
   using Step = PrefillK32Step;
   constexpr int S = Cfg::kStages;
-  const int num_kb = p.k / kBlockK;
   const int t = ptx::thread_idx() % 4;
   float tmp[Step::kCols / 2];
   for (int kb = 0; kb < num_kb; ++kb) {
@@ -342,64 +341,82 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, const 
 // One item of the consumers: its mainloop, then its tile staged (with the rows' factors where the
 // weights came through the scaled tables: kScaled, the fast mode and the exact mode's folded items).
 // Each path holds its own accumulators: with one array across both of the exact mode's mainloops,
-// ptxas spilled 2.4 KB.
-template <typename Cfg, int kLayer, bool kDebug, bool kExact, bool kScaled>
-__device__ __forceinline__ void prefill_item(const GemmParams& p, const PrefillSmem<Cfg>& sm, RingCursor& cur,
-                                             const WorkItem& wi, int wg, int sx0, uint32_t phase) {
+// ptxas spilled 2.4 KB. Item `item` of the launch is layer kLayerA's (pa), or with kLayerB (the
+// fused kernel) kLayerB's (pb) past the first layer's items; the mainloop takes its K blocks and the
+// trap record (pa's, the same in both: a constant) and nothing else of the layer, which is found
+// again after it from the schedule: the layer's parameters, or its number, held across the exact
+// mode's two-scale mainloop made ptxas spill there (664, then 336 bytes).
+template <typename Cfg, bool kDebug, bool kExact, bool kScaled, int kLayerA, int kLayerB>
+__device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmParams& pb, int item,
+                                             const PrefillSmem<Cfg>& sm, RingCursor& cur, const WorkItem& wi, int wg,
+                                             int sx0, uint32_t phase) {
+  constexpr bool kTwo = kLayerB != 0;
   float acc[2][kPrefillHalf / 2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = 0.0f;
-  if constexpr (kScaled) {
-    prefill_mainloop_scaled<Cfg, kExact>(p, sm.ring, cur, wg, sx0, acc);
-  } else {
-    prefill_mainloop_k32<Cfg>(p, sm.ring, cur, wg, sx0, acc);
+  {
+    const bool second = kTwo && item >= layer_items<kPrefillRows>(*sm.sched, pa);
+    const int num_kb = (second ? pb.k : pa.k) / kBlockK;
+    if constexpr (kScaled) {
+      prefill_mainloop_scaled<Cfg, kExact>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
+    } else {
+      prefill_mainloop_k32<Cfg>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
+    }
   }
-  prefill_stage_tile<kLayer, kDebug, kScaled>(p, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full, phase);
+  const bool second = kTwo && item >= layer_items<kPrefillRows>(*sm.sched, pa);
+  prefill_stage_tile<kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
+                                      phase, second ? kLayerB : kLayerA);
 }
 
-// The kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C" __global__.
-template <int kLayer, bool kFastMath, bool kDebug, bool kExact>
-__device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
-  using Cfg = PrefillConfig<kLayer, kExact>;
+// Before the roles split: the layout check and the barriers (thread 0; the schedule is the caller's,
+// the caller's __syncthreads publishes both).
+template <typename Cfg>
+__device__ __forceinline__ void prefill_setup(int* err) {
+  using Ring = typename Cfg::Ring;
+  const PrefillSmem<Cfg> sm;
+  if (threadIdx.x == 0) {
+    if (ptx::dynamic_smem_size() < static_cast<uint32_t>(Cfg::kSmemBytes) || (ptx::smem_addr(dyn_smem) & 1023u) != 0)
+      ptx::report_trap(err, kLayoutCheck, static_cast<int>(ptx::smem_addr(dyn_smem) & 1023u), Cfg::kSmemBytes,
+                       static_cast<int>(ptx::dynamic_smem_size()));
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(&sm.ring.full[s], Ring::kFullArrivals);
+      ptx::mbar_init(&sm.ring.empty[s], 8);   // one arrive per consumer warp
+    }
+    ptx::mbar_init(sm.epi_full, 256);
+    ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);
+    ptx::fence_mbar_init();
+  }
+}
+
+// The roles over a launch's items, in the static order: layer kLayerA's (pa), or with kLayerB (the
+// fused kernel) kLayerA's then kLayerB's (pb; scheduler.cuh launch_items). Returns false in the
+// consumers, which have nothing after their loop (setmaxnreg: run_consumer in gemm_sm90.cuh says
+// why), and true in the producer warpgroup once each of its roles is done: its epilogue warps have
+// written the CTA's last item when the caller's barrier over the warpgroup passes.
+template <typename Cfg, bool kFastMath, bool kDebug, bool kExact, int kLayerA, int kLayerB = 0>
+__device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmParams& pb) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
-  {
-    const PrefillSmem<Cfg> sm;
-    if (threadIdx.x == 0) {
-      if (ptx::dynamic_smem_size() < static_cast<uint32_t>(Cfg::kSmemBytes) || (ptx::smem_addr(dyn_smem) & 1023u) != 0)
-        ptx::report_trap(p.err, kLayoutCheck, static_cast<int>(ptx::smem_addr(dyn_smem) & 1023u), Cfg::kSmemBytes,
-                         static_cast<int>(ptx::dynamic_smem_size()));
-      for (int s = 0; s < S; ++s) {
-        ptx::mbar_init(&sm.ring.full[s], Ring::kFullArrivals);
-        ptx::mbar_init(&sm.ring.empty[s], 8);   // one arrive per consumer warp
-      }
-      ptx::mbar_init(sm.epi_full, 256);
-      ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);
-      ptx::fence_mbar_init();
-    }
-    if (threadIdx.x < 32)
-      build_schedule<kPrefillTokens>(
-          *sm.sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
-          [&](int e) { return __ldg(p.num_tokens + e); });
-  }
-  __syncthreads();
-
+  constexpr bool kTwo = kLayerB != 0;
+  constexpr bool kFused = kTwo;   // the fused kernel's epilogues: L1 completion, the fast mode's rebase
   RingCursor cur;
-  const int num_kb = p.k / kBlockK;
-  const int n_rb = p.n_rows / kPrefillRows;
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const PrefillSmem<Cfg> sm;
-    const int num_items = sm.sched->num_items(n_rb);
+    const int num_items = launch_items<kPrefillRows, kTwo>(*sm.sched, pa, pb);
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (warp == 0 && lane == 0) {
-      ptx::prefetch_tma_desc(&p.tmap_x64);
+      ptx::prefetch_tma_desc(&pa.tmap_x64);
+      if constexpr (kTwo) ptx::prefetch_tma_desc(&pb.tmap_x64);
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
-        wait_token_block(p, wi);   // returns at once: the prefill path has no arrival gate (gemm.py)
+        int local = item;
+        const GemmParams& p = item_layer<kPrefillRows, kTwo>(local, *sm.sched, pa, pb);
+        const int num_kb = p.k / kBlockK;
+        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
+        wait_token_block(p, wi);   // the fused kernel's gates; standalone, it returns at once
         // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
         const int w_bytes = kExact && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
         for (int kb = 0; kb < num_kb; ++kb) {
@@ -417,41 +434,66 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
         }
       }
     } else if (warp == 1) {
-      stage_token_scales<kPrefillTokens, kPrefillRows, S, kExact>(p, sm.ring, *sm.sched, cur, warp, lane);
+      stage_token_scales<kPrefillTokens, kPrefillRows, S, kExact, Ring, false, kTwo>(pa, pb, sm.ring, *sm.sched, cur,
+                                                                                     warp, lane);
     } else if (warp >= 2) {
       const uint32_t staging = ptx::smem_addr(sm.staging);
       uint32_t phase = 0;
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
+        int local = item;
+        const GemmParams& p = item_layer<kPrefillRows, kTwo>(local, *sm.sched, pa, pb);
+        const bool second = kTwo && &p == &pb;
+        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
         ptx::mbar_wait(sm.epi_full, phase, kWaitFull, -1, p.err);
-        if constexpr (kLayer == 1)
-          prefill_l1_out<kFastMath>(p, wi, staging, warp - 2, lane);
+        if ((second ? kLayerB : kLayerA) == 1)
+          prefill_l1_out<kFastMath, kFused, kFused && !kExact>(p, wi, staging, warp - 2, lane);
         else
           prefill_l2_out(p, wi, staging, warp - 2, lane);
         ptx::mbar_arrive(sm.epi_empty);
         phase ^= 1;
       }
     }
-    return;
+    return true;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const PrefillSmem<Cfg> sm;
   const int ctid = ptx::thread_idx() - 128;
   const int wg = ctid / 128;
-  const int num_items = sm.sched->num_items(n_rb);
+  const int num_items = launch_items<kPrefillRows, kTwo>(*sm.sched, pa, pb);
   // The warpgroup's first token row of the thread: 16 wq + g (the other is + 8).
   const int sx0 = 64 * wg + 16 * (ctid / 32 % 4) + ctid % 32 / 4;
   uint32_t phase = 0;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(item, *sm.sched, n_rb);
+    // One instantiation of each mainloop serves both layers (with one per layer, ptxas spilled the
+    // exact mode's mainloops in the fused kernel: 664 bytes); the branches are uniform.
+    const int na = layer_items<kPrefillRows>(*sm.sched, pa);
+    const bool second = kTwo && item >= na;
+    const GemmParams& p = second ? pb : pa;
+    const WorkItem wi =
+        decode_item<kPrefillTokens, kPrefillRows>(second ? item - na : item, *sm.sched, p.n_rows / kPrefillRows);
     if constexpr (!kExact)
-      prefill_item<Cfg, kLayer, kDebug, false, true>(p, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     else if (Ring::folded(p, wi))
-      prefill_item<Cfg, kLayer, kDebug, true, true>(p, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     else
-      prefill_item<Cfg, kLayer, kDebug, true, false>(p, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, kDebug, true, false, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     phase ^= 1;
   }
+  return false;
+}
+
+// The standalone kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C"
+// __global__.
+template <int kLayer, bool kFastMath, bool kDebug, bool kExact>
+__device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
+  using Cfg = PrefillConfig<kLayer, kExact>;
+  prefill_setup<Cfg>(p.err);
+  if (threadIdx.x < 32)
+    build_schedule<kPrefillTokens>(
+        *PrefillSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
+        [&](int e) { return __ldg(p.num_tokens + e); });
+  __syncthreads();
+  prefill_roles<Cfg, kFastMath, kDebug, kExact, kLayer>(p, p);
 }
 
 }  // namespace megamoe

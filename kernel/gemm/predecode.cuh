@@ -49,21 +49,14 @@ __device__ __forceinline__ uint32_t fold_offsets(uint32_t row_base, uint32_t sca
   return __vminu4(__vabsdiffu4(row_base * 0x01010101u, scale_bytes), (kLutEntries - 1) * 0x01010101u) << 3;
 }
 
-// Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0, so it divides).
+// One warp: row group `grp` of the layer ((expert, K block) major, then the 16-row groups of R; the
+// kernel layout keeps a K block's groups contiguous, 1024 bytes each, and the tiles do too, 2048
+// bytes each), staged in `mine` (2048 bytes of shared memory) through the tables at `lut`. The pass
+// below and the fused kernel's prefill path (kernel/fused/megamoe_sm90.cuh) call it.
 template <bool kExact>
-__device__ __forceinline__ void predecode_body(const GemmParams& p) {
+__device__ __forceinline__ void predecode_group(const GemmParams& p, int64_t grp, uint8_t* mine, const uint8_t* lut,
+                                                int lane) {
   constexpr int kTile = kExact ? kPrefillTileExact : kPrefillTileFast;
-  extern __shared__ __align__(1024) uint8_t smem[];
-  uint8_t* stage = smem;                              // [warps][2048]
-  uint8_t* lut = smem + kPredecodeWarps * 2048;       // the scaled tables
-  if (threadIdx.x < kLutEntries)
-    reinterpret_cast<uint2*>(lut)[threadIdx.x] = make_uint2(scaled_lut_lo(threadIdx.x), scaled_lut_hi(threadIdx.x));
-  __syncthreads();
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  // Row group `grp` of the layer: (expert, K block) major, then the 16-row groups of R. The kernel
-  // layout keeps a K block's groups contiguous (1024 bytes each), the tiles do too (2048 bytes).
-  const int64_t grp = static_cast<int64_t>(blockIdx.x) * kPredecodeWarps + warp;
   const int64_t row0 = grp * 16 % p.n_rows;    // first row of the group within R
   const int64_t ekb = grp * 16 / p.n_rows;     // expert * K/128 + kb
   const uint8_t* w_frag = p.w + grp * 1024;
@@ -87,7 +80,6 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   }
   // Decoded into the warp's staging (the packed bytes are read from global memory, as loaded),
   // then copied out as 16-byte vectors.
-  uint8_t* mine = stage + warp * 2048;
   decode_rows16_sw128(w_frag, lane, off_a, off_b, lut, ptx::smem_addr(mine));
   __syncwarp();
   // Out: the tile of (expert, kb, row0 / 256) holds this group at (row0 % 256) / 16 * 2048.
@@ -103,6 +95,27 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
     wsf[prefill_wsf_index(ks, n)] = ue8m0_to_float(bytes & 0xFFu);
     wsf[prefill_wsf_index(ks + 1, n)] = ue8m0_to_float(bytes >> 8);
   }
+  __syncwarp();   // the staging is rewritten by the warp's next group
+}
+
+// The scaled tables into shared memory (kLutEntries x 8 bytes), by the first kLutEntries threads.
+__device__ __forceinline__ void stage_scaled_luts(uint8_t* lut) {
+  if (threadIdx.x < kLutEntries)
+    reinterpret_cast<uint2*>(lut)[threadIdx.x] = make_uint2(scaled_lut_lo(threadIdx.x), scaled_lut_hi(threadIdx.x));
+}
+
+// The pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0,
+// so it divides).
+template <bool kExact>
+__device__ __forceinline__ void predecode_body(const GemmParams& p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* stage = smem;                              // [warps][2048]
+  uint8_t* lut = smem + kPredecodeWarps * 2048;       // the scaled tables
+  stage_scaled_luts(lut);
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  predecode_group<kExact>(p, static_cast<int64_t>(blockIdx.x) * kPredecodeWarps + warp, stage + warp * 2048, lut,
+                          threadIdx.x % 32);
 }
 
 }  // namespace megamoe

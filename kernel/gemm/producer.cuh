@@ -83,15 +83,15 @@ struct RingCursor {
 
 // Warps 1 .. kScaleWarps of the producer warpgroup: the stages' fp32 token scales, at
 // Ring::scale_index (the ring of gemm_sm90.cuh or of the prefill kernel, whose consumers read them in
-// their own orders). warp / lane: the caller's.
+// their own orders). warp / lane: the caller's. The items are layer pa's, or with kTwo pa's then
+// pb's (the fused kernel: scheduler.cuh launch_items).
 // kDynamic: the items come from the TMA thread's queue (scheduler.cuh), else the static round robin.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false>
-__device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ring& r, const Schedule& sched,
-                                                   RingCursor& cur, int warp, int lane, ItemQueue* queue = nullptr) {
+template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false, bool kTwo = false>
+__device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const GemmParams& pb, const Ring& r,
+                                                   const Schedule& sched, RingCursor& cur, int warp, int lane,
+                                                   ItemQueue* queue = nullptr) {
   using R = Ring;
-  const int num_kb = p.k / kBlockK;
-  const int n_rb = p.n_rows / kRows;
-  const int num_items = sched.num_items(n_rb);
+  const int num_items = launch_items<kRows, kTwo>(sched, pa, pb);
   // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
   // scale bytes serves four stages (k128: one byte per K128 block; K % 512 == 0), loaded when its
   // first stage comes; or one stage (k32: the four K32 groups), loaded a stage ahead so its
@@ -100,11 +100,14 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
   constexpr int kStride = 32 * R::kScaleWarps;
   constexpr int kM = (kMaxN + kStride - 1) / kStride;
   const int t0 = 32 * (warp - 1) + lane;
-  const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
   for (int item = blockIdx.x; item < num_items;
        item = kDynamic ? take_item(*queue, warp) : item + static_cast<int>(gridDim.x)) {
-    const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
+    int local = item;
+    const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
+    const int num_kb = p.k / kBlockK;
+    const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
+    const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, p.n_rows / kRows);
     // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
     // in the fused kernel other SMs write them.
     if (lane == 0) wait_token_block(p, wi);
@@ -173,24 +176,31 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& p, const Ri
   }
 }
 
-// The producer warpgroup's part of one layer's items (n_rb blocks of kRows weight rows each), in the
-// static order, or with kDynamic the dynamic one: the TMA thread claims the items and posts them to
-// `queue` for the scale warps and the consumers (scheduler.cuh).
-template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kDynamic = false>
-__device__ __forceinline__ void run_producer(const GemmParams& p, const StageRing<kMaxN, kRows, kPerK32>& r,
-                                             const Schedule& sched, RingCursor& cur, ItemQueue* queue = nullptr) {
+// The producer warpgroup's part of a launch's items (blocks of kRows weight rows): layer pa's, or
+// with kTwo pa's then pb's (the fused kernel). The TMA thread claims the items in the dynamic order
+// (scheduler.cuh; the counter is pa's item_counter) and posts them to `queue` for the scale warps
+// and the consumers.
+template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kTwo>
+__device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmParams& pb,
+                                             const StageRing<kMaxN, kRows, kPerK32>& r, const Schedule& sched,
+                                             RingCursor& cur, ItemQueue* queue) {
   using R = StageRing<kMaxN, kRows, kPerK32>;
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
-  const int num_kb = p.k / kBlockK;
-  const int n_rb = p.n_rows / kRows;
-  const int num_items = sched.num_items(n_rb);
   if (warp == 0 && lane == 0) {
-    ptx::prefetch_tma_desc(&p.tmap_x8);
-    ptx::prefetch_tma_desc(&p.tmap_x64);
+    ptx::prefetch_tma_desc(&pa.tmap_x8);
+    ptx::prefetch_tma_desc(&pa.tmap_x64);
+    if constexpr (kTwo) {
+      ptx::prefetch_tma_desc(&pb.tmap_x8);
+      ptx::prefetch_tma_desc(&pb.tmap_x64);
+    }
+    const int num_items = launch_items<kRows, kTwo>(sched, pa, pb);
     int item = blockIdx.x;   // every role's first item; the TMA thread posts the later ones
     while (item < num_items) {
-      const WorkItem wi = decode_item<kMaxN, kRows>(item, sched, n_rb);
+      int local = item;
+      const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
+      const int num_kb = p.k / kBlockK;
+      const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, p.n_rows / kRows);
       wait_token_block(p, wi);
       const uint8_t* w_base =
           p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
@@ -199,28 +209,26 @@ __device__ __forceinline__ void run_producer(const GemmParams& p, const StageRin
       const bool wide = wi.tile >= kChunkN;
       const int box = wide ? kChunkN : 8;
       const int boxes = wi.tile / box;
+      const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
       for (int kb = 0; kb < num_kb; ++kb) {
-        if (kDynamic && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
-          post_item(*queue, claim_item(p.item_counter));   // past the end: the roles' end
+        if (kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
+          post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
         const int stage = cur.stage;
         ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
         ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
         for (int b = 0; b < boxes; ++b)
-          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, wide ? &p.tmap_x64 : &p.tmap_x8, kb * kBlockK,
-                           wi.row0 + b * box, &r.full[stage]);
+          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
+                           &r.full[stage]);
         ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
         ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
                       &r.full[stage]);
         cur.advance<kStages>();
       }
-      if constexpr (kDynamic)
-        item = last_posted(*queue);
-      else
-        item += static_cast<int>(gridDim.x);
+      item = last_posted(*queue);
     }
-    if constexpr (kDynamic) retire_claims(p.item_counter);
+    retire_claims(pa.item_counter);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
-    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, kDynamic>(p, r, sched, cur, warp, lane, queue);
+    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo>(pa, pb, r, sched, cur, warp, lane, queue);
   }
 }
 

@@ -152,14 +152,49 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   return w;
 }
 
-// The standalone swap-AB kernels take their items in a dynamic order: a CTA's first item is
-// blockIdx.x, each later one the next unclaimed item of a counter in global memory, claimed by the
+// The items of a launch: one layer's (a standalone GEMM), or the fused kernel's L1 items followed by
+// its L2 items (kTwo), numbered [0, na) then [na, na + nb). One schedule serves both layers (the
+// same pool), so an item's layer and its index there follow from the schedule alone; nothing about
+// the split is held across a role's loop (the producer's roles have 40 registers).
+template <int kRows>
+__device__ __forceinline__ int layer_items(const Schedule& s, const GemmParams& p) {
+  return s.num_items(p.n_rows / kRows);
+}
+
+template <int kRows, bool kTwo>
+__device__ __forceinline__ int launch_items(const Schedule& s, const GemmParams& pa, const GemmParams& pb) {
+  return layer_items<kRows>(s, pa) + (kTwo ? layer_items<kRows>(s, pb) : 0);
+}
+
+// The layer of item `item` of the launch; `item` becomes its index among that layer's items.
+template <int kRows, bool kTwo>
+__device__ __forceinline__ const GemmParams& item_layer(int& item, const Schedule& s, const GemmParams& pa,
+                                                        const GemmParams& pb) {
+  if constexpr (kTwo) {
+    const int na = layer_items<kRows>(s, pa);
+    if (item >= na) {
+      item -= na;
+      return pb;
+    }
+  }
+  return pa;
+}
+
+// The swap-AB kernels (standalone and fused) take their items in a dynamic order: a CTA's first item
+// is blockIdx.x, each later one the next unclaimed item of a counter in global memory, claimed by the
 // TMA thread while it issues the last stages of its current item. The static round robin (item +=
-// gridDim.x, still the fused kernel's and the prefill kernel's order) gave a CTA its items whatever
-// the speed of its earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock
-// stamps, NOTES v13b), so the CTAs ended between 88 and 130 us. The TMA thread posts each claimed
-// item to the CTA's other roles (scale warps, consumers) through a small queue in shared memory, in
-// order; an item index >= the launch's item count ends every role's loop.
+// gridDim.x, still the prefill kernel's order) gave a CTA its items whatever the speed of its
+// earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock stamps, NOTES
+// v13b), so the CTAs ended between 88 and 130 us. The TMA thread posts each claimed item to the
+// CTA's other roles (scale warps, consumers) through a small queue in shared memory, in order; an
+// item index >= the launch's item count ends every role's loop.
+//
+// In the fused kernel the counter runs over L1 items, then L2 items (launch_items), which cannot
+// deadlock: an L2 item waits only for L1 tiles, and when it is claimed every L1 item has been
+// claimed before it, each by a CTA that runs it to its end (a CTA's TMA thread claims its next item
+// only after its current one passed its gate, and an L1 item's gate waits only for the pull, which
+// every CTA finished before its GEMM roles began). The first items (blockIdx.x) may be L2 items
+// where the grid outnumbers the L1 items: those wait for L1 items that are other CTAs' first.
 //
 // What each role holds is set by its registers: the TMA thread and the scale warps (40 registers)
 // keep their queue counts in shared memory; the consumers keep theirs in a register in place of the

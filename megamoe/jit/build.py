@@ -129,32 +129,55 @@ class GemmSpec:
         return tmpl
 
 
+# The fused kernel's GEMM engines (kernel/fused/megamoe_sm90.cuh): "swapab" (weights as wgmma M,
+# FP4 decoded in the consumers, token tile contract.FUSED_MAX_TILE: decode sizes) and "prefill" (the
+# weights predecoded once per call inside the launch, tokens as wgmma M: prefill sizes).
+FUSED_ENGINES = ("swapab", "prefill")
+
+
 @dataclasses.dataclass(frozen=True)
 class FusedSpec:
-    """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh) at the token
-    tile contract.FUSED_MAX_TILE, two consumer warpgroups."""
+    """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh) and its GEMM
+    engine: "swapab" at token tile contract.FUSED_MAX_TILE with four consumer warpgroups in the fast
+    mode (its 16 .. 64-token serial mainloop; the fast mode's H and I are multiples of 512, so its
+    weight rows fill 256-row CTAs) and two in the exact mode (k32 has no four-warpgroup 64-token
+    tile), or "prefill"."""
 
     fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
     promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
+    engine: str = "swapab"  # FUSED_ENGINES
     kernel = "megamoe_fused"  # the cubin's entry point
 
     def __post_init__(self):
         _check_promotion(self.promotion)
+        if self.engine not in FUSED_ENGINES:
+            raise ValueError(f"engine: expected one of {FUSED_ENGINES}, got {self.engine!r}")
+
+    @property
+    def wgs(self) -> int:
+        """Consumer warpgroups (64 weight rows each)."""
+        four = self.engine == "swapab" and contract.FUSED_MAX_TILE <= max_wgs4_tile(self.promotion)
+        return 4 if four else 2
 
     @property
     def name(self) -> str:
         silu = "fsilu" if self.fast_math else "psilu"
-        return f"megamoe_fused_{self.promotion}_{silu}{'_dbg' if self.debug else ''}"
+        return f"megamoe_fused_{self.promotion}_{self.engine}_{silu}{'_dbg' if self.debug else ''}"
 
     @property
     def threads(self) -> int:
-        return 128 * 3
+        return 128 * (1 + self.wgs)
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "fused" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        fields = {"PER_K32": b(self.promotion == "k32"), "FAST_MATH": b(self.fast_math), "DEBUG": b(self.debug)}
+        exact = self.promotion == "k32"
+        if self.engine == "prefill":
+            engine = f"PrefillEngine<{b(exact)}, {b(self.fast_math)}, {b(self.debug)}>"
+        else:
+            engine = f"SwapAbEngine<{self.wgs}, {b(exact)}, {b(self.fast_math)}, {b(self.debug)}>"
+        fields = {"ENGINE": engine, "PER_K32": b(exact), "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl

@@ -46,9 +46,10 @@ WAITS = {
     5: "L1 completion counter of pool block",
     6: "dispatch counter (source ranks' CTAs that staged their tokens and posted their counts)",
     7: "L2 completion counter (CTAs of every rank that finished their L2 tiles)",
+    8: "predecode counter (this rank's CTAs that decoded their share of the weights, fused prefill path)",
 }
 # Their C++ names (kWait<name>).
-WAIT_NAMES = {1: "Full", 2: "Empty", 3: "Arrival", 5: "L1Done", 6: "Dispatch", 7: "L2Done"}
+WAIT_NAMES = {1: "Full", 2: "Empty", 3: "Arrival", 5: "L1Done", 6: "Dispatch", 7: "L2Done", 8: "Decoded"}
 LAYOUT_CHECK = 4  # the launch's dynamic shared memory is smaller than the kernel's layout
 
 # The fast mode's scaled FP4 -> E4M3 tables: one definition, in the reference.
@@ -235,10 +236,10 @@ def pack_params(**values) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # The fused kernel (kernel/fused/): its workspace and its argument
 # ---------------------------------------------------------------------------------------------
-FUSED_MAX_TILE = 64  # the fused kernel's token tile: one pool block (BLOCK_M 64) per token block
+FUSED_MAX_TILE = 64  # the swap-AB engine's token tile: one pool block (BLOCK_M 64) per token block
 FUSED_BLOCK_M = 64
-SIGNAL_WORDS = 4  # per call parity: dispatch posts, L2 completions, CTAs done, unused
-SIGNAL_POSTED, SIGNAL_L2_DONE, SIGNAL_EXIT = 0, 1, 2
+SIGNAL_WORDS = 4  # per call parity: dispatch posts, L2 completions, CTAs done, CTAs that predecoded
+SIGNAL_POSTED, SIGNAL_L2_DONE, SIGNAL_EXIT, SIGNAL_DECODED = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +266,8 @@ WORKSPACE = (
         f"2, {SIGNAL_WORDS}",
         "counter",
         "per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), "
-        "CTAs done; the last CTA of a call clears its parity",
+        "CTAs done, CTAs that decoded their share of the weights (the prefill path); the last CTA of a call "
+        "clears its parity",
     ),
     Region("arrivals", "int32", "B", "counter", "D4: rows pulled into each pool block"),
     Region("l1_done", "int32", "B", "counter", "D6: L1 warpgroup tiles written of each pool block (I/32 = complete)"),
@@ -301,6 +303,14 @@ WORKSPACE = (
     Region("recv_stats", "int64", "E_l", "local", "D10: cumulative N_e"),
     Region("snap_arrivals", "int32", "B", "local", "debug build: arrivals before the cleanup"),
     Region("snap_l1_done", "int32", "B", "local", "debug build: l1_done before the cleanup"),
+    Region(
+        "item_counter",
+        "int32",
+        "2",
+        "local",
+        "the swap-AB engine's dynamic item order (GemmParams.item_counter): items claimed past the first"
+        " gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)",
+    ),
 )
 REGIONS = {r.name: r for r in WORKSPACE}
 COUNTERS = tuple(r.name for r in WORKSPACE if r.kind == "counter")
@@ -382,6 +392,7 @@ def fused_header_lines() -> list[str]:
         f"constexpr int kSignalPosted = {SIGNAL_POSTED};   // + 1 by every CTA of every rank after its dispatch",
         f"constexpr int kSignalL2Done = {SIGNAL_L2_DONE};   // + 1 by every CTA of every rank after its L2 tiles",
         f"constexpr int kSignalExit = {SIGNAL_EXIT};     // + 1 by every CTA of this rank at its end",
+        f"constexpr int kSignalDecoded = {SIGNAL_DECODED};  // + 1 by every CTA of this rank after its predecode share",
         "",
         *FUSED_PARAMS.cpp(),
     ]

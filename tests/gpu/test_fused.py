@@ -25,12 +25,20 @@ def _cfg(**kw) -> ref.MoEConfig:
 _LAYERS: dict = {}
 
 
-def _layer(cfg: ref.MoEConfig, seed: int = 3, promotion: str = "k32") -> tuple[MegaMoE, ref.ExpertWeights]:
-    """One layer per (shape, seed, mode): making it compiles nothing new and allocates the workspace once."""
-    key = (cfg.hidden, cfg.intermediate, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, seed, promotion)
+# Every test that runs the GEMMs runs both engines of the fused kernel layer (megamoe.moe): the
+# layer's own choice at these sizes is the swap-AB engine.
+ENGINES = ["swapab", "prefill"]
+
+
+def _layer(
+    cfg: ref.MoEConfig, seed: int = 3, promotion: str = "k32", engine: str = "auto"
+) -> tuple[MegaMoE, ref.ExpertWeights]:
+    """One layer per (shape, seed, mode, engine): making it compiles nothing new and allocates the
+    workspace once."""
+    key = (cfg.hidden, cfg.intermediate, cfg.num_experts, cfg.top_k, cfg.max_tokens_per_rank, seed, promotion, engine)
     if key not in _LAYERS:
         w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed, device="cuda")
-        _LAYERS[key] = (MegaMoE(cfg, w, promotion=promotion), w)
+        _LAYERS[key] = (MegaMoE(cfg, w, promotion=promotion, engine=engine), w)
     layer, w = _LAYERS[key]
     layer.cfg = cfg  # clamp / SiLU mode of this test (shape fields are the same)
     return layer, w
@@ -42,8 +50,8 @@ def _inputs(cfg, tokens, distribution="uniform", masked_ratio=0.0, seed=11):
     ]
 
 
-def _call(cfg, inp, promotion="k32", **kw):
-    layer, _ = _layer(cfg, promotion=promotion)
+def _call(cfg, inp, promotion="k32", engine="auto", **kw):
+    layer, _ = _layer(cfg, promotion=promotion, engine=engine)
     return layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, **kw)
 
 
@@ -58,36 +66,40 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
-def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, masked, mode, promotion):
+def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, masked, mode, promotion, engine):
     cfg = _cfg(**{k: v for k, v in mode.items()})
     inp = _inputs(cfg, tokens, distribution, masked)
-    y, dumps = _call(cfg, inp, promotion, debug=True)
+    y, dumps = _call(cfg, inp, promotion, engine, debug=True)
+    assert dumps[0].meta["build_id"].split("_")[3] == engine
     report = check(dumps, end_to_end=tokens > 0 and masked < 1.0)
     print(report.text())
     assert report.ok, report.text()
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
-def test_the_dsv3_slice_conforms(promotion):
+def test_the_dsv3_slice_conforms(promotion, engine):
     cfg = ref.MoEConfig(
         hidden=7168, intermediate=2048, num_experts=32, top_k=8, num_ranks=1, max_tokens_per_rank=16, block_m=64
     )
     inp = _inputs(cfg, 16)
-    y, dumps = _call(cfg, inp, promotion, debug=True)
+    y, dumps = _call(cfg, inp, promotion, engine, debug=True)
     report = check(dumps)
     assert report.ok, report.text()
 
 
-def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_bit():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_bit(engine):
     # The transform is part of the contract (SPEC D4): the pool's rows for L1 and the intermediate
     # for L2, each rebased per 128 channels, must be megamoe.reference.rebase_k128 of the canonical
-    # dumped operands, byte for byte, on every valid row.
+    # dumped operands, byte for byte, on every valid row (each engine writes the intermediate's).
     cfg = _cfg(activation_clamp=1.5)
     inp = _inputs(cfg, 128, "skewed", 0.1)
-    layer, _ = _layer(cfg, promotion="k128")
+    layer, _ = _layer(cfg, promotion="k128", engine=engine)
     _, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
     torch.cuda.synchronize()
     d = dumps[0]
@@ -103,7 +115,8 @@ def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_
         assert torch.equal(layer.ws[got_sf][:p][valid].cpu(), want.scales), got_sf
 
 
-def test_y_equals_the_cpu_reference_bit_for_bit_on_grid_snapped_inputs():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_y_equals_the_cpu_reference_bit_for_bit_on_grid_snapped_inputs(engine):
     cfg = _cfg(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=64)
     g = torch.Generator().manual_seed(5)
     inp = ref.make_inputs(cfg, 60, seed=5)[0]
@@ -127,7 +140,7 @@ def test_y_equals_the_cpu_reference_bit_for_bit_on_grid_snapped_inputs():
         ref.pack_fp4(ref.encode_e2m1(w2)),
         torch.full((4, 256, 4), 127, dtype=torch.uint8),
     )
-    layer = MegaMoE(cfg, weights.to("cuda"))
+    layer = MegaMoE(cfg, weights.to("cuda"), engine=engine)
     cuda_inp = inp.to("cuda")
     y, dumps = layer(cuda_inp.x, cuda_inp.x_sf, cuda_inp.topk_idx, cuda_inp.topk_weights, debug=True)
     for d in dumps:
@@ -139,21 +152,28 @@ def test_y_equals_the_cpu_reference_bit_for_bit_on_grid_snapped_inputs():
     assert torch.equal(y.cpu().view(torch.int16), want.view(torch.int16))
 
 
-def test_twenty_repeats_and_the_release_build_give_the_same_bits():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_twenty_repeats_and_the_release_build_give_the_same_bits(engine):
     cfg = _cfg()
     inp = _inputs(cfg, 128, "skewed", 0.1)
-    y_dbg, _ = _call(cfg, inp, debug=True)
-    ys = [_call(cfg, inp) for _ in range(20)]
+    y_dbg, _ = _call(cfg, inp, engine=engine, debug=True)
+    ys = [_call(cfg, inp, engine=engine) for _ in range(20)]
     torch.cuda.synchronize()
     for y in ys:
         assert torch.equal(y.view(torch.int16), y_dbg.view(torch.int16))
 
 
-def test_a_call_after_another_routing_equals_a_call_on_a_fresh_layer():
+def test_a_call_after_another_routing_and_engine_equals_a_call_on_a_fresh_layer():
     cfg = _cfg()
     a, b = _inputs(cfg, 128, "one_hot", seed=1), _inputs(cfg, 90, "uniform", 0.2, seed=2)
     layer, w = _layer(cfg)
+    layer.engine = "prefill"  # one workspace, calls on both engines in turn
     layer(a.x, a.x_sf, a.topk_idx, a.topk_weights)
+    layer.engine = "swapab"
+    layer(b.x, b.x_sf, b.topk_idx, b.topk_weights)
+    layer.engine = "prefill"
+    layer(a.x, a.x_sf, a.topk_idx, a.topk_weights)
+    layer.engine = "auto"
     y_after = layer(b.x, b.x_sf, b.topk_idx, b.topk_weights)
     fresh = MegaMoE(cfg, w)
     y_fresh = fresh(b.x, b.x_sf, b.topk_idx, b.topk_weights)
@@ -174,10 +194,11 @@ def test_receive_statistics_accumulate_unless_a_call_says_not_to():
     assert torch.equal(layer.recv_stats.cpu(), want)
 
 
-def test_the_fused_layer_can_be_captured_in_a_cuda_graph():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_fused_layer_can_be_captured_in_a_cuda_graph(engine):
     cfg = _cfg()
     inp = _inputs(cfg, 128)
-    layer, _ = _layer(cfg)
+    layer, _ = _layer(cfg, engine=engine)
     want = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
