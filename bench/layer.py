@@ -1,11 +1,12 @@
 """Benchmark of a whole MoE layer on one rank (R = 1, every expert local); prints one table.
 
     python -m bench.layer [--shapes dsv3,v4flash] [--tokens 1,8,64,512,4096,8192] [--out FILE.json] [--quick]
-                          [--engine auto|swapab|prefill]
+                          [--engine auto|swapab|prefill] [--zipf-tokens 256]
 
 Shapes: the slices of bench/gemm.py (32 local experts; DeepSeek-V3 H 7168, I 2048; V4-Flash H 4096,
 I 2048), top-8 routing. T = tokens per rank (the layer's batch), routed uniform top-k by
-megamoe.reference.make_inputs; weights from megamoe.reference.random_weights. --quick: dsv3 at
+megamoe.reference.make_inputs, and for the --zipf-tokens T also Zipf-skewed (its "skewed"
+distribution: expert e drawn with weight 1 / (e + 1)^1.2); weights from megamoe.reference.random_weights. --quick: dsv3 at
 T = 8 and 512 (a smoke run; an explicit --shapes or --tokens still wins).
 
 Every time is bench.gemm's graph_us: the median over replays of a CUDA graph of several calls of
@@ -66,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, metavar="FILE.json", help="also write every number as JSON to this file")
     ap.add_argument("--quick", action="store_true", help="a reduced set for smoke runs: dsv3, T = 8 and 512")
     ap.add_argument(
+        "--zipf-tokens",
+        default="",
+        help="comma list of T that also get a row of Zipf-skewed routing (default: none)",
+    )
+    ap.add_argument(
         "--engine",
         default="auto",
         choices=("auto", "swapab", "prefill"),
@@ -82,7 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--tokens: expected a comma list of integers, got {args.tokens!r}")
     if any(t <= 0 for t in tokens):
         ap.error(f"--tokens: every T must be positive, got {tokens}")
-    args.shapes, args.tokens = shapes, tokens
+    try:
+        zipf = [int(t) for t in args.zipf_tokens.split(",") if t]
+    except ValueError:
+        ap.error(f"--zipf-tokens: expected a comma list of integers, got {args.zipf_tokens!r}")
+    if any(t <= 0 for t in zipf):
+        ap.error(f"--zipf-tokens: every T must be positive, got {zipf}")
+    args.shapes, args.tokens, args.zipf_tokens = shapes, tokens, zipf
     return args
 
 
@@ -407,12 +419,17 @@ def make_fused(cfg, weights, promotion: str = "k32", engine: str = "auto"):
     return lambda *inputs: layer(*inputs, check_inputs=False)
 
 
-def bench_case(shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto") -> dict:
-    """One row of the table: every column at (shape, T) on the same inputs."""
+ROUTINGS = {"uniform": "uniform", "zipf": "skewed"}  # the table's name: make_inputs' distribution
+
+
+def bench_case(
+    shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto", routing: str = "uniform"
+) -> dict:
+    """One row of the table: every column at (shape, T, routing) on the same inputs."""
     hidden, inter = SHAPES[shape]
     top_k = TOP_K[shape]
     cfg = ref.MoEConfig(hidden, inter, E, top_k, num_ranks=1, max_tokens_per_rank=tokens, block_m=ALIGN)
-    inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution="uniform", device="cuda")[0]
+    inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS[routing], device="cuda")[0]
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     counts = ref.send_counts(inp.topk_idx, E)
     active, slots = int((counts > 0).sum()), int(counts.sum())
@@ -430,10 +447,10 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer, engine: str = 
     # The fused layer runs last: a device fault in a kernel under development then cannot take the
     # baselines of its own row with it.
     for name in ("unfused", "unfused-k128", "torch", "fused", "fused-k128"):
-        progress(f"{shape} T={tokens}: {name}")
+        progress(f"{shape} T={tokens} {routing}: {name}")
         cols[name] = measure(makes[name], inputs, launches)
         if cols[name].error:
-            progress(f"{shape} T={tokens}: {name} n/a: {cols[name].error}")
+            progress(f"{shape} T={tokens} {routing}: {name} n/a: {cols[name].error}")
         torch.cuda.empty_cache()
 
     def ratio(a, b):
@@ -447,6 +464,7 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer, engine: str = 
     from megamoe.moe import choose_engine
 
     return dict(
+        routing=routing,
         engine_k32=choose_engine(cfg, "k32", tokens, engine),
         engine_k128=choose_engine(cfg, "k128", tokens, engine),
         shape=shape,
@@ -483,6 +501,7 @@ def bench_case(shape: str, tokens: int, weights, kw, torch_layer, engine: str = 
 TABLE = (  # (header, row key, format)
     ("shape", "shape", "{}"),
     ("T", "tokens", "{}"),
+    ("routing", "routing", "{}"),
     ("slots", "slots", "{}"),
     ("experts", "active_experts", "{}"),
     ("fused", "fused_us", "{:.1f}"),
@@ -576,6 +595,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
         for tokens in args.tokens:
             rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine))
+        for tokens in args.zipf_tokens:
+            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf"))
         del weights, kw, torch_layer
         torch.cuda.empty_cache()
     print(LEGEND)
@@ -586,7 +607,7 @@ def main(argv: list[str] | None = None) -> None:
             torch=torch.__version__,
             hbm_bytes_per_s=HBM,
             peak_flops=PEAK,
-            routing="uniform",
+            routings=sorted({r["routing"] for r in rows}),
             seed=SEED,
             date=time.strftime("%Y-%m-%d %H:%M:%S"),
         )

@@ -62,9 +62,11 @@ from .jit.layout import transform_weights
 
 PROMOTIONS = jb.PROMOTIONS
 
-# The prefill engine from this many expected pool rows per local expert (MegaMoE.engine_for), per
-# promotion: the crossovers measured with bench.layer --engine (bench/NOTES.md v21).
-FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 64}
+# The prefill engine from this many expected pool rows per local expert (choose_engine), per
+# promotion. Measured on the DSV3 slice (bench/NOTES.md v21, one call, us, swap-AB / prefill
+# engine): fast mode 986 / 1338 at 128 rows (T = 512), 3466 / 2552 at 512; exact mode 845 / 1470 at
+# 16 rows, 2004 / 1841 at 128. Between the measured points: 256 (fast), 128 (exact).
+FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 
 
 def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:

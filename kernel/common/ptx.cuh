@@ -169,6 +169,23 @@ __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
                : "memory");
 }
 
+// 16-byte asynchronous global->shared copy through L2 (LDGSTS.BYPASS); src_bytes = 0 writes zeros and
+// reads nothing. Completed by this thread's cp_async_wait (commit groups).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Arrive on an mbarrier once this thread's prior cp.async copies have landed (the arrival counts
 // against the barrier's expected count: .noinc).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {

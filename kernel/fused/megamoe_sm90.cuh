@@ -40,7 +40,7 @@
 
 namespace megamoe {
 
-constexpr int kTailBarrier = 3;   // named barrier of the producers' tail (1 + wg are the epilogues')
+constexpr int kTailBarrier = 3;     // named barrier of the producers' tail (1 + wg are the epilogues')
 constexpr int kTailThreads = 128;   // the producer warpgroup
 
 // The swap-AB engine: kWGs consumer warpgroups at token tile kFusedMaxN = BLOCK_M, so a token block
@@ -54,6 +54,7 @@ struct SwapAbEngine {
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kFusedMaxN;
   static constexpr bool kPredecode = false;
+  static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 
   __device__ static void setup(int* err) {
     gemm_setup<Cfg, kPerK32>(err);
@@ -66,8 +67,10 @@ struct SwapAbEngine {
     return *GemmSmem<Cfg>().sched;
   }
   // The GEMM roles, L1 items then L2 items. Returns false in the consumers, which end with their
-  // item loop (run_consumer: a region that does anything after it loses its registers), and true
-  // in the producer warpgroup once the CTA's items are written (the consumers' `done` barrier).
+  // item loop (run_consumer: a region that does anything after it loses its registers; a
+  // setmaxnreg.dec after it, to let them join the tail, cost the prefill engine's consumers their
+  // budget), and true in the producer warpgroup once the CTA's items are written (the consumers'
+  // `done` barrier).
   __device__ static bool run(const FusedParams& fp) {
     RingCursor cur;
     if (threadIdx.x / 32 >= 4) {
@@ -98,6 +101,7 @@ struct PrefillEngine {
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kPrefillTokens;
   static constexpr bool kPredecode = true;
+  static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 
   __device__ static void setup(int* err) {
     prefill_setup<Cfg>(err);
@@ -116,9 +120,11 @@ struct PrefillEngine {
 };
 
 // Every weight of both layers to the prefill kernel's E4M3 tiles (predecode.cuh), warp w of the grid
-// taking groups w, w + warps, ... of L1's then L2's, then the CTAs' count (local, gpu scope): the
-// TMA thread (thread 0) bulk-copies tiles of any CTA, so it waits for every CTA's. smem: 2 KB per
-// warp and the scaled tables, free until the GEMM starts.
+// taking groups w, w + warps, ... of L1's then L2's, kPredecodeAhead groups' loads in flight, then
+// the CTAs' count (local, gpu scope): the TMA thread (thread 0) bulk-copies tiles of any CTA, so it
+// waits for every CTA's. smem: 2 KB per warp and the scaled tables, free until the GEMM starts.
+constexpr int kPredecodeAhead = 4;
+
 template <bool kExact>
 __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t* smem) {
   const int warp = threadIdx.x / 32;
@@ -128,13 +134,28 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
   stage_scaled_luts(lut);
   __syncthreads();
   const int64_t g1 = static_cast<int64_t>(fp.l1.num_experts) * (fp.l1.k / kBlockK) * (fp.l1.n_rows / 16);
-  const int64_t g2 = static_cast<int64_t>(fp.l2.num_experts) * (fp.l2.k / kBlockK) * (fp.l2.n_rows / 16);
+  const int64_t total = g1 + static_cast<int64_t>(fp.l2.num_experts) * (fp.l2.k / kBlockK) * (fp.l2.n_rows / 16);
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp; g < g1 + g2; g += nwarps) {
-    if (g < g1)
-      predecode_group<kExact>(fp.l1, g, mine, lut, lane);
-    else
-      predecode_group<kExact>(fp.l2, g - g1, mine, lut, lane);
+  const int64_t g0 = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  auto load = [&](int64_t g) {
+    return g < g1 ? predecode_load<kExact>(fp.l1, g, lane) : predecode_load<kExact>(fp.l2, g - g1, lane);
+  };
+  PredecodeIn in[kPredecodeAhead];
+#pragma unroll
+  for (int j = 0; j < kPredecodeAhead; ++j)
+    if (g0 + j * nwarps < total) in[j] = load(g0 + j * nwarps);
+  for (int64_t g = g0; g < total; g += kPredecodeAhead * nwarps) {
+#pragma unroll
+    for (int j = 0; j < kPredecodeAhead; ++j) {
+      const int64_t gj = g + j * nwarps;
+      if (gj >= total) break;
+      const PredecodeIn cur = in[j];
+      if (gj + kPredecodeAhead * nwarps < total) in[j] = load(gj + kPredecodeAhead * nwarps);
+      if (gj < g1)
+        predecode_store<kExact>(fp.l1, gj, cur, mine, lut, lane);
+      else
+        predecode_store<kExact>(fp.l2, gj - g1, cur, mine, lut, lane);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -180,18 +201,19 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
 
   if (!Engine::run(fp)) return;   // the consumers
 
-  // The tail, in the producer warpgroup once the CTA's items are written.
-  const int tail_tid = ptx::thread_idx();
-  if (tail_tid == 0) {
+  // The tail, in the producer warpgroup once the CTA's items are written. The combine's rows land in
+  // shared memory (the ring's, free now) by cp.async, many in flight a thread (combine.cuh).
+  const int tid = ptx::thread_idx();
+  if (tid == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
     wait_counter_sys(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);
-  combine_tokens(fp, tail_tid, kTailThreads);
-  cleanup_counters<kDebug>(fp, Engine::sched(), tail_tid, kTailThreads);
+  combine_tokens<kTailThreads>(fp, tid, Engine::scratch());
+  cleanup_counters<kDebug>(fp, Engine::sched(), tid, kTailThreads);
   ptx::named_barrier(kTailBarrier, kTailThreads);
-  if (tail_tid == 0) {
+  if (tid == 0) {
     const int epoch = call_epoch(fp);
     int* sig = call_signals(fp, epoch);
     __threadfence();

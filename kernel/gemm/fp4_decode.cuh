@@ -70,13 +70,16 @@ __device__ __forceinline__ void decode_stage_scaled(const uint8_t* w_frag, int l
 // g + 8 (i & 1), bytes 32 ks + 16 (i >> 1) + 4 t .. + 3 (the A fragment of decode_stage_scaled), so
 // each lane stores 4-byte words; the chunks of a warp's 8 rows are a permutation: no bank conflicts.
 // One k32 step at a time, each stored at once. Used by the predecode pass and the prefill probe.
-__device__ __forceinline__ void decode_rows16_sw128(const uint8_t* w_frag, int lane, uint32_t off_a, uint32_t off_b,
+// The lane's 32 packed bytes already loaded: lo = bytes 16 lane .. (k32 steps 0, 1), hi = 512 +
+// 16 lane .. (steps 2, 3) of the group's 1024.
+__device__ __forceinline__ void decode_rows16_sw128(uint4 lo, uint4 hi, int lane, uint32_t off_a, uint32_t off_b,
                                                     const uint8_t* s_lut, uint32_t dst) {
   const int g = lane / 4;
   const int t = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    const uint2 v = *reinterpret_cast<const uint2*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16 + (ks & 1) * 8);
+    const uint4 w = ks < 2 ? lo : hi;
+    const uint2 v = (ks & 1) ? make_uint2(w.z, w.w) : make_uint2(w.x, w.y);
     const uint2 la = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_a, 0u, 0x4440u | ks));
     const uint2 lb = *reinterpret_cast<const uint2*>(s_lut + ptx::prmt(off_b, 0u, 0x4440u | ks));
     uint32_t a[4];
@@ -88,6 +91,12 @@ __device__ __forceinline__ void decode_rows16_sw128(const uint8_t* w_frag, int l
       ptx::st_shared_u32(dst + (i & 1) * 1024 + g * 128 + ((chunk ^ g) << 4) + 4 * t, a[i]);
     }
   }
+}
+
+__device__ __forceinline__ void decode_rows16_sw128(const uint8_t* w_frag, int lane, uint32_t off_a, uint32_t off_b,
+                                                    const uint8_t* s_lut, uint32_t dst) {
+  decode_rows16_sw128(*reinterpret_cast<const uint4*>(w_frag + lane * 16),
+                      *reinterpret_cast<const uint4*>(w_frag + 512 + lane * 16), lane, off_a, off_b, s_lut, dst);
 }
 
 }  // namespace megamoe

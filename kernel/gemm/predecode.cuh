@@ -49,14 +49,22 @@ __device__ __forceinline__ uint32_t fold_offsets(uint32_t row_base, uint32_t sca
   return __vminu4(__vabsdiffu4(row_base * 0x01010101u, scale_bytes), (kLutEntries - 1) * 0x01010101u) << 3;
 }
 
-// One warp: row group `grp` of the layer ((expert, K block) major, then the 16-row groups of R; the
-// kernel layout keeps a K block's groups contiguous, 1024 bytes each, and the tiles do too, 2048
-// bytes each), staged in `mine` (2048 bytes of shared memory) through the tables at `lut`. The pass
-// below and the fused kernel's prefill path (kernel/fused/megamoe_sm90.cuh) call it.
+// What one lane reads of a row group: its 32 packed bytes, its rows' LUT offsets (or the plain
+// table's), and in the exact mode's two-scale blocks its row's two scale bytes. Loaded apart from
+// the decode so that a warp can keep several groups' loads in flight (the fused kernel's phase:
+// twelve warps an SM, each one group at a time, were latency-bound).
+struct PredecodeIn {
+  uint4 lo, hi;
+  uint32_t off_a, off_b;
+  uint32_t scale_bytes;   // exact mode, blocks that do not fold
+  bool fold;
+};
+
+// One warp's loads of row group `grp` of the layer ((expert, K block) major, then the 16-row groups
+// of R; the kernel layout keeps a K block's groups contiguous, 1024 bytes each, and the tiles do
+// too, 2048 bytes each).
 template <bool kExact>
-__device__ __forceinline__ void predecode_group(const GemmParams& p, int64_t grp, uint8_t* mine, const uint8_t* lut,
-                                                int lane) {
-  constexpr int kTile = kExact ? kPrefillTileExact : kPrefillTileFast;
+__device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64_t grp, int lane) {
   const int64_t row0 = grp * 16 % p.n_rows;    // first row of the group within R
   const int64_t ekb = grp * 16 / p.n_rows;     // expert * K/128 + kb
   const uint8_t* w_frag = p.w + grp * 1024;
@@ -64,36 +72,48 @@ __device__ __forceinline__ void predecode_group(const GemmParams& p, int64_t grp
   const uint8_t* offs = p.w_sf + (ekb * p.n_rows) * 4;
   const int n_rb = p.n_rows / kPrefillRows;
   const int64_t expert = ekb / (p.k / kBlockK);
+  PredecodeIn in;
+  in.lo = *reinterpret_cast<const uint4*>(w_frag + lane * 16);
+  in.hi = *reinterpret_cast<const uint4*>(w_frag + 512 + lane * 16);
   // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
   // fast mode (fold_offsets); else the plain table.
-  const bool fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
-  uint32_t off_a, off_b;
+  in.fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
+  in.scale_bytes = 0;
   if (!kExact) {
-    off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
-    off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
-  } else if (fold) {
+    in.off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
+    in.off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
+  } else if (in.fold) {
     const uint8_t* base = p.w_row_base + expert * p.n_rows;
-    off_a = fold_offsets(__ldg(base + row_a), __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4)));
-    off_b = fold_offsets(__ldg(base + row_a + 8), __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4)));
+    in.off_a = fold_offsets(__ldg(base + row_a), __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4)));
+    in.off_b = fold_offsets(__ldg(base + row_a + 8), __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4)));
   } else {
-    off_a = off_b = kPlainLutOffsets;
+    in.off_a = in.off_b = kPlainLutOffsets;
+    // Lane l: row l / 2 of the group, k32 steps 2 (l % 2) and 2 (l % 2) + 1.
+    in.scale_bytes = __ldg(reinterpret_cast<const uint16_t*>(offs + (row0 + lane / 2) * 4 + 2 * (lane % 2)));
   }
-  // Decoded into the warp's staging (the packed bytes are read from global memory, as loaded),
-  // then copied out as 16-byte vectors.
-  decode_rows16_sw128(w_frag, lane, off_a, off_b, lut, ptx::smem_addr(mine));
+  return in;
+}
+
+// One warp: row group `grp` decoded from its loads, staged in `mine` (2048 bytes of shared memory)
+// through the tables at `lut`, and written out as its tile's 2 KB.
+template <bool kExact>
+__device__ __forceinline__ void predecode_store(const GemmParams& p, int64_t grp, const PredecodeIn& in, uint8_t* mine,
+                                                const uint8_t* lut, int lane) {
+  constexpr int kTile = kExact ? kPrefillTileExact : kPrefillTileFast;
+  const int64_t row0 = grp * 16 % p.n_rows;
+  const int64_t ekb = grp * 16 / p.n_rows;
+  decode_rows16_sw128(in.lo, in.hi, lane, in.off_a, in.off_b, lut, ptx::smem_addr(mine));
   __syncwarp();
   // Out: the tile of (expert, kb, row0 / 256) holds this group at (row0 % 256) / 16 * 2048.
   uint8_t* tile = p.w_e4m3 + (ekb * (p.n_rows / kPrefillRows) + row0 / kPrefillRows) * kTile;
   uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
-  if (kExact && !fold) {
-    // Lane l: row l / 2 of the group, k32 steps 2 (l % 2) and 2 (l % 2) + 1.
+  if (kExact && !in.fold) {
     const int n = static_cast<int>(row0 % kPrefillRows) + lane / 2;
     const int ks = 2 * (lane % 2);
-    const uint32_t bytes = __ldg(reinterpret_cast<const uint16_t*>(offs + (row0 + lane / 2) * 4 + ks));
     float* wsf = reinterpret_cast<float*>(tile + kPrefillRows * kBlockK);
-    wsf[prefill_wsf_index(ks, n)] = ue8m0_to_float(bytes & 0xFFu);
-    wsf[prefill_wsf_index(ks + 1, n)] = ue8m0_to_float(bytes >> 8);
+    wsf[prefill_wsf_index(ks, n)] = ue8m0_to_float(in.scale_bytes & 0xFFu);
+    wsf[prefill_wsf_index(ks + 1, n)] = ue8m0_to_float(in.scale_bytes >> 8);
   }
   __syncwarp();   // the staging is rewritten by the warp's next group
 }
@@ -114,8 +134,9 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   stage_scaled_luts(lut);
   __syncthreads();
   const int warp = threadIdx.x / 32;
-  predecode_group<kExact>(p, static_cast<int64_t>(blockIdx.x) * kPredecodeWarps + warp, stage + warp * 2048, lut,
-                          threadIdx.x % 32);
+  const int lane = threadIdx.x % 32;
+  const int64_t grp = static_cast<int64_t>(blockIdx.x) * kPredecodeWarps + warp;
+  predecode_store<kExact>(p, grp, predecode_load<kExact>(p, grp, lane), stage + warp * 2048, lut, lane);
 }
 
 }  // namespace megamoe

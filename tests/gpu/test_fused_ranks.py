@@ -55,10 +55,10 @@ def _global_batch() -> ref.RankInputs:
     return ref.make_inputs(_cfg(1), GLOBAL_TOKENS, seed=7, distribution="skewed", masked_ratio=0.1, device="cuda")[0]
 
 
-def _every_case(rank: int, ranks: int, promotion: str) -> dict:
+def _every_case(rank: int, ranks: int, promotion: str, engine: str = "auto") -> dict:
     """One rank's part of every case (runs in a spawned process)."""
     cfg = _cfg(ranks)
-    layer = MegaMoE(cfg, _weights(), group=multirank.group(), promotion=promotion)
+    layer = MegaMoE(cfg, _weights(), group=multirank.group(), promotion=promotion, engine=engine)
     with layer.named_failures():  # a wait that timed out is named in the rank's error
         return _cases_on(layer, cfg, rank, ranks)
 
@@ -93,23 +93,25 @@ def _cases_on(layer: MegaMoE, cfg: ref.MoEConfig, rank: int, ranks: int) -> dict
 _RUNS: dict = {}
 
 
-def _run(ranks: int, promotion: str) -> list[dict]:
-    if (ranks, promotion) not in _RUNS:
-        _RUNS[ranks, promotion] = multirank.spawn(_every_case, ranks, args=(promotion,), timeout=450)
-    return _RUNS[ranks, promotion]
+def _run(ranks: int, promotion: str, engine: str = "auto") -> list[dict]:
+    if (ranks, promotion, engine) not in _RUNS:
+        _RUNS[ranks, promotion, engine] = multirank.spawn(_every_case, ranks, args=(promotion, engine), timeout=450)
+    return _RUNS[ranks, promotion, engine]
 
 
 # R = 2 and 4 everywhere (processes time-slicing one GPU when there is one, a GPU each where there
-# are enough); R = 8 too on a machine of 8 GPUs, one process per GPU (the several-H200 run).
+# are enough); R = 8 too on a machine of 8 GPUs, one process per GPU (the several-H200 run). The
+# layer's own engine at these sizes is the swap-AB engine; R = 2 runs the prefill engine too.
 RANKS = [2, 4] + ([8] if torch.cuda.device_count() >= 8 else [])
+RUNS_OF = [(r, "auto") for r in RANKS] + [(2, "prefill")]
 PROMOTIONS = ["k32", "k128"]
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)
-@pytest.mark.parametrize("ranks", RANKS)
+@pytest.mark.parametrize("ranks,engine", RUNS_OF, ids=[f"R{r}-{e}" for r, e in RUNS_OF])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_dump_point_of_every_rank_conforms(ranks, promotion, case):
-    per_rank = _run(ranks, promotion)
+def test_every_dump_point_of_every_rank_conforms(ranks, engine, promotion, case):
+    per_rank = _run(ranks, promotion, engine)
     dumps = [r[case][1] for r in per_rank]
     tokens, _, masked, _ = CASES[case]
     report = check(dumps, end_to_end=min(tokens(ranks)) > 0 and masked < 1.0)
@@ -121,18 +123,23 @@ def test_every_dump_point_of_every_rank_conforms(ranks, promotion, case):
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)
-def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion):
+@pytest.mark.parametrize("engine", ["swapab", "prefill"])
+def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion, engine):
+    # One engine's tensor-core sums against its own (the two engines' need not be bitwise equal).
     inp = _global_batch()
-    one = MegaMoE(_cfg(1), _weights(), promotion=promotion)(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights).cpu()
-    for ranks in RANKS:
-        split = torch.cat([r["split"] for r in _run(ranks, promotion)])
-        assert torch.equal(split.view(torch.int16), one.view(torch.int16)), ranks
+    one = MegaMoE(_cfg(1), _weights(), promotion=promotion, engine=engine)
+    y1 = one(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights).cpu()
+    for ranks, run_engine in RUNS_OF:
+        if (run_engine == "prefill") != (engine == "prefill"):
+            continue
+        split = torch.cat([r["split"] for r in _run(ranks, promotion, run_engine)])
+        assert torch.equal(split.view(torch.int16), y1.view(torch.int16)), (ranks, run_engine)
 
 
 @pytest.mark.parametrize("promotion", PROMOTIONS)
-@pytest.mark.parametrize("ranks", RANKS)
-def test_twenty_repeats_on_every_rank_give_the_same_bits(ranks, promotion):
-    assert all(r["repeats_equal"] for r in _run(ranks, promotion))
+@pytest.mark.parametrize("ranks,engine", RUNS_OF, ids=[f"R{r}-{e}" for r, e in RUNS_OF])
+def test_twenty_repeats_on_every_rank_give_the_same_bits(ranks, engine, promotion):
+    assert all(r["repeats_equal"] for r in _run(ranks, promotion, engine))
 
 
 @pytest.mark.parametrize("ranks", RANKS)
