@@ -163,7 +163,7 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
     ptx::fence_proxy_async_global();
     __threadfence();
     ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
-    wait_counter_gpu(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
+    wait_counter<false>(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
     ptx::fence_proxy_async_global();   // the tiles were written by generic stores; TMA reads them
   }
 }
@@ -182,7 +182,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     if (threadIdx.x == 0) {
       int* sig = call_signals(fp, call_epoch(fp));
       signal_all_ranks(fp, sig, kSignalPosted);
-      wait_counter_sys(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
+      wait_counter<true>(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
       build_layout(fp, Engine::sched(), tables);
     }
     __syncwarp();
@@ -207,7 +207,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   if (tid == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
-    wait_counter_sys(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err);
+    wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);
   combine_tokens<kTailThreads>(fp, tid, Engine::scratch());

@@ -36,28 +36,18 @@ __device__ __forceinline__ void signal_all_ranks(const FusedParams& fp, int* sig
 }
 
 // One thread per CTA: wait until `counter` reaches `need` (relaxed spin, one acquire on success),
-// or record the wait and trap (SPEC §5).
-__device__ __forceinline__ void wait_counter_sys(const int* counter, int need, int what, int index, int* err) {
-  if (ptx::ld_relaxed_sys(counter) < need) {
+// or record the wait and trap (SPEC §5). kSys: a counter every rank's CTAs raise (system scope),
+// else one that only this rank's raise (gpu scope).
+template <bool kSys>
+__device__ __forceinline__ void wait_counter(const int* counter, int need, int what, int index, int* err) {
+  auto relaxed = [&] { return kSys ? ptx::ld_relaxed_sys(counter) : ptx::ld_relaxed_gpu(counter); };
+  if (relaxed() < need) {
     const long long start = clock64();
-    while (ptx::ld_relaxed_sys(counter) < need) {
-      if (clock64() - start > ptx::kSpinTimeoutCycles)
-        ptx::report_trap(err, what, index, need, ptx::ld_relaxed_sys(counter));
+    while (relaxed() < need) {
+      if (clock64() - start > ptx::kSpinTimeoutCycles) ptx::report_trap(err, what, index, need, relaxed());
     }
   }
-  (void)ptx::ld_acquire_sys(counter);
-}
-
-// The same for a counter that only this rank's CTAs raise (gpu scope).
-__device__ __forceinline__ void wait_counter_gpu(const int* counter, int need, int what, int index, int* err) {
-  if (ptx::ld_relaxed_gpu(counter) < need) {
-    const long long start = clock64();
-    while (ptx::ld_relaxed_gpu(counter) < need) {
-      if (clock64() - start > ptx::kSpinTimeoutCycles)
-        ptx::report_trap(err, what, index, need, ptx::ld_relaxed_gpu(counter));
-    }
-  }
-  (void)ptx::ld_acquire_gpu(counter);
+  (void)(kSys ? ptx::ld_acquire_sys(counter) : ptx::ld_acquire_gpu(counter));
 }
 
 }  // namespace megamoe
