@@ -1,7 +1,7 @@
 """Benchmark of the SM90 grouped GEMMs against torch's grouped GEMMs; prints one table.
 
     python -m bench.gemm [--shapes dsv3,v4flash] [--tokens 8,64,512,2048] [--routings uniform,zipf]
-                         [--promotions k32,k128] [--no-baselines] [--json out.json]
+                         [--promotions k32,k128] [--weights realistic|bytes] [--no-baselines] [--json out.json]
 
 Shapes (32 local experts): DeepSeek-V3 slice (H 7168, I 2048), V4-Flash slice (H 4096, I 2048).
 L1: rows 2I, K = H. L2: rows H, K = I. Weights (0.1-0.5 GB per layer) are far larger than L2.
@@ -104,10 +104,22 @@ def hbm_read_tbs(dev, nbytes: int = 1 << 30) -> tuple[float, float]:
     return read, copy
 
 
-def random_kernel_weights(H: int, inter: int, dev):
-    """Random bytes already in the kernel layout (timing only needs realistic scale bytes)."""
-    from megamoe.jit.layout import KernelWeights
+WEIGHTS = ("realistic", "bytes")
 
+
+def random_kernel_weights(H: int, inter: int, dev, kind: str = "realistic"):
+    """Weights in the kernel layout. "realistic": what a checkpoint looks like, N(0, 1/fan_in)
+    quantized per SPEC §1 (megamoe.reference.random_weights: scale bytes spread over a few binades
+    per row, E2M1 codes concentrated near zero); "bytes": random bytes with scale bytes 118-124 (the
+    tables before NOTES v22). The kernels' times differ between the two at 8 tokens per expert
+    (NOTES v22), so the tables time the realistic ones."""
+    from megamoe.jit.layout import KernelWeights, transform_weights
+
+    if kind == "realistic":
+        from megamoe import reference as ref
+
+        w = ref.random_weights(E, H, inter, seed=0, device=dev)
+        return transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
     return KernelWeights(
         w1=torch.randint(0, 256, (E, H // 128, 2 * inter // 16, 1024), dtype=torch.uint8, device=dev),
         w1_sf=torch.randint(118, 125, (E, H // 128, 2 * inter, 4), dtype=torch.uint8, device=dev),
@@ -137,6 +149,12 @@ def main() -> None:
     ap.add_argument("--promotions", default="k32,k128", help="comma list of k32, k128 (default: both)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     ap.add_argument("--no-baselines", action="store_true", help="skip the torch grouped GEMMs")
+    ap.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="realistic",
+        help="realistic: N(0, 1/fan_in) quantized per SPEC §1 (default); bytes: random bytes, scale bytes 118-124",
+    )
     ap.add_argument(
         "--max-tile", type=int, default=None, help="force our kernels' largest token tile (default: picked)"
     )
@@ -170,7 +188,7 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
-        kw = random_kernel_weights(H, inter, dev)
+        kw = random_kernel_weights(H, inter, dev, args.weights)
         if args.unfolded:
             kw.w1_fold.zero_()
             kw.w2_fold.zero_()
@@ -290,7 +308,7 @@ def main() -> None:
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed); * = the prefill path")
     print("of that promotion (predecode pass + tokens-as-M GEMM, both timed)")
     print(
-        f"{E} experts; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
+        f"{E} experts, {args.weights} weights; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
         f"{100 * read_tbs * 1e12 / HBM:.0f} % of 4.8), {copy_tbs:.2f} TB/s read + write (copy)"
     )
     print(
@@ -308,7 +326,11 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(experts=E, hbm_read_tbs=read_tbs, hbm_copy_tbs=copy_tbs, rows=rows), fh, indent=1)
+            json.dump(
+                dict(experts=E, weights=args.weights, hbm_read_tbs=read_tbs, hbm_copy_tbs=copy_tbs, rows=rows),
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def main() -> None:
     rows = {
         "call, no value checks": lambda: layer(*args, check_inputs=False),
         "call, no value checks, out=": lambda: layer(*args, check_inputs=False, out=y),
+        "prepared call (MegaMoE.prepare)": layer.prepare(*args, check_inputs=False),
         "call with the value checks (device sync)": lambda: layer(*args),
         "cooperative launch alone": lambda: launch(stream),
         "plain launch alone": lambda: plain(stream),

@@ -642,7 +642,32 @@ class _Sequence:
             launch(stream)
 
 
-class PreparedGemm:
+class PreparedCall:
+    """A launch made ready for its tensors: calling it compares the current stream with the one it
+    was prepared on (another one is an input error: its launch holds that stream's item counters and
+    scratch buffer), launches, and returns `result`, the same object each time. The GEMMs'
+    (PreparedGemm) and the fused layer's (megamoe.moe.PreparedLayer)."""
+
+    what = "a prepared call"
+
+    def __init__(self, run, result, device: int, stream: int, tensors: tuple):
+        self.run, self.result = run, result
+        self.device, self.stream = device, stream
+        self._tensors = tensors
+
+    def __call__(self):
+        current = _stream_of(self.device)
+        if current != self.stream:
+            # Its launch holds item counters and a scratch buffer of that stream (_item_counter, _SCRATCH).
+            raise MegaMoEInputError(
+                f"{self.what} runs on the stream it was prepared on (0x{self.stream:x}); the current"
+                f" stream of cuda:{self.device} is 0x{current:x}: prepare one call per stream"
+            )
+        self.run(self.stream)
+        return self.result
+
+
+class PreparedGemm(PreparedCall):
     """One l1_gemm / l2_gemm call made ready for its tensors (prepare_l1_gemm, prepare_l2_gemm).
     Calling it launches the kernel (the prefill path: the predecode pass, then the GEMM) on the
     stream that was current when it was prepared, and returns `result`, the same object each time
@@ -665,21 +690,7 @@ class PreparedGemm:
     the call refuses it); the graph then shares the call's item counters and scratch buffer, so it
     must not be replayed while calls on `s` run."""
 
-    def __init__(self, run, result, device: int, stream: int, tensors: tuple):
-        self.run, self.result = run, result
-        self.device, self.stream = device, stream
-        self._tensors = tensors
-
-    def __call__(self):
-        current = _stream_of(self.device)
-        if current != self.stream:
-            # Its launch holds item counters and a scratch buffer of that stream (_item_counter, _SCRATCH).
-            raise MegaMoEInputError(
-                f"a prepared GEMM call runs on the stream it was prepared on (0x{self.stream:x}); the"
-                f" current stream of cuda:{self.device} is 0x{current:x}: prepare one call per stream"
-            )
-        self.run(self.stream)
-        return self.result
+    what = "a prepared GEMM call"
 
 
 # The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by

@@ -318,6 +318,58 @@ class MegaMoE:
         expert, an expert id out of range, a NaN scale byte: they synchronise with the GPU, so they
         are also skipped while a CUDA graph is being captured); shapes, dtypes and devices are
         always checked. out: a bf16 [T, H] tensor to write y into (else a new one)."""
+        launch, y, dcfg, x_sf = self._ready(
+            x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, debug, check_inputs, out
+        )
+        if debug:
+            self._poison()
+            stats_before = self.ws["recv_stats"].clone()
+        launch(self._stream())
+        if not debug:
+            return y
+        inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
+        try:
+            dumps = self._dumps(dcfg, inputs, y, stats_before, dcfg.fast_math, record_stats)
+        finally:
+            # A peer's next call writes its counts and source lists into this rank's workspace
+            # before any barrier of the kernel's: no rank starts it until every rank read its dumps.
+            ranks.barrier(self._host)
+        return y, dumps
+
+    def prepare(
+        self,
+        x: torch.Tensor,
+        x_sf: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        *,
+        activation_clamp: float | None | str = "config",
+        fast_math: bool | None = None,
+        record_stats: bool = True,
+        check_inputs: bool = True,
+        out: torch.Tensor | None = None,
+    ) -> PreparedLayer:
+        """The call `layer(x, x_sf, topk_idx, topk_weights, ...)` made ready (PreparedLayer): the same
+        arguments, checked here (with several ranks, agreed here: every rank prepares, and every rank
+        calls its prepared call as often as the others), y allocated here when `out` is not given,
+        and nothing launched until the call. Its call launches on the stream current here and
+        returns y, so its host time is the driver's launch (bench.host_probe). debug calls are
+        __call__'s (their dumps are per call work)."""
+        launch, y, _, _ = self._ready(
+            x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, False, check_inputs, out
+        )
+        own = driver.Launch(
+            launch.fn, launch.grid, launch.block, launch.dyn_smem, bytes(launch._pbuf), cooperative=True
+        )
+        tensors = (x, x_sf, topk_idx, topk_weights, y, self)
+        return PreparedLayer(own, y, self.device.index, self._stream(), tensors)
+
+    def _ready(
+        self, x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, debug, check_inputs, out
+    ):
+        """A call's host work before its launch: the checks (agreed between the ranks), y, and the
+        mode's launch with this call's pointers, T and record_stats patched in. Returns (launch, y,
+        the call's configuration)."""
         cfg = self.cfg
         clamp_arg = cfg.activation_clamp if activation_clamp == "config" else activation_clamp
         fm = cfg.fast_math if fast_math is None else bool(fast_math)
@@ -342,27 +394,13 @@ class MegaMoE:
             ranks.agree(self._host, refused, ranks.call_options(**opts), tuple(opts))
         T = x.shape[0]
         y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device) if out is None else out
-        if debug:
-            self._poison()
-            stats_before = self.ws["recv_stats"].clone()
         # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
         launch.patch(
             _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
         )
         launch.patch(_OFF["num_tokens"], _I32, T)
         launch.patch(_OFF["record_stats"], _I32, int(record_stats))
-        launch(self._stream())
-        if not debug:
-            return y
-        dcfg = dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm)
-        inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
-        try:
-            dumps = self._dumps(dcfg, inputs, y, stats_before, fm, record_stats)
-        finally:
-            # A peer's next call writes its counts and source lists into this rank's workspace
-            # before any barrier of the kernel's: no rank starts it until every rank read its dumps.
-            ranks.barrier(self._host)
-        return y, dumps
+        return launch, y, dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm), x_sf
 
     def _check_call(self, x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs: bool, out) -> None:
         """SPEC §7 on this rank's call; raises MegaMoEInputError naming the argument."""
@@ -521,3 +559,14 @@ def _check_shapes(cfg: ref.MoEConfig, inp: ref.RankInputs) -> None:
     _check_tensor("topk_weights", inp.topk_weights, torch.float32, (t, cfg.top_k), x.device)
     _check_alignment("x", x)
     _check_alignment("x_sf", inp.x_sf)
+
+
+class PreparedLayer(G.PreparedCall):
+    """One MegaMoE call made ready for its tensors (MegaMoE.prepare). Calling it launches the fused
+    kernel on the stream it was prepared on and returns y (the same tensor each time, rewritten by
+    every call). Like a CUDA graph and megamoe.gemm.PreparedGemm, it holds the tensors' addresses as
+    they were when it was prepared and keeps them (and the layer) alive; new values in them are what
+    it computes on, and the SPEC §7 value checks are not repeated (prepare's check_inputs checked the
+    values it saw). It can be captured in a CUDA graph on its stream."""
+
+    what = "a prepared MegaMoE call"

@@ -121,12 +121,12 @@ def fused_specs() -> list[jb.FusedSpec]:
     ]
 
 
-# Measured (ptxas -v, nvcc 13.0): the fast mode's swap-AB engine (four warpgroups, 104 registers a
-# consumer) 244 bytes: four accumulators of the 64-token group around each stage's promotion, and
-# words of the 40-register producer roles; the prefill engine 176-256 (fast, the producer warpgroup's
-# epilogue and tail at 56 registers) and 336-364 (exact: accumulators of the two-scale mainloop,
-# which only weight blocks wider than 11 binades take, and the trap paths); the exact swap-AB
-# engine 0-8.
+# Measured (ptxas -v, nvcc 13.0, NOTES v22): the fast mode's swap-AB engine (four warpgroups, 104
+# registers a consumer) 344 bytes: accumulators of the 64-token group around each stage's promotion,
+# and words of the 40-register producer roles; the prefill engine 304-312 (fast, the producer
+# warpgroup's epilogue and tail at 56 registers) and 424-440 (exact: accumulators of the two-scale
+# mainloop, which only weight blocks wider than 11 binades take, and the trap paths); the exact
+# swap-AB engine 0 (92-112 in its debug builds).
 FUSED_SPILL_BYTES = 640
 
 

@@ -87,34 +87,52 @@ struct PullTables {
 };
 
 // After every rank posted: the pool layout from the receive counts (read with plain loads: the
-// peers' writes are ordered by the CTA's acquire and barrier). One thread; its warp then builds the
-// GEMM schedule from the layout (build_schedule).
+// peers' writes are ordered by the CTA's acquire and the warp's barrier). All 32 lanes of one warp,
+// lane l taking local experts l, l + 32, ...: one round of memory latency per 32 experts (one
+// thread reading the counts one after another took 6.6 us at 32 experts, NOTES v22). The warp then
+// builds the GEMM schedule from the layout (build_schedule).
 __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t) {
+  const int lane = threadIdx.x % 32;
   const int el = fp.local_experts;
   const int R = fp.num_ranks;
-  int row = 0, pairs = 0;
-  for (int e = 0; e < el; ++e) {
+  int rows = 0, pairs = 0;   // the pool rows and pairs of the experts of earlier rounds
+  for (int e0 = 0; e0 < el; e0 += 32) {
+    const int e = e0 + lane;
+    const bool mine = e < el;
     int total = 0;
-    for (int s = 0; s < R; ++s) {
-      const int c = fp.ws_recv_counts[s * el + e];
-      t.pair_prefix[e * R + s] = pairs;
-      t.row_start[e * R + s] = row + total;
-      pairs += c;
-      total += c;
+    for (int s = 0; s < R; ++s) total += mine ? fp.ws_recv_counts[s * el + e] : 0;
+    const int padded = (total + fp.block_m - 1) / fp.block_m * fp.block_m;
+    const int rows_incl = warp_inclusive_sum(padded);
+    const int pairs_incl = warp_inclusive_sum(total);
+    if (mine) {
+      const int row = rows + rows_incl - padded;
+      int pair = pairs + pairs_incl - total;
+      for (int s = 0; s < R; ++s) {
+        t.pair_prefix[e * R + s] = pair;
+        t.row_start[e * R + s] = row + pair - (pairs + pairs_incl - total);
+        pair += fp.ws_recv_counts[s * el + e];
+      }
+      sched.offset[e] = row;
+      sched.count[e] = total;
+      if (blockIdx.x == 0) {   // D2 totals and D4 offsets, for the dumps and the next stages' readers
+        fp.ws_recv_totals[e] = total;
+        fp.ws_expert_offsets[e] = row;
+      }
     }
-    sched.offset[e] = row;
-    sched.count[e] = total;
-    row += (total + fp.block_m - 1) / fp.block_m * fp.block_m;
+    rows += __shfl_sync(0xFFFFFFFFu, rows_incl, 31);
+    pairs += __shfl_sync(0xFFFFFFFFu, pairs_incl, 31);
   }
-  t.pair_prefix[el * R] = pairs;
-  if (blockIdx.x == 0) {   // D2 totals and D4 offsets, for the dumps and the next stages' readers
-    for (int e = 0; e < el; ++e) {
-      fp.ws_recv_totals[e] = sched.count[e];
-      fp.ws_expert_offsets[e] = sched.offset[e];
-    }
-    fp.ws_expert_offsets[el] = row;
+  if (lane == 0) {
+    t.pair_prefix[el * R] = pairs;
+    if (blockIdx.x == 0) fp.ws_expert_offsets[el] = rows;
   }
 }
+
+// The pull's loads in flight a lane: kPullBatch 16-byte vectors of a row (a row of H = 7168 in two
+// rounds; 16 a batch made the fast swap-AB kernel spill 1200 bytes, and T = 1 slower), and
+// kPullSfWords of the row's H / 128 scale words (all of them up to H = 8192).
+constexpr int kPullBatch = 8;
+constexpr int kPullSfWords = 2;
 
 // D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
 // kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
@@ -152,21 +170,48 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const uint4* src = reinterpret_cast<const uint4*>(sx + static_cast<int64_t>(tok) * H);
     uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + row * H);
     const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + static_cast<int64_t>(tok) * (H / 32));
-    for (int v = lane; v < H / 16; v += 32) {
-      const uint4 x = src[v];
-      dst[v] = x;
-      if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
-        const uint32_t sf = src_sf[v / 8];
-        const uint32_t smax = max_byte4(sf);
-        const int d = static_cast<int>(smax - ((sf >> (8 * ((v / 2) % 4))) & 0xFFu));
-        reinterpret_cast<uint4*>(fp.ws_pool_x128 + row * H)[v] = rebase_e4m3x16(x, d);
-        if (v % 8 == 0) fp.ws_pool_sf128[row * (H / 128) + v / 8] = static_cast<uint8_t>(smax);
+    // Loaded with the first batch, stored after it: the routing weight, the row's scale words.
+    const float route = lane == 0 ? sw[entry] : 0.0f;
+    uint32_t row_sf[kPullSfWords];
+#pragma unroll
+    for (int b = 0; b < kPullSfWords; ++b)
+      if (lane + 32 * b < H / 128) row_sf[b] = src_sf[lane + 32 * b];
+    // A lane loads kPullBatch vectors before it stores any: the loads of a batch are in flight
+    // together. (One vector at a time, a row of 7168 bytes took 14 rounds of memory latency, 12 us:
+    // the pull was the L1 gates' critical path at decode sizes, NOTES v22.)
+    const int nv = H / 16;
+    for (int v0 = lane; v0 < nv; v0 += 32 * kPullBatch) {
+      uint4 x[kPullBatch];
+      uint32_t sf[kPullBatch];
+#pragma unroll
+      for (int b = 0; b < kPullBatch; ++b) {
+        const int v = v0 + 32 * b;
+        if (v < nv) {
+          x[b] = src[v];
+          if constexpr (kRebase) sf[b] = src_sf[v / 8];
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kPullBatch; ++b) {
+        const int v = v0 + 32 * b;
+        if (v < nv) {
+          dst[v] = x[b];
+          if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
+            const uint32_t smax = max_byte4(sf[b]);
+            const int d = static_cast<int>(smax - ((sf[b] >> (8 * ((v / 2) % 4))) & 0xFFu));
+            reinterpret_cast<uint4*>(fp.ws_pool_x128 + row * H)[v] = rebase_e4m3x16(x[b], d);
+            if (v % 8 == 0) fp.ws_pool_sf128[row * (H / 128) + v / 8] = static_cast<uint8_t>(smax);
+          }
+        }
       }
     }
     uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + row * (H / 32));
-    for (int v = lane; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
+#pragma unroll
+    for (int b = 0; b < kPullSfWords; ++b)
+      if (lane + 32 * b < H / 128) dst_sf[lane + 32 * b] = row_sf[b];
+    for (int v = lane + 32 * kPullSfWords; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
     if (lane == 0) {
-      fp.ws_pool_weights[row] = sw[entry];
+      fp.ws_pool_weights[row] = route;
       fp.ws_pool_meta[row * 3 + 0] = s;
       fp.ws_pool_meta[row * 3 + 1] = tok;
       fp.ws_pool_meta[row * 3 + 2] = k;

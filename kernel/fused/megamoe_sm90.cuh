@@ -183,8 +183,9 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
       int* sig = call_signals(fp, call_epoch(fp));
       signal_all_ranks(fp, sig, kSignalPosted);
       wait_counter<true>(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
-      build_layout(fp, Engine::sched(), tables);
     }
+    __syncwarp();
+    build_layout(fp, Engine::sched(), tables);
     __syncwarp();
     Schedule& sched = Engine::sched();
     build_schedule<Engine::kTokenBlock>(

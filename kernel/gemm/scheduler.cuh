@@ -91,6 +91,17 @@ struct Schedule {
 // the CTA's first barrier: lane l takes experts l, l + 32, ..., all of whose loads are issued
 // before the first is used (one round of memory latency for up to kMaxExperts experts, where one
 // thread took a round per few experts), then the token blocks are prefix-summed with shuffles.
+// The sum of v over lanes 0 .. this lane (all 32 lanes call it).
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int u = __shfl_up_sync(0xFFFFFFFFu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+
 template <int kMaxN, typename Offset, typename Count>
 __device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Offset offset_of, Count count_of) {
   constexpr int kRounds = kMaxExperts / 32;
@@ -108,12 +119,7 @@ __device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Off
     if (32 * r >= num_experts) break;
     const int e = 32 * r + lane;
     const int blocks = (n[r] + kMaxN - 1) / kMaxN;
-    int incl = blocks;   // inclusive prefix over the round's lanes
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-      if (lane >= d) incl += v;
-    }
+    const int incl = warp_inclusive_sum(blocks);   // over the round's lanes
     if (e < num_experts) {
       s.tb_prefix[e] = carry + incl - blocks;
       s.offset[e] = off[r];

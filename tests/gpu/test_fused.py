@@ -214,6 +214,41 @@ def test_the_fused_layer_can_be_captured_in_a_cuda_graph(engine):
     assert torch.equal(y.view(torch.int16), want.view(torch.int16))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_prepared_call_gives_the_calls_bits_eagerly_and_from_a_graph_and_refuses_another_stream(engine):
+    """MegaMoE.prepare on a call's tensors: called three times (new input values in the same
+    tensors), then from a CUDA graph captured on its stream, it writes what the layer's call writes;
+    under another stream it is an input error and launches nothing."""
+    cfg = _cfg()
+    layer, _ = _layer(cfg, engine=engine)
+    a, b = _inputs(cfg, 96, seed=5), _inputs(cfg, 96, seed=6)
+    want = {k: layer(i.x, i.x_sf, i.topk_idx, i.topk_weights).clone() for k, i in (("a", a), ("b", b))}
+    x, x_sf, idx, w = (t.clone() for t in (a.x, a.x_sf, a.topk_idx, a.topk_weights))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call = layer.prepare(x, x_sf, idx, w)
+        for k, i in (("a", a), ("b", b), ("a", a)):
+            for dst, src in zip((x, x_sf, idx, w), (i.x, i.x_sf, i.topk_idx, i.topk_weights)):
+                dst.copy_(src)
+            y = call()
+            assert y is call.result
+            torch.cuda.synchronize()
+            assert torch.equal(y.view(torch.int16), want[k].view(torch.int16)), f"prepared call, input {k}"
+    y.fill_(float("nan"))
+    torch.cuda.synchronize()
+    with pytest.raises(ref.MegaMoEInputError, match="runs on the stream it was prepared on"):
+        call()  # the current stream is not s
+    torch.cuda.synchronize()
+    assert y.isnan().all(), "a prepared call refused under another stream launched"
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        call()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), want["a"].view(torch.int16)), "prepared call, graph replay"
+
+
 def test_bad_input_is_refused_before_any_launch():
     cfg = _cfg()
     inp = _inputs(cfg, 16)
