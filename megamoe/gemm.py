@@ -323,15 +323,6 @@ def _record_words(words: list[int]) -> str:
     )
 
 
-def reset_timeout_record(dev: int | str | torch.device | None = None) -> None:
-    """Clears device `dev`'s trap record, or every device's (None, the default); in place, since the
-    cached launches hold its address (the kernel only writes it while it is clear)."""
-    for d in _record_devices(dev):
-        r = _ERR.get(d)
-        if r is not None:
-            r.zero_()
-
-
 # ---------------------------------------------------------------------------------------------
 # Arguments (SPEC §7: a clear MegaMoEInputError naming the argument, before any launch)
 # ---------------------------------------------------------------------------------------------

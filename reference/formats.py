@@ -16,7 +16,6 @@ E2M1_MAX = 6.0
 E4M3_NAN = 0x7F  # what cvt.rn.satfinite.e4m3x2.f32 gives for any NaN
 E2M1_NAN = 0x7  # cvt.rn.satfinite.e2m1x2.f32: "NaN converts to positive MAXNORM" (+6)
 BF16_NAN = 0x7FFF  # canonical NaN of cvt.rn.bf16.f32
-UE8M0_NAN = 0xFF
 
 # fp32(1/max_elem), the multiplier of the RCEIL scale rule (rounded once, to fp32).
 INV_E4M3_MAX = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32)
