@@ -43,12 +43,22 @@ def make_inputs(
         tokens_per_rank = [tokens_per_rank] * cfg.num_ranks
     out = []
     for rank, t in enumerate(tokens_per_rank):
+        # The draws are the CPU generator's, so the numbers are the same on every device; the
+        # quantizer is the reference's (device-agnostic, bit-identical everywhere) and runs where
+        # the inputs are asked for. The routing is generated on the CPU whole (make_routing): its
+        # softmax is not bit-reproducible across devices.
         g = torch.Generator().manual_seed(seed * 1000 + rank)
-        q = quantize_activations(torch.randn(t, cfg.hidden, generator=g))
+        q = quantize_activations(torch.randn(t, cfg.hidden, generator=g).to(device))
         routing = make_routing(
-            t, cfg.num_experts, cfg.top_k, distribution=distribution, masked_ratio=masked_ratio, seed=seed * 1000 + rank
+            t,
+            cfg.num_experts,
+            cfg.top_k,
+            distribution=distribution,
+            masked_ratio=masked_ratio,
+            seed=seed * 1000 + rank,
+            device=device,
         )
-        out.append(RankInputs(F.as_float8(q.codes), q.scales, *routing).to(device))
+        out.append(RankInputs(F.as_float8(q.codes), q.scales, *routing))
     return out
 
 

@@ -153,11 +153,12 @@ FAST_LUT_ENTRIES = 20  # d = 0 .. 19; larger offsets use entry 19 (all magnitude
 FAST_EXACT_BINADES = 14  # d <= 14 decodes exactly
 
 
-def scaled_fp4_lut() -> torch.Tensor:
+def scaled_fp4_lut(device="cpu") -> torch.Tensor:
     """[FAST_LUT_ENTRIES, 8] uint8: entry d holds the E4M3 codes of the E2M1 magnitudes
-    {0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(FAST_LUT_HEADROOM - d), RNE (fp32 multiply, then encode)."""
-    mags = F.decode_e2m1(torch.arange(8, dtype=torch.uint8))
-    d = torch.arange(FAST_LUT_ENTRIES, dtype=torch.int32)
+    {0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(FAST_LUT_HEADROOM - d), RNE (fp32 multiply, then encode),
+    computed on `device`."""
+    mags = F.decode_e2m1(torch.arange(8, dtype=torch.uint8, device=device))
+    d = torch.arange(FAST_LUT_ENTRIES, dtype=torch.int32, device=device)
     return F.encode_e4m3(mags[None, :] * F.pow2_f32(FAST_LUT_HEADROOM - d)[:, None])
 
 
@@ -186,7 +187,7 @@ def dequantize_fp4_fast(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torc
     by the rule above (equal to dequantize_fp4 wherever fast_rounded_rows finds nothing)."""
     codes = F.unpack_fp4(packed).to(torch.int64)
     fs = fast_weight_scales(scale_bytes)
-    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64).to(codes.device)  # [entries, 8]
+    lut = F.decode_e4m3(scaled_fp4_lut(codes.device)).to(torch.float64)  # [entries, 8]
     off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., : codes.shape[-1]]
     mag = lut[off, codes & 7]
     sign = torch.where((codes & 8) != 0, -1.0, 1.0).to(torch.float64)
