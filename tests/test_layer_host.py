@@ -36,7 +36,7 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
         MegaMoE(CFG, weights, device="cpu")
     with pytest.raises(MegaMoEInputError, match=r"argument 'weights': expected ExpertWeights, got dict"):
         MegaMoE(CFG, {"w1": weights.w1})
-    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg': expected a MoEConfig, got dict"):
+    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg': expected MoEConfig, got dict"):
         MegaMoE(CFG.to_dict(), weights)
 
 
