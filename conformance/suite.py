@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 from megamoe import reference as ref
 from megamoe.reference import points as P
+from megamoe.reference.errors import check_type, fail
 
 from .cleanup import check_d10
 from .combine import check_d9
@@ -172,14 +173,25 @@ def all_ranks(dumps: list[Dump]) -> list[Dump]:
 
 
 def check(
-    dumps: Iterable[Dump] | Iterable[str | Path],
+    dumps: Iterable[Dump | str | Path] | Dump | str | Path,
     *,
     end_to_end: bool = False,
     progress: Callable[[str], None] | None = None,
     weights: ref.ExpertWeights | None = None,
 ) -> SuiteReport:
-    """Run every checker on the dumps of one call (all ranks; files or Dump objects). Dumps saved
-    without their weights get them from `weights` (global, all experts) or from their seed."""
+    """Run every checker on the dumps of one call (all ranks): Dump objects or dump file paths, a
+    list of them or one (the one rank of a one-rank call). Dumps saved without their weights get
+    them from `weights` (global, all experts) or from their seed."""
+    if isinstance(dumps, (Dump, str, Path)):
+        dumps = [dumps]  # one file: a string is not a sequence of file names
+    if not isinstance(dumps, Iterable):
+        fail("dumps", "Dump objects or dump file paths (a list, or one)", type(dumps).__name__)
+    dumps = list(dumps)
+    for d in dumps:
+        if not isinstance(d, (Dump, str, Path)):
+            fail("dumps", "Dump objects or dump file paths (a list, or one)", f"an entry of type {type(d).__name__}")
+    if weights is not None:
+        check_type("weights", weights, ref.ExpertWeights)
     dumps = with_weights(all_ranks([d if isinstance(d, Dump) else Dump.load(d) for d in dumps]), weights)
     world = len(dumps)
     results: list[CheckResult] = []

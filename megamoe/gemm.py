@@ -323,15 +323,6 @@ def _record_words(words: list[int]) -> str:
     )
 
 
-def reset_timeout_record(dev: int | str | torch.device | None = None) -> None:
-    """Clears device `dev`'s trap record, or every device's (None, the default); in place, since the
-    cached launches hold its address (the kernel only writes it while it is clear)."""
-    for d in _record_devices(dev):
-        r = _ERR.get(d)
-        if r is not None:
-            r.zero_()
-
-
 # ---------------------------------------------------------------------------------------------
 # Arguments (SPEC §7: a clear MegaMoEInputError naming the argument, before any launch)
 # ---------------------------------------------------------------------------------------------
@@ -377,15 +368,25 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype != torch.uint8 else t
 
 
-def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_name: str) -> int:
+def require_cuda(name: str, t: torch.Tensor) -> None:
+    """The kernels run on a CUDA GPU: a tensor elsewhere is refused naming its argument, saying so
+    when torch sees no GPU at all (the one check of the entry points and of the fused layer)."""
+    if t.device.type != "cuda":
+        why = "" if torch.cuda.is_available() else " (torch sees no CUDA GPU on this machine)"
+        fail(name, "a CUDA tensor", f"device {t.device}{why}")
+
+
+def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_name: str, names: tuple) -> int:
+    """The pool operand x [P, K] and its scales; `names`: their parameters' names in the caller's
+    signature (x_pool / l2_acts, x_sf / l2_sf / x_sf128)."""
+    x_name, sf_name = names
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise MegaMoEInputError(f"argument 'x': expected a 2-D tensor [P, {k_name}]")
+        raise MegaMoEInputError(f"argument '{x_name}': expected a 2-D tensor [P, {k_name}]")
+    require_cuda(x_name, x)
     dev = x.device
-    if dev.type != "cuda":
-        raise MegaMoEInputError(f"argument 'x': expected a CUDA tensor, got device {dev}")
     P = x.shape[0]
-    _check("x", x, _E4M3, (P, k), dev)
-    _check("x_sf", x_sf, _U8, (P, k // sf_group), dev)
+    _check(x_name, x, _E4M3, (P, k), dev)
+    _check(sf_name, x_sf, _U8, (P, k // sf_group), dev)
     _check("num_tokens", num_tokens, _I32, None, dev)
     if num_tokens.dim() != 1:
         fail("num_tokens", "a 1-D tensor [E]", f"shape {tuple(num_tokens.shape)}")
@@ -395,25 +396,25 @@ def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_n
         raise MegaMoEInputError(f"argument 'num_tokens': expected at most {MAX_EXPERTS} local experts, got {E}")
     if k % BLOCK_K:
         fail(k_name, f"a multiple of {BLOCK_K}", k)
-    _check_aligned("x", x)
-    _check_aligned("x_sf", x_sf)
+    _check_aligned(x_name, x)
+    _check_aligned(sf_name, x_sf)
     return E
 
 
-def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, promotion: str, k_name: str):
+def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, promotion: str, k_name: str, names):
     """The GEMM's activation operand, checked: per-32 scales (k32) or, for k128, the payload and
     scales rebased per K128 (computed here unless the caller passes x_sf128 with an already rebased
-    x). Returns (x, scales, number of experts)."""
+    x). `names`: the caller's parameters for x and x_sf. Returns (x, scales, number of experts)."""
     if promotion not in PROMOTIONS:
         fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
     if promotion == "k128":
         if k % 512:
             raise MegaMoEInputError(f"argument '{k_name}': promotion 'k128' needs a multiple of 512, got {k}")
         if x_sf128 is None:
-            _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 32, k_name)
+            _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 32, k_name, names)
             x, x_sf128 = rebase_k128(x, x_sf)
-        x_sf = x_sf128
-    E = _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 128 if promotion == "k128" else 32, k_name)
+        x_sf, names = x_sf128, (names[0], "x_sf128")
+    E = _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 128 if promotion == "k128" else 32, k_name, names)
     return x, x_sf, E
 
 
@@ -864,7 +865,9 @@ def _plan_l1(
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
-    x_pool, x_sf, E = _activation_operand(x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, promotion, "hidden")
+    x_pool, x_sf, E = _activation_operand(
+        x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, promotion, "hidden", ("x_pool", "x_sf")
+    )
     P, dev = x_pool.shape[0], x_pool.device
     _check("w_route", w_route, (torch.float32,), (P,), dev)
     if kw.num_experts != E:
@@ -1002,7 +1005,7 @@ def _plan_l2(
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
     l2_acts, l2_sf, E = _activation_operand(
-        l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate"
+        l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate", ("l2_acts", "l2_sf")
     )
     P, dev = l2_acts.shape[0], l2_acts.device
     _check_weights_device(kw, dev)

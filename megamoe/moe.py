@@ -52,7 +52,7 @@ import torch
 from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe import ranks
-from megamoe.reference.errors import fail
+from megamoe.reference.errors import check_type, fail
 from megamoe.reference.validate import _check_tensor, check_rank_inputs, check_weights
 
 from .jit import build as jb
@@ -161,6 +161,7 @@ class MegaMoE:
     def _check_layer(self, weights: ref.ExpertWeights, size: int, device, promotion: str) -> None:
         """The constructor's argument checks (SPEC §7); sets device and this rank's weights."""
         cfg = self.cfg
+        check_type("cfg", cfg, ref.MoEConfig)
         if cfg.num_ranks != size:
             fail("cfg.num_ranks", f"{size}, the size of the process group (1 for group=None)", cfg.num_ranks)
         if cfg.block_m != C.FUSED_BLOCK_M:
@@ -183,6 +184,12 @@ class MegaMoE:
                 "cfg.hidden / cfg.intermediate", "multiples of 512 for promotion 'k128'", (cfg.hidden, cfg.intermediate)
             )
         self.tau = {ref.points.D5: G.TAU[promotion], ref.points.D7: G.TAU[promotion]}
+        # The GPU checks come before the device is looked up: on a machine without one, torch's
+        # lookup would end in its own traceback instead of one line naming what is missing.
+        if device is not None and not isinstance(device, int) and torch.device(device).type != "cuda":
+            fail("device", "a CUDA device", device)
+        check_type("weights", weights, ref.ExpertWeights)
+        G.require_cuda("weights", weights.w1)
         dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
         if isinstance(device, int):
             dev = torch.device("cuda", device)

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from .errors import INTEGER, check_tensor
+
 
 def updated_recv_stats(recv_stats_before: torch.Tensor | None, recv_totals: torch.Tensor) -> torch.Tensor:
     """D10: cumulative_recv_stats += N_e (int64 [E_l]); a fresh zero counter when none is given."""
+    check_tensor("recv_totals", recv_totals, INTEGER, (None,))
+    if recv_stats_before is not None:
+        check_tensor("recv_stats_before", recv_stats_before, torch.int64, tuple(recv_totals.shape), recv_totals.device)
     before = torch.zeros_like(recv_totals, dtype=torch.int64) if recv_stats_before is None else recv_stats_before
     return before.to(torch.int64) + recv_totals.to(torch.int64)

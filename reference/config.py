@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .errors import fail
+from .errors import check_bool, check_int, check_type, fail
 
 HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
 INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
@@ -36,8 +36,23 @@ class MoEConfig:
         return asdict(self)
 
 
+# The fields that are counts: ints, never a float or a string that happens to compare.
+INT_FIELDS = ("hidden", "intermediate", "num_experts", "top_k", "num_ranks", "max_tokens_per_rank", "block_m")
+
+
+def check_activation_clamp(c, arg: str = "activation_clamp") -> None:
+    """SPEC §2: None (no clamp) or a number c > 0 (a bool or a string is no number)."""
+    if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0):
+        fail(arg, "None or a positive number", repr(c))
+
+
 def check_config(cfg: MoEConfig) -> None:
     """The shape and mode fields (SPEC §7); MoEConfig runs it on every construction."""
+    check_type("cfg", cfg, MoEConfig)
+    for name in INT_FIELDS:
+        check_int(name, getattr(cfg, name), minimum=None)
+    check_bool("fast_math", cfg.fast_math)
+    check_activation_clamp(cfg.activation_clamp)
     if cfg.hidden <= 0 or cfg.hidden % HIDDEN_MULTIPLE:
         fail("hidden", f"a positive multiple of {HIDDEN_MULTIPLE}", cfg.hidden)
     if cfg.intermediate <= 0 or cfg.intermediate % INTERMEDIATE_MULTIPLE:
@@ -52,8 +67,6 @@ def check_config(cfg: MoEConfig) -> None:
         fail("max_tokens_per_rank", "a non-negative count", cfg.max_tokens_per_rank)
     if cfg.block_m <= 0 or cfg.block_m % 8:
         fail("block_m", "a positive multiple of 8", cfg.block_m)
-    if cfg.activation_clamp is not None and not cfg.activation_clamp > 0:
-        fail("activation_clamp", "None or a positive number", cfg.activation_clamp)
 
 
 # The main job's default: small enough for the CPU reference to run in seconds.

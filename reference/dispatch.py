@@ -16,22 +16,34 @@ from dataclasses import dataclass
 import torch
 
 from .config import MoEConfig
+from .errors import INTEGER, check_int, check_list, check_tensor, check_type, fail
 from .inputs import RankInputs
 from . import formats as F
 from . import points as P
+from .validate import check_all_inputs, check_expert_ids
 
 
 def send_counts(topk_idx: torch.Tensor, num_experts: int) -> torch.Tensor:
     """D1: int32 [E]."""
+    check_int("num_experts", num_experts, 1)
+    check_tensor("topk_idx", topk_idx, torch.int64, (None, None))
+    check_expert_ids("topk_idx", topk_idx, num_experts)  # an id >= E would lengthen the counts
     valid = topk_idx[topk_idx >= 0]
     return torch.bincount(valid.flatten(), minlength=num_experts).to(torch.int32)
 
 
 def receive_counts(all_send_counts: torch.Tensor, rank: int, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """D2: from the stacked D1 of every rank ([R, E]) -> (recv_counts [R, E_l], recv_totals [E_l])."""
+    _check_rank(rank, cfg)
+    check_tensor("all_send_counts", all_send_counts, INTEGER, (cfg.num_ranks, cfg.num_experts))
     e_l = cfg.local_experts
     counts = all_send_counts[:, rank * e_l : (rank + 1) * e_l].to(torch.int32).contiguous()
     return counts, counts.sum(dim=0).to(torch.int32)
+
+
+def _check_rank(rank: int, cfg: MoEConfig) -> None:
+    check_type("cfg", cfg, MoEConfig)
+    check_int("rank", rank, 0, cfg.num_ranks - 1)
 
 
 def _pairs(topk_idx: torch.Tensor, expert: int) -> torch.Tensor:
@@ -46,8 +58,16 @@ def source_lists(all_topk_idx: list[torch.Tensor], rank: int, cfg: MoEConfig) ->
 
     A token holds an expert at most once, so one list never exceeds T_max entries.
     """
+    _check_rank(rank, cfg)
+    check_list("all_topk_idx", all_topk_idx, cfg.num_ranks, f"{cfg.num_ranks} topk_idx tensors, one per rank")
+    device = None
+    for s, idx in enumerate(all_topk_idx):
+        check_tensor(f"all_topk_idx[{s}]", idx, torch.int64, (None, cfg.top_k), device)
+        if idx.shape[0] > cfg.max_tokens_per_rank:  # a list holds at most T_max entries
+            fail(f"all_topk_idx[{s}]", f"at most T_max = {cfg.max_tokens_per_rank} tokens", idx.shape[0])
+        check_expert_ids(f"all_topk_idx[{s}]", idx, cfg.num_experts)
+        device = idx.device
     e_l = cfg.local_experts
-    device = all_topk_idx[0].device
     out = torch.full((e_l, cfg.num_ranks, cfg.max_tokens_per_rank), -1, dtype=torch.int32, device=device)
     for le in range(e_l):
         for s, idx in enumerate(all_topk_idx):
@@ -101,9 +121,29 @@ class Pool:
         return slice(int(self.expert_offsets[local_expert]), int(self.expert_offsets[local_expert + 1]))
 
 
+def check_pool(pool: Pool, arg: str = "pool") -> None:
+    """A Pool's tensors (D4), as the stages after it read them; `arg`: the caller's name for it."""
+    check_type(arg, pool, Pool)
+    x = F.as_codes(pool.x, f"{arg}.x")
+    check_tensor(f"{arg}.x", x, shape=(None, None))
+    p, h, device = *x.shape, x.device
+    check_tensor(f"{arg}.x_sf", pool.x_sf, torch.uint8, (p, h // 32), device)
+    check_tensor(f"{arg}.weights", pool.weights, torch.float32, (p,), device)
+    check_tensor(f"{arg}.meta", pool.meta, torch.int32, (p, 3), device)
+    check_tensor(f"{arg}.expert_offsets", pool.expert_offsets, INTEGER, (None,), device)
+    if pool.expert_offsets.numel() < 2:
+        fail(f"{arg}.expert_offsets", "E_l + 1 >= 2 row offsets", list(pool.expert_offsets.shape))
+
+
 def region_valid(expert_offsets: torch.Tensor, recv_totals: torch.Tensor, num_rows: int) -> torch.Tensor:
     """bool [P]: the valid pool rows by the layout contract — the first N_e rows of expert e's
     region. This is what a checker uses for a kernel dump, whose padding metadata is unspecified."""
+    check_tensor("recv_totals", recv_totals, INTEGER, (None,))
+    e_l = recv_totals.numel()
+    check_tensor("expert_offsets", expert_offsets, INTEGER, (e_l + 1,), recv_totals.device)
+    if not e_l:
+        fail("recv_totals", "one count per local expert (at least one)", "an empty tensor")
+    check_int("num_rows", num_rows, 0)
     row = torch.arange(num_rows, device=expert_offsets.device)
     expert = torch.bucketize(row, expert_offsets[1:].to(torch.int64), right=True)
     expert = expert.clamp(max=recv_totals.numel() - 1)
@@ -112,21 +152,32 @@ def region_valid(expert_offsets: torch.Tensor, recv_totals: torch.Tensor, num_ro
 
 
 def align_up(n: int, block: int) -> int:
+    """n rounded up to a multiple of block."""
+    check_int("n", n, 0)
+    check_int("block", block, 1)
     return (n + block - 1) // block * block
 
 
 def pool_offsets(counts: list[int], block_m: int, device="cpu") -> torch.Tensor:
     """int32 [E_l + 1]: each local expert's first pool row (expert-major, BLOCK_M-aligned), then P."""
+    check_int("block_m", block_m, 1)
+    if isinstance(counts, torch.Tensor):
+        check_tensor("counts", counts, INTEGER, (None,))
+        counts = counts.tolist()
+    check_list("counts", counts, None, "row counts, one per local expert")
+    for n in counts:
+        check_int("counts", n, 0)
     offsets = [0]
     for n in counts:
-        offsets.append(offsets[-1] + align_up(int(n), block_m))
+        offsets.append(offsets[-1] + align_up(n, block_m))
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
 def build_pool(all_inputs: list[RankInputs], rank: int, cfg: MoEConfig) -> Pool:
     """D4: pull every (s, t, k) routed to this rank's experts into the expert-major pool."""
+    _check_rank(rank, cfg)
+    device = check_all_inputs(cfg, all_inputs, "all_inputs")
     e_l, bm = cfg.local_experts, cfg.block_m
-    device = all_inputs[0].x.device
     per_expert = []  # list over local experts of (s, t, k) int64 [n, 3]
     for le in range(e_l):
         expert = rank * e_l + le

@@ -13,12 +13,33 @@ from __future__ import annotations
 import torch
 
 from . import formats as F
+from .errors import INTEGER, check_tensor, fail
 
 E4M3_UNIT = 2.0**-9  # every E4M3 value is an integer multiple of this
 E2M1_UNIT = 0.5  # every E2M1 value is an integer multiple of this
 
 
+def check_weight_operand(names: tuple[str, str], w, w_sf, k: int, experts: int | None, device) -> None:
+    """FP4 weights [(E,) N, K/2] and their scale bytes [(E,) N, K/32] (`experts` None: one matrix),
+    named as the caller's signature names them."""
+    lead = () if experts is None else (experts,)
+    check_tensor(names[0], w, torch.uint8, (*lead, None, k // 2), device)
+    check_tensor(names[1], w_sf, torch.uint8, (*lead, w.shape[-2], k // 32), device)
+
+
+def _check_activations(names: tuple[str, str], a_codes, a_sf) -> torch.Tensor:
+    """E4M3 codes [M, K] (K a multiple of 32) and their scale bytes [M, K/32]; returns the codes as uint8."""
+    a = F.as_codes(a_codes, names[0])
+    check_tensor(names[0], a, shape=(None, None))
+    if a.shape[1] % 32:
+        fail(names[0], "[M, K] with K a multiple of 32", list(a.shape))
+    check_tensor(names[1], a_sf, torch.uint8, (a.shape[0], a.shape[1] // 32), a.device)
+    return a
+
+
 def _operands(a_codes, a_sf, b_packed, b_sf):
+    a_codes = _check_activations(("a_codes", "a_sf"), a_codes, a_sf)
+    check_weight_operand(("b_packed", "b_sf"), b_packed, b_sf, a_codes.shape[1], None, a_codes.device)
     a_int = F.decode_e4m3(a_codes).to(torch.float64) / E4M3_UNIT
     b_int = F.decode_e2m1(F.unpack_fp4(b_packed)).to(torch.float64) / E2M1_UNIT
     a_scale = F.decode_ue8m0(a_sf, torch.float64) * E4M3_UNIT
@@ -61,11 +82,20 @@ def grouped_gemm(
     fn=block_scaled_gemm,
 ) -> torch.Tensor:
     """Apply `fn` expert by expert over an expert-major pool; padding rows give 0."""
-    p, n = rows_codes.shape[0], w.shape[1]
+    rows_codes = _check_activations(("rows_codes", "rows_sf"), rows_codes, rows_sf)
+    p, k, device = *rows_codes.shape, rows_codes.device
+    check_tensor("w", w, shape=(None, None, None))
+    check_weight_operand(("w", "w_sf"), w, w_sf, k, w.shape[0], device)
+    check_tensor("expert_offsets", expert_offsets, INTEGER, (w.shape[0] + 1,), device)
+    check_tensor("valid", valid, torch.bool, (p,), device)
+    bounds = expert_offsets.tolist()
+    if bounds[0] < 0 or bounds[-1] > p or any(a > b for a, b in zip(bounds, bounds[1:])):
+        fail("expert_offsets", f"ascending pool rows in [0, {p}]", bounds)
+    n = w.shape[1]
     dtype = torch.float64 if fn is not block_scaled_gemm else torch.float32
     out = torch.zeros(p, n, dtype=dtype, device=rows_codes.device)
     for e in range(w.shape[0]):
-        rows = torch.arange(int(expert_offsets[e]), int(expert_offsets[e + 1]), device=rows_codes.device)
+        rows = torch.arange(bounds[e], bounds[e + 1], device=rows_codes.device)
         rows = rows[valid[rows]]
         if rows.numel():
             out[rows] = fn(rows_codes[rows], rows_sf[rows], w[e], w_sf[e]).to(dtype)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import Pool
-from .gemm import grouped_gemm
+from .dispatch import Pool, check_pool
+from .errors import check_int, check_list, check_tensor, check_type, fail
+from .gemm import check_weight_operand, grouped_gemm
 from .weights import ExpertWeights
 from . import formats as F
 
@@ -14,6 +15,12 @@ def l2_gemm(
     l2_acts: torch.Tensor, l2_sf: torch.Tensor, pool: Pool, weights: ExpertWeights, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
     """D7: acc2 fp32 [P, H]; padding rows are 0."""
+    check_pool(pool)
+    check_type("weights", weights, ExpertWeights)
+    acts = F.as_codes(l2_acts, "l2_acts")
+    check_tensor("l2_acts", acts, shape=(pool.num_rows, None))  # the pool's rows; l2_sf: grouped_gemm's
+    experts = pool.expert_offsets.numel() - 1  # E_l
+    check_weight_operand(("weights.w2", "weights.w2_sf"), weights.w2, weights.w2_sf, acts.shape[1], experts, None)
     valid = pool.valid if valid is None else valid
     return grouped_gemm(l2_acts, l2_sf, pool.expert_offsets, weights.w2, weights.w2_sf, valid=valid)
 
@@ -21,6 +28,9 @@ def l2_gemm(
 def empty_combine_buffer(top_k: int, max_tokens: int, hidden: int, device="cpu") -> torch.Tensor:
     """A source rank's combine buffer [K, T_max, H] bf16, poisoned with NaN: slots no expert
     writes (-1 slots, rows >= T) stay NaN, so reading one is visible downstream."""
+    check_int("top_k", top_k, 1)
+    check_int("max_tokens", max_tokens, 0)
+    check_int("hidden", hidden, 1)
     return torch.full((top_k, max_tokens, hidden), float("nan"), dtype=torch.bfloat16, device=device)
 
 
@@ -28,6 +38,23 @@ def l2_epilogue(
     acc2: torch.Tensor, meta: torch.Tensor, valid: torch.Tensor, combine_buffers: list[torch.Tensor]
 ) -> None:
     """D8: write bf16(acc2) (RNE) of every valid pool row to combine_s[k][t] of its source rank s."""
+    check_tensor("acc2", acc2, torch.float32, (None, None))
+    p, h, device = *acc2.shape, acc2.device
+    check_tensor("meta", meta, torch.int32, (p, 3), device)
+    check_tensor("valid", valid, torch.bool, (p,), device)
+    check_list("combine_buffers", combine_buffers, None, "combine buffers [K, T_max, H], one per source rank")
+    shape = (None, None, h)
+    for s, buf in enumerate(combine_buffers):
+        check_tensor(f"combine_buffers[{s}]", buf, torch.bfloat16, shape, device)
+        shape = tuple(buf.shape)  # every source rank's buffer is [K, T_max, H]
+    k, t_max = shape[:2]
+    # A valid row names the buffer it is written to: its token and slot must lie inside it (a row
+    # whose source rank is none of the buffers' is not written, like a planted fault's padding row).
+    written = valid & (meta[:, 0] >= 0) & (meta[:, 0] < len(combine_buffers))
+    bad = (written & ((meta[:, 1] < 0) | (meta[:, 1] >= t_max) | (meta[:, 2] < 0) | (meta[:, 2] >= k))).nonzero()
+    if bad.numel():
+        row = int(bad[0])
+        fail("meta", f"tokens in [0, {t_max}) and slots in [0, {k})", f"{meta[row].tolist()} in valid row {row}")
     out = F.bf16_tensor(F.encode_bf16(acc2))
     for s, buf in enumerate(combine_buffers):
         rows = (valid & (meta[:, 0] == s)).nonzero(as_tuple=True)[0]

@@ -10,11 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .combine import check_combine_args
 from .config import MoEConfig
 from .dispatch import build_pool
+from .errors import FLOATING, check_tensor
 from .gemm import block_scaled_gemm_f64, grouped_gemm
 from .inputs import RankInputs
 from .quantize import dequantize_fp4
+from .swiglu import check_swiglu_args
+from .validate import check_call
 from .weights import ExpertWeights
 
 
@@ -28,6 +32,8 @@ class OracleRank:
 
 
 def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> list[OracleRank]:
+    """The float64 oracle of one call, every rank's stages on the reference pool."""
+    check_call(cfg, inputs, weights)
     e_l = cfg.local_experts
     device = inputs[0].x.device
     ys = [torch.zeros(inp.num_tokens, cfg.hidden, dtype=torch.float64, device=device) for inp in inputs]
@@ -59,6 +65,8 @@ def swiglu_f64(
     acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor, activation_clamp: float | None
 ) -> torch.Tensor:
     """silu(g) · u · w in float64 with exact sigmoid and no rounding of g or u; padding rows 0."""
+    check_swiglu_args(acc1, route_weights, activation_clamp, FLOATING)
+    check_tensor("valid", valid, torch.bool, (acc1.shape[0],), acc1.device)
     acc1 = acc1.to(torch.float64)
     i = acc1.shape[1] // 2
     g, u = acc1[:, :i], acc1[:, i:]
@@ -71,6 +79,7 @@ def swiglu_f64(
 
 def combine_f64(combine_buffer: torch.Tensor, topk_idx: torch.Tensor) -> torch.Tensor:
     """The exact sum of a token's valid combine slots, float64 [T, H]."""
+    check_combine_args(combine_buffer, topk_idx)
     t = topk_idx.shape[0]
     vals = combine_buffer[:, :t].to(torch.float64)
     mask = (topk_idx.T >= 0)[:, :, None]
@@ -79,6 +88,8 @@ def combine_f64(combine_buffer: torch.Tensor, topk_idx: torch.Tensor) -> torch.T
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """1 - 2Σxy / Σ(x² + y²) in float64 (0 when both are all zero); DeepGEMM's similarity."""
+    check_tensor("x", x)
+    check_tensor("y", y, shape=tuple(x.shape), device=x.device)  # no broadcast: one value per element
     x, y = x.to(torch.float64), y.to(torch.float64)
     denom = (x * x + y * y).sum()
     if denom == 0:

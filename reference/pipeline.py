@@ -10,6 +10,7 @@ values, like a kernel with one broken stage.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -19,6 +20,7 @@ from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import MoEConfig
 from .dispatch import Pool, build_pool, receive_counts, region_valid, send_counts, source_lists
+from .errors import check_list, check_tensor, fail
 from .inputs import RankInputs
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
@@ -53,6 +55,13 @@ class ReferenceResult:
 
 def valid_rows(dump: dict[str, torch.Tensor]) -> torch.Tensor:
     """The pool rows that hold tokens, by the layout contract (D4 offsets, D2 totals)."""
+    needed = (P.D4_EXPERT_OFFSETS, P.D2_RECV_TOTALS, P.D4_POOL_X)
+    if not isinstance(dump, Mapping):
+        fail("dump", "a dict of dump tensors (Dump.tensors)", type(dump).__name__)
+    missing = [n for n in needed if n not in dump]
+    if missing:
+        fail("dump", f"the tensors {', '.join(needed)}", f"none named {', '.join(missing)}")
+    check_tensor(P.D4_POOL_X, dump[P.D4_POOL_X], min_dim=1)
     return region_valid(dump[P.D4_EXPERT_OFFSETS], dump[P.D2_RECV_TOTALS], dump[P.D4_POOL_X].shape[0])
 
 
@@ -69,6 +78,12 @@ def run_reference(
     check_call(cfg, inputs, weights)
     r, e_l = cfg.num_ranks, cfg.local_experts
     device = inputs[0].x.device
+    if recv_stats is not None:
+        check_list("recv_stats", recv_stats, r, f"{r} int64 [E_l] tensors, one per rank")
+        for s, stats in enumerate(recv_stats):
+            check_tensor(f"recv_stats[{s}]", stats, torch.int64, (e_l,), device)
+    if tamper is not None and not callable(tamper):
+        fail("tamper", "None or a callable (point, dump, ctx)", type(tamper).__name__)
     dumps: list[dict[str, torch.Tensor]] = [{} for _ in range(r)]
     ctxs = [StageContext(cfg, inputs, weights.slice(s * e_l, (s + 1) * e_l), s) for s in range(r)]
 

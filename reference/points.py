@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import MoEConfig
+from .errors import check_int, check_type, fail
 
 # The check classes of SPEC §4 (megamoe.conformance.result takes them from here).
 EXACT, MULTISET, GEMM_BOUND, GEMM_EXACT, END_TO_END, GUARD = (
@@ -185,6 +186,11 @@ def dump_dims(cfg: MoEConfig, *, tokens: int, pool_rows: int, counter_words: int
     """The dims the table's shapes are written in, for one rank of one call: `tokens` is T (this
     rank's x.shape[0]), `pool_rows` is P (the last entry of its D4.expert_offsets), and
     `counter_words`, when given, is C (the length of D10.counters; 0 for a reference dump)."""
+    check_type("cfg", cfg, MoEConfig)
+    check_int("tokens", tokens, 0)
+    check_int("pool_rows", pool_rows, 0)
+    if counter_words is not None:
+        check_int("counter_words", counter_words, 0)
     dims = {
         "H": cfg.hidden,
         "I": cfg.intermediate,
@@ -212,10 +218,12 @@ def dump_problems(
     """What keeps `tensors` from being a dump of the table (of `points`, default all), one line per
     problem naming the tensor: missing, not a tensor, wrong dtype, wrong shape, or a dump-point name
     the table does not know. Names outside D1-D10 (inputs.*, weights.*) are not judged."""
+    check_type("tensors", tensors, Mapping)
+    check_type("dims", dims, Mapping)
     wanted = POINTS if points is None else tuple(points)
     unknown_points = [p for p in wanted if p not in POINT]
     if unknown_points:
-        raise ValueError(f"not dump points of the table: {', '.join(unknown_points)}")
+        fail("points", f"dump points of the table ({', '.join(POINTS)})", ", ".join(map(str, unknown_points)))
     problems = []
     for name in tensors:
         point, dot, _ = name.partition(".")

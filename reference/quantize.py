@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import formats as F
+from .errors import check_float_dtype, check_tensor, fail
 
 GROUP = 32
 HOST_AMAX_FLOOR = 1e-4
@@ -37,14 +38,11 @@ def _per32(
     encode: Callable,
     amax_floor: float | None,
     clamp_bytes: bool,
-    what: str,
+    arg: str,
 ) -> Quantized:
-    if values.dtype == torch.float64:
-        raise TypeError(f"{what}: float64 input would be rounded twice; round to float32 first")
-    v = values.to(torch.float32)
+    v = F.float32_input(values, arg)
+    _check_groups(arg, v, GROUP)
     k = v.shape[-1]
-    if k % GROUP:
-        raise ValueError(f"{what}: the last dimension must be a multiple of {GROUP}, got {k}")
     groups = v.reshape(*v.shape[:-1], k // GROUP, GROUP)
     mag = groups.abs()
     amax = torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(dim=-1)
@@ -59,6 +57,12 @@ def _per32(
     return Quantized(codes, scale_bytes)
 
 
+def _check_groups(arg: str, t: torch.Tensor, group: int) -> None:
+    """[..., K] with K a multiple of the scale group (the tensor itself already checked)."""
+    if t.dim() == 0 or t.shape[-1] % group:
+        fail(arg, f"a tensor [..., K] with K a multiple of {group}", f"shape {list(t.shape)}")
+
+
 def quantize_activations(x: torch.Tensor) -> Quantized:
     """Host utility: activations [..., H] -> E4M3 codes and per-32 UE8M0 bytes [..., H/32]."""
     return _per32(
@@ -67,7 +71,7 @@ def quantize_activations(x: torch.Tensor) -> Quantized:
         encode=F.encode_e4m3,
         amax_floor=HOST_AMAX_FLOOR,
         clamp_bytes=True,
-        what="quantize_activations",
+        arg="x",
     )
 
 
@@ -76,16 +80,16 @@ def quantize_weights(w: torch.Tensor) -> Quantized:
 
     Non-finite weights are rejected: E2M1 has no NaN or Inf, so they could only be clipped.
     """
-    if not torch.isfinite(w).all():
+    if not torch.isfinite(F.float32_input(w, "w")).all():
         bad = (~torch.isfinite(w)).nonzero()[0].tolist()
-        raise ValueError(f"quantize_weights: argument 'w' must be finite; first non-finite value at {bad}")
+        fail("w", "finite values (E2M1 has no NaN or Inf)", f"a non-finite value at {bad}")
     q = _per32(
         w,
         inv_max=F.INV_E2M1_MAX,
         encode=F.encode_e2m1,
         amax_floor=HOST_AMAX_FLOOR,
         clamp_bytes=True,
-        what="quantize_weights",
+        arg="w",
     )
     return Quantized(F.pack_fp4(q.codes), q.scales)
 
@@ -98,24 +102,32 @@ def requantize_intermediate(a: torch.Tensor) -> Quantized:
         encode=F.encode_e4m3,
         amax_floor=None,
         clamp_bytes=False,
-        what="requantize_intermediate",
+        arg="a",
     )
 
 
-def _expand_scales(scale_bytes: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+def _expand_scales(scale_bytes: torch.Tensor, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-32 scale bytes [..., ceil(K/32)] of codes [..., K] in `dtype`, one per element,
+    checked (before anything is decoded)."""
+    check_tensor("codes", codes, min_dim=1)
+    *lead, k = codes.shape
+    check_tensor("scale_bytes", scale_bytes, torch.uint8, (*lead, -(-k // GROUP)), codes.device)
+    check_float_dtype("dtype", dtype)
     return F.decode_ue8m0(scale_bytes, dtype).repeat_interleave(GROUP, dim=-1)[..., :k]
 
 
 def dequantize_e4m3(codes: torch.Tensor, scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """E4M3 codes [..., K] with per-32 scales -> values (float64 by default: always exact)."""
-    c = F.as_codes(codes)
-    return F.decode_e4m3(c).to(dtype) * _expand_scales(scale_bytes, c.shape[-1], dtype)
+    c = F.as_codes(codes, "codes")
+    scales = _expand_scales(scale_bytes, c, dtype)
+    return F.decode_e4m3(c).to(dtype) * scales
 
 
 def dequantize_fp4(packed: torch.Tensor, scale_bytes: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Packed FP4 [..., K/2] with per-32 scales -> values [..., K] (float64 by default: exact)."""
     codes = F.unpack_fp4(packed)
-    return F.decode_e2m1(codes).to(dtype) * _expand_scales(scale_bytes, codes.shape[-1], dtype)
+    scales = _expand_scales(scale_bytes, codes, dtype)
+    return F.decode_e2m1(codes).to(dtype) * scales
 
 
 def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
@@ -127,10 +139,11 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
     Exact unless a shifted value falls into E4M3's subnormal range (below 2^-6), where it is
     rounded to the 2^-9 grid. Returns codes [P, K] and scale bytes [P, K/128].
     """
-    c = F.as_codes(codes)
+    c = F.as_codes(codes, "codes")
+    check_tensor("codes", c, shape=(None, None))
+    _check_groups("codes", c, 128)
     p, k = c.shape
-    if k % 128:
-        raise ValueError(f"rebase_k128: K must be a multiple of 128, got {k}")
+    check_tensor("scale_bytes", scale_bytes, torch.uint8, (p, k // GROUP), c.device)
     sf = scale_bytes.reshape(p, k // 128, 4).to(torch.int32)
     smax = sf.amax(dim=-1)
     shift = sf - smax[..., None]
@@ -153,11 +166,12 @@ FAST_LUT_ENTRIES = 20  # d = 0 .. 19; larger offsets use entry 19 (all magnitude
 FAST_EXACT_BINADES = 14  # d <= 14 decodes exactly
 
 
-def scaled_fp4_lut() -> torch.Tensor:
+def scaled_fp4_lut(device="cpu") -> torch.Tensor:
     """[FAST_LUT_ENTRIES, 8] uint8: entry d holds the E4M3 codes of the E2M1 magnitudes
-    {0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(FAST_LUT_HEADROOM - d), RNE (fp32 multiply, then encode)."""
-    mags = F.decode_e2m1(torch.arange(8, dtype=torch.uint8))
-    d = torch.arange(FAST_LUT_ENTRIES, dtype=torch.int32)
+    {0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(FAST_LUT_HEADROOM - d), RNE (fp32 multiply, then encode),
+    computed on `device`."""
+    mags = F.decode_e2m1(torch.arange(8, dtype=torch.uint8, device=device))
+    d = torch.arange(FAST_LUT_ENTRIES, dtype=torch.int32, device=device)
     return F.encode_e4m3(mags[None, :] * F.pow2_f32(FAST_LUT_HEADROOM - d)[:, None])
 
 
@@ -186,7 +200,7 @@ def dequantize_fp4_fast(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torc
     by the rule above (equal to dequantize_fp4 wherever fast_rounded_rows finds nothing)."""
     codes = F.unpack_fp4(packed).to(torch.int64)
     fs = fast_weight_scales(scale_bytes)
-    lut = F.decode_e4m3(scaled_fp4_lut()).to(torch.float64).to(codes.device)  # [entries, 8]
+    lut = F.decode_e4m3(scaled_fp4_lut(codes.device)).to(torch.float64)  # [entries, 8]
     off = fs.offsets.to(torch.int64).repeat_interleave(GROUP, dim=-1)[..., : codes.shape[-1]]
     mag = lut[off, codes & 7]
     sign = torch.where((codes & 8) != 0, -1.0, 1.0).to(torch.float64)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import fail
+from .errors import FLOATING, check_int, check_tensor, check_type, fail
 
 
 class Routing(NamedTuple):
@@ -21,12 +21,15 @@ class Routing(NamedTuple):
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k by value descending, ties to the lower index (deterministic on every device)."""
+    check_tensor("scores", scores, min_dim=1)
+    check_int("k", k, 1, scores.shape[-1])  # torch would return fewer than k silently
     values, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
     return values[..., :k], idx[..., :k]
 
 
 def softmax_topk(logits: torch.Tensor, k: int, *, renormalize: bool = True) -> Routing:
     """Mixtral: softmax over all experts in fp32, top-k, renormalised by the sum of the k."""
+    check_tensor("logits", logits, FLOATING, min_dim=1)
     probs = torch.softmax(logits.to(torch.float32), dim=-1)
     weights, idx = stable_topk(probs, k)
     if renormalize:
@@ -50,9 +53,14 @@ def deepseek_v3_topk(
     the weights are gathered from the *unbiased* sigmoid, normalised by their sum and multiplied
     by the scaling factor.
     """
+    check_tensor("logits", logits, FLOATING, (None, None))
     t, e = logits.shape
-    if e % n_group:
-        raise ValueError(f"deepseek_v3_topk: {e} experts do not split into {n_group} groups")
+    check_tensor("correction_bias", correction_bias, FLOATING, (e,), logits.device)
+    check_int("n_group", n_group, 1)
+    if e % n_group or e // n_group < 2:  # a group's score is the sum of its top 2
+        fail("n_group", f"a divisor of the {e} experts into groups of at least 2", n_group)
+    check_int("topk_group", topk_group, 1, n_group)
+    check_int("k", k, 1, topk_group * (e // n_group))  # from the kept groups' experts
     scores = torch.sigmoid(logits.to(torch.float32))
     choice = scores + correction_bias.to(torch.float32)
     grouped = choice.reshape(t, n_group, e // n_group)
@@ -71,6 +79,9 @@ def deepseek_v3_topk(
 
 def tie_free_logits(num_tokens: int, num_experts: int, *, generator: torch.Generator) -> torch.Tensor:
     """Logits with no ties: a random permutation of 0..E-1 per token, divided by 32 (exact in bf16)."""
+    check_int("num_tokens", num_tokens, 0)
+    check_int("num_experts", num_experts, 1)
+    check_type("generator", generator, torch.Generator)
     perms = torch.argsort(torch.rand(num_tokens, num_experts, generator=generator), dim=-1)
     return perms.to(torch.float32) / 32.0
 
@@ -97,9 +108,14 @@ def make_routing(
     masked_ratio   this fraction of all slots becomes -1 (no expert); their weights are 0
     The weights are a softmax over k random logits (positive, summing to 1 before masking).
     """
+    check_int("num_tokens", num_tokens, 0)
+    check_int("num_experts", num_experts, 1)
+    check_int("k", k, 1, num_experts)
+    check_int("seed", seed, minimum=None)
     if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"make_routing: distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-    if not 0.0 <= masked_ratio <= 1.0:  # a ratio of 2 or -1 would silently mean "all" or "none"
+        fail("distribution", f"one of {DISTRIBUTIONS}", repr(distribution))
+    # a ratio of 2 or -1 would silently mean "all" or "none"
+    if isinstance(masked_ratio, bool) or not isinstance(masked_ratio, (int, float)) or not 0.0 <= masked_ratio <= 1.0:
         fail("masked_ratio", "a fraction in [0, 1]", masked_ratio)
     g = torch.Generator().manual_seed(seed)
     p = torch.ones(num_experts)

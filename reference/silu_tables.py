@@ -13,6 +13,8 @@ from importlib import resources
 
 import torch
 
+from .errors import check_bool
+
 TABLE_FILES = {True: "silu_fast.bin", False: "silu_precise.bin"}
 TABLE_SIZE = 65536
 
@@ -27,7 +29,8 @@ def _load(fast_math: bool) -> torch.Tensor:
 
 def silu_table(fast_math: bool, device="cpu") -> torch.Tensor:
     """fp32 [65536]: silu of every bf16 bit pattern, as the kernel computes it."""
-    return _load(bool(fast_math)).to(device)
+    check_bool("fast_math", fast_math)
+    return _load(fast_math).to(device)
 
 
 def silu_from_bf16_bits(bits: torch.Tensor, fast_math: bool) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """Bad input (SPEC §7): every check raises MegaMoEInputError naming the argument, the expected and
-the actual value, before anything runs."""
+the actual value, before anything runs. Here the contract's own tensors (a call's inputs, its
+weights, expert ids); the generic argument checks are errors.py's."""
 
 from __future__ import annotations
 
 import torch
 
 from .config import MoEConfig
-from .errors import fail
+from .errors import check_int, check_list, check_tensor, check_type, fail
 from .inputs import RankInputs
 from .weights import ExpertWeights
 
@@ -14,16 +15,8 @@ TMA_ALIGNMENT = 16  # bytes: the kernel's bulk tensor copies need 16-byte aligne
 
 
 def _check_tensor(name: str, t, dtype, shape: tuple, device=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        fail(name, "a torch.Tensor", type(t).__name__)
-    if t.dtype != dtype:
-        fail(name, f"dtype {dtype}", t.dtype)
-    if tuple(t.shape) != tuple(shape):
-        fail(name, f"shape {list(shape)}", list(t.shape))
-    if device is not None and t.device != device:
-        fail(name, f"device {device}", t.device)
-    if not t.is_contiguous():
-        fail(name, "a contiguous tensor", f"strides {t.stride()}")
+    """A kernel operand: check_tensor, contiguous (megamoe.moe checks the layer's `out` with it too)."""
+    check_tensor(name, t, dtype, shape, device, contiguous=True)
 
 
 def _check_alignment(name: str, t: torch.Tensor) -> None:
@@ -41,14 +34,29 @@ def _check_scales(name: str, sf: torch.Tensor) -> None:
         fail(name, "UE8M0 scale bytes in [0, 254] (255 is NaN)", f"255 at {bad[0].tolist()}")
 
 
-def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0) -> None:
-    """The inputs of one rank (SPEC §2, §7)."""
+def check_expert_ids(name: str, idx: torch.Tensor, num_experts: int) -> None:
+    """Every expert id of `idx` in [-1, num_experts) (-1: no expert, SPEC §2)."""
+    out_of_range = ((idx < -1) | (idx >= num_experts)).nonzero()
+    if out_of_range.numel():
+        pos = out_of_range[0].tolist()
+        fail(name, f"expert ids in [-1, {num_experts})", f"{int(idx[tuple(pos)])} at {pos}")
+
+
+def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0, device: torch.device | None = None) -> None:
+    """The inputs of one rank (SPEC §2, §7), on `device` (default: x's, which must hold data)."""
+    check_type("cfg", cfg, MoEConfig)
+    check_type("inp", inp, RankInputs)
     t = inp.x.shape[0] if isinstance(inp.x, torch.Tensor) and inp.x.dim() == 2 else None
     if t is None:
         fail("x", "a 2-D tensor [T, H]", getattr(inp.x, "shape", type(inp.x).__name__))
     if t > cfg.max_tokens_per_rank:
         fail("x", f"at most T_max = {cfg.max_tokens_per_rank} tokens (rank {rank})", t)
-    device = inp.x.device
+    if device is None:
+        # x names the call's device; a meta x has no values to check or compute on, so it is
+        # refused itself rather than the others blamed for being on a device with data.
+        device = inp.x.device
+        if device.type == "meta":
+            fail("x", "a tensor with data (on the CPU or a GPU)", "device meta")
     _check_tensor("x", inp.x, torch.float8_e4m3fn, (t, cfg.hidden), device)
     _check_tensor("x_sf", inp.x_sf, torch.uint8, (t, cfg.hidden // 32), device)
     _check_tensor("topk_idx", inp.topk_idx, torch.int64, (t, cfg.top_k), device)
@@ -57,10 +65,7 @@ def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0) -> None:
     _check_alignment("x_sf", inp.x_sf)
     _check_scales("x_sf", inp.x_sf)
     idx = inp.topk_idx
-    out_of_range = ((idx < -1) | (idx >= cfg.num_experts)).nonzero()
-    if out_of_range.numel():
-        pos = out_of_range[0].tolist()
-        fail("topk_idx", f"expert ids in [-1, {cfg.num_experts})", f"{int(idx[tuple(pos)])} at {pos}")
+    check_expert_ids("topk_idx", idx, cfg.num_experts)
     if t and cfg.top_k > 1:
         s = torch.sort(idx, dim=1).values
         dup = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).nonzero()
@@ -73,11 +78,18 @@ def check_rank_inputs(cfg: MoEConfig, inp: RankInputs, rank: int = 0) -> None:
             )
 
 
-def check_weights(cfg: MoEConfig, w: ExpertWeights, num_experts: int | None = None) -> None:
-    """Canonical weights of `num_experts` experts (default: all E)."""
+def check_weights(
+    cfg: MoEConfig, w: ExpertWeights, num_experts: int | None = None, device: torch.device | None = None
+) -> None:
+    """Canonical weights of `num_experts` experts (default: all E), on `device` (default: w1's)."""
+    check_type("cfg", cfg, MoEConfig)
+    check_type("weights", w, ExpertWeights)
+    if num_experts is not None:
+        check_int("num_experts", num_experts, 1)
     e = cfg.num_experts if num_experts is None else num_experts
     h, i = cfg.hidden, cfg.intermediate
-    device = w.w1.device
+    if device is None and isinstance(w.w1, torch.Tensor):
+        device = w.w1.device
     _check_tensor("w1", w.w1, torch.uint8, (e, 2 * i, h // 2), device)
     _check_tensor("w1_sf", w.w1_sf, torch.uint8, (e, 2 * i, h // 32), device)
     _check_tensor("w2", w.w2, torch.uint8, (e, h, i // 2), device)
@@ -86,9 +98,19 @@ def check_weights(cfg: MoEConfig, w: ExpertWeights, num_experts: int | None = No
     _check_scales("w2_sf", w.w2_sf)
 
 
-def check_call(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> None:
-    if len(inputs) != cfg.num_ranks:
-        fail("inputs", f"one RankInputs per rank ({cfg.num_ranks})", len(inputs))
+def check_all_inputs(cfg: MoEConfig, inputs: list[RankInputs], arg: str = "inputs") -> torch.device:
+    """One RankInputs per rank (`arg`: the caller's name for the list), all on one device; returns it."""
+    check_type("cfg", cfg, MoEConfig)
+    check_list(arg, inputs, cfg.num_ranks, f"{cfg.num_ranks} RankInputs, one per rank")
+    device = None
     for rank, inp in enumerate(inputs):
-        check_rank_inputs(cfg, inp, rank)
-    check_weights(cfg, weights)
+        check_type(f"{arg}[{rank}]", inp, RankInputs)
+        check_rank_inputs(cfg, inp, rank, device)
+        device = inp.x.device  # every later rank's tensors on rank 0's device
+    return device
+
+
+def check_call(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights) -> None:
+    """A whole call (run_reference, run_oracle): every rank's inputs and the global weights, on one device."""
+    device = check_all_inputs(cfg, inputs)
+    check_weights(cfg, weights, device=device)

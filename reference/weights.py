@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .quantize import quantize_weights
+from .errors import check_int, check_tensor, fail
+from .quantize import GROUP, quantize_weights
 
 INTERLEAVE = 8
 
@@ -37,12 +38,17 @@ class ExpertWeights:
         return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop], self.w2_sf[start:stop])
 
 
+def _check_gate_up_rows(rows) -> None:
+    check_tensor("rows", rows, shape=(None, None, None))
+    if rows.shape[1] % (2 * INTERLEAVE):
+        fail("rows", f"[E, 2I, X] with 2I a multiple of {2 * INTERLEAVE}", list(rows.shape))
+
+
 def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
     """[E, 2I, X] with gate rows [0, I) and up rows [I, 2I) -> rows interleaved in blocks of 8."""
+    _check_gate_up_rows(rows)
     e, two_i, x = rows.shape
     i = two_i // 2
-    if two_i % 2 or i % INTERLEAVE:
-        raise ValueError(f"interleave_gate_up: 2I = {two_i} must be a multiple of {2 * INTERLEAVE}")
     gate = rows[:, :i].reshape(e, i // INTERLEAVE, 1, INTERLEAVE, x)
     up = rows[:, i:].reshape(e, i // INTERLEAVE, 1, INTERLEAVE, x)
     return torch.cat([gate, up], dim=2).reshape(e, two_i, x)
@@ -50,6 +56,7 @@ def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
 
 def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
     """Inverse of interleave_gate_up."""
+    _check_gate_up_rows(rows)
     e, two_i, x = rows.shape
     i = two_i // 2
     blocks = rows.reshape(e, i // INTERLEAVE, 2, INTERLEAVE, x)
@@ -59,6 +66,12 @@ def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
 def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: int = 0, device="cpu") -> ExpertWeights:
     """Quantized random weights (global, all experts): every element drawn from N(0, 1/fan_in)
     (std 1/sqrt(fan_in), fan_in = H for w1 and I for w2), then quantized per 32 (SPEC §1)."""
+    check_int("num_experts", num_experts, 1)
+    for name, size in (("hidden", hidden), ("intermediate", intermediate)):
+        check_int(name, size, 1)
+        if size % GROUP:  # the per-32 scale groups along K
+            fail(name, f"a positive multiple of {GROUP}", size)
+    check_int("seed", seed, minimum=None)
     # One expert at a time: the draws are the CPU generator's (the same numbers as one draw of the
     # whole tensor), each expert quantized where the weights are asked for. On the CPU the whole
     # DSV3 slice at once took tens of GB and minutes; the quantizer is device-agnostic.

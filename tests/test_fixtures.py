@@ -162,3 +162,15 @@ def test_the_planned_fused_fixtures_would_take_under_2_mb_for_one_rank_and_1_mb_
     for ranks, budget in FUSED_BUDGET.items():
         sizes = {c: fused_size_estimate(c) for c, f in FUSED_CASES.items() if len(f.tokens_per_rank) == ranks}
         assert sizes and sum(sizes.values()) < budget, (ranks, sizes)
+
+
+def test_check_takes_one_dump_file_as_a_string_or_a_path_as_well_as_a_list_of_them():
+    # A string is no list of file names: check("rank0.pt") once tried to load the file "r".
+    path = FIXTURES / "fused_one_hot_rank0.pt"
+    for one in (str(path), path, [str(path)], Dump.load(path)):
+        report = check(one)
+        assert report.ok, report.text()
+    with pytest.raises(ref.MegaMoEInputError, match=r"argument 'dumps': expected Dump objects or dump file paths"):
+        check([path, 3])
+    with pytest.raises(ref.MegaMoEInputError, match=r"argument 'weights': expected ExpertWeights, got dict"):
+        check(path, weights={})

@@ -35,14 +35,14 @@ def _small_call_args(device="cpu"):
 
 def test_l1_gemm_on_cpu_tensors_raises_the_spec_error_naming_the_argument():
     x, sf, offsets, counts, wr, kw = _small_call_args()
-    with pytest.raises(MegaMoEInputError, match="argument 'x': expected a CUDA tensor"):
+    with pytest.raises(MegaMoEInputError, match="argument 'x_pool': expected a CUDA tensor"):
         G.l1_gemm(x, sf, offsets, counts, wr, kw)
     assert issubclass(MegaMoEInputError, TypeError) and issubclass(MegaMoEInputError, ValueError)
 
 
 def test_a_prepared_call_checks_its_arguments_like_the_entry_point_before_anything_is_made():
     x, sf, offsets, counts, wr, kw = _small_call_args()
-    with pytest.raises(MegaMoEInputError, match="argument 'x': expected a CUDA tensor"):
+    with pytest.raises(MegaMoEInputError, match="argument 'x_pool': expected a CUDA tensor"):
         G.prepare_l1_gemm(x, sf, offsets, counts, wr, kw)
     with pytest.raises(TypeError, match="fast_maths"):
         G.prepare_l1_gemm(x, sf, offsets, counts, wr, kw, fast_maths=True)

@@ -3,7 +3,10 @@ docs that name files which exist and describe the tree as it is."""
 
 import ast
 import io
+import json
 import re
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -229,3 +232,63 @@ def test_folders_the_readme_says_mirror_the_stages_have_one_module_per_stage():
 def test_mega_moe_input_error_is_the_one_raised_for_bad_config_fields():
     with pytest.raises(MegaMoEInputError, match="argument 'activation_clamp'"):
         ref.MoEConfig(hidden=128, intermediate=128, num_experts=2, top_k=1, activation_clamp=-1.0)
+
+
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a new interpreter: what a newcomer's `import megamoe` sees, with nothing that this
+    test process (or another test) already imported."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_importing_megamoe_is_cheap_it_imports_neither_torch_nor_any_submodule():
+    # `import megamoe` must work without a GPU or nvcc, and cost nothing: the public names are
+    # imported on first use (megamoe/__init__.py).
+    proc = _fresh_python(
+        "import sys, megamoe; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('megamoe.')))"
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_the_public_api_is_a_written_out_list_with_one_docstring_line_per_name():
+    import megamoe
+
+    names = _literal_all(ROOT / "megamoe" / "__init__.py")
+    assert len(names) == len(set(names)), "a name listed twice"
+    documented = [line.split()[0] for line in megamoe.__doc__.splitlines() if line.startswith("    ") and line.strip()]
+    assert sorted(documented) == sorted(names), "each name of __all__ needs one line in the module docstring"
+    assert set(names) <= set(dir(megamoe))
+
+
+# A dotted name as the docs write it: megamoe.gemm.l1_gemm, not torch.ops.megamoe.moe_layer (the
+# op's namespace) and not a path (megamoe/gemm.py).
+DOTTED_NAME_RE = re.compile(r"(?<![\w./-])megamoe(?:\.[A-Za-z_]\w*)+")
+
+
+def test_every_dotted_megamoe_name_in_the_docs_and_the_public_list_resolves_after_a_bare_import():
+    where = {}
+    for path in _repo_files():
+        for lineno, line in _prose(path):
+            for name in DOTTED_NAME_RE.findall(line):
+                where.setdefault(name, f"{path.relative_to(ROOT)}:{lineno}")
+    for name in _literal_all(ROOT / "megamoe" / "__init__.py"):
+        where.setdefault(f"megamoe.{name}", "megamoe/__init__.py __all__")
+    # the README's examples; the scan above must keep finding them
+    assert {"megamoe.MegaMoE", "megamoe.conformance.suite.check", "megamoe.gemm.prepare_l1_gemm"} <= set(where)
+    code = (
+        "import json, sys, megamoe\n"
+        "bad = []\n"
+        "for name in json.load(sys.stdin):\n"
+        "    obj = megamoe\n"
+        "    try:\n"
+        "        for part in name.split('.')[1:]:\n"
+        "            obj = getattr(obj, part)\n"
+        "    except AttributeError as e:\n"
+        "        bad.append(f'{name}: {e}')\n"
+        "print(json.dumps(bad))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(sorted(where)), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    bad = json.loads(proc.stdout)
+    assert not bad, "\n".join(f"{b} (named at {where[b.split(':')[0]]})" for b in bad)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import quantize as Q
 
 
 def _expected_group(values: np.ndarray, max_elem: float, fmt, floor: float | None, clamp: bool):
@@ -89,3 +90,40 @@ def test_e4m3_dequantize_is_exact():
     want = ref.decode_e4m3(codes).double() * torch.exp2(scales.double() - 127)
     assert torch.equal(torch.isnan(deq), torch.isnan(want))
     assert torch.equal(deq.nan_to_num(), want.nan_to_num())
+
+
+def test_make_inputs_quantizes_on_the_device_it_is_asked_for(monkeypatch):
+    # The draws are the CPU generator's (the same numbers everywhere); the quantizer is a stage of
+    # the device-agnostic reference and must run where the inputs are asked for, not on the CPU
+    # before a copy. The meta device shows where it ran without a GPU.
+    from megamoe.reference import inputs as I
+
+    seen = []
+
+    def recording(x):
+        seen.append(x.device.type)
+        return ref.quantize_activations(x)
+
+    monkeypatch.setattr(I, "quantize_activations", recording)
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=2, max_tokens_per_rank=8)
+    got = ref.make_inputs(cfg, 8, device="meta")
+    assert seen == ["meta", "meta"]
+    assert {t.device.type for inp in got for t in (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)} == {"meta"}
+
+
+def test_the_quantizers_and_the_fast_operand_compute_on_their_inputs_device():
+    # Every op of theirs runs where the input is (a CPU step would give a CPU tensor or fail on meta).
+    x = torch.empty(4, 128, device="meta")
+    codes = torch.empty(4, 128, dtype=torch.uint8, device="meta")
+    packed = torch.empty(4, 64, dtype=torch.uint8, device="meta")
+    sf = torch.empty(4, 4, dtype=torch.uint8, device="meta")
+    outs = [
+        *ref.quantize_activations(x),
+        *ref.requantize_intermediate(x),
+        *ref.rebase_k128(codes, sf),
+        ref.dequantize_e4m3(codes, sf),
+        ref.dequantize_fp4(packed, sf),
+        Q.dequantize_fp4_fast(packed, sf),
+        Q.scaled_fp4_lut("meta"),
+    ]
+    assert {t.device.type for t in outs} == {"meta"}

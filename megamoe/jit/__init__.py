@@ -10,4 +10,11 @@
                launch path free of a second binding library whose Python signatures change between
                releases; torch owns the context and the stream, we only borrow them.
 * layout.py  - the kernel's weight layout (transform_weights and its inverse).
+
+Its modules are imported on first use (megamoe._submodule_getattr), as the docs name them
+(megamoe.jit.layout.transform_weights after a bare `import megamoe`).
 """
+
+from megamoe import _submodule_getattr
+
+__getattr__ = _submodule_getattr(__name__)

@@ -312,7 +312,6 @@ WORKSPACE = (
         " gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)",
     ),
 )
-REGIONS = {r.name: r for r in WORKSPACE}
 COUNTERS = tuple(r.name for r in WORKSPACE if r.kind == "counter")
 
 

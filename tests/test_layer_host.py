@@ -1,0 +1,79 @@
+"""The fused layer's and the GEMM entry points' refusals on a machine without a GPU: one line,
+a MegaMoEInputError naming the argument as the signature names it (SPEC §7), never a torch
+traceback from deep inside."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from megamoe import gemm as G
+from megamoe import reference as ref
+from megamoe.moe import MegaMoE
+from megamoe.reference import MegaMoEInputError
+
+from .test_gemm_host import _small_call_args
+
+CFG = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=16)
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_a_layer_given_cpu_weights_says_in_one_line_that_they_must_be_on_a_gpu():
+    weights = ref.random_weights(4, 256, 128)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'weights': expected a CUDA tensor, got device cpu") as e:
+        MegaMoE(CFG, weights)
+    if not torch.cuda.is_available():  # the machine lacks the GPU itself, and the message says so
+        assert "torch sees no CUDA GPU" in _one_line(e)
+
+
+def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_type():
+    weights = ref.random_weights(4, 256, 128)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'device': expected a CUDA device, got cpu"):
+        MegaMoE(CFG, weights, device="cpu")
+    with pytest.raises(MegaMoEInputError, match=r"argument 'weights': expected ExpertWeights, got dict"):
+        MegaMoE(CFG, {"w1": weights.w1})
+    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg': expected MoEConfig, got dict"):
+        MegaMoE(CFG.to_dict(), weights)
+
+
+def test_the_gemm_entry_points_name_their_own_activation_parameters():
+    x, sf, offsets, counts, wr, kw = _small_call_args()
+    with pytest.raises(MegaMoEInputError, match=r"argument 'x_pool': expected a CUDA tensor, got device cpu") as e:
+        G.l1_gemm(x, sf, offsets, counts, wr, kw)
+    _one_line(e)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'x_pool': expected a 2-D tensor"):
+        G.l1_gemm(x[0], sf, offsets, counts, wr, kw)
+    combine = torch.empty(128, 512, dtype=torch.bfloat16)
+    acts = torch.zeros(128, 256, dtype=torch.uint8)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'l2_acts': expected a CUDA tensor, got device cpu"):
+        G.l2_gemm(acts, sf[:, :8].contiguous(), offsets, counts, torch.zeros(128, dtype=torch.int32), kw, combine)
+
+
+@pytest.mark.parametrize(
+    "layer,promotion,match",
+    [(1, "k32", "x_sf"), (2, "k32", "l2_sf"), (1, "k128", "x_sf128")],
+)
+def test_the_gemm_entry_points_name_the_scale_parameter_that_has_the_wrong_shape(layer, promotion, match):
+    # Fake CUDA tensors (no GPU needed) reach the shape checks behind the device check.
+    *_, kw = _small_call_args()
+    k = 512 if layer == 1 else 256
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        x = torch.zeros(128, k, dtype=torch.uint8, **cuda)
+        bad_sf = torch.zeros(128, 3, dtype=torch.uint8, **cuda)
+        offsets = torch.zeros(3, dtype=torch.int32, **cuda)
+        counts = torch.zeros(2, dtype=torch.int32, **cuda)
+        rebased = dict(x_sf128=bad_sf) if promotion == "k128" else {}
+        with pytest.raises(MegaMoEInputError, match=rf"argument '{match}': expected shape"):
+            if layer == 1:
+                G.prepare_l1_gemm(
+                    x, bad_sf, offsets, counts, torch.ones(128, **cuda), kw, promotion=promotion, **rebased
+                )
+            else:
+                dst = torch.zeros(128, dtype=torch.int32, **cuda)
+                combine = torch.empty(128, 512, dtype=torch.bfloat16, **cuda)
+                G.prepare_l2_gemm(x, bad_sf, offsets, counts, dst, kw, combine, promotion=promotion, **rebased)
