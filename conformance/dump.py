@@ -7,8 +7,12 @@ Tensor names:
     inputs.*            this rank's x (uint8 E4M3 codes), x_sf, topk_idx, topk_weights,
                         recv_stats_before
     weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf)
-Metadata: config (MoEConfig fields), rank, world_size, kernel_mode, build_id, tau (the declared
-GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen for GEMM_EXACT).
+Metadata (`make_dumps` assembles it, the one place): config (MoEConfig fields), rank, world_size,
+kernel_mode, build_id, tau (the declared GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen
+for GEMM_EXACT), recv_stats_recorded (whether the call added its receive counts to D10's
+statistics), call_id (one id shared by every rank's dump of one call, so that the suite refuses
+rank files of different calls instead of reporting their mismatch as a kernel failure; files
+written before it have none, which counts as unknown), and "weights" below.
 
 The weights are most of a file's bytes (every checker needs them, so every rank carries its own).
 A file may leave them out (`Dump.without_weights`, `megamoe dump --no-weights`); its meta then
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +52,17 @@ class DumpFormatError(ValueError):
 class Dump:
     tensors: dict[str, torch.Tensor]
     meta: dict = field(default_factory=dict)
+    source: str | None = field(default=None, compare=False, repr=False)  # the file it was loaded from
+
+    @property
+    def call_id(self) -> str | None:
+        """The id of the call this dump is of; None (unknown) in files written before there was one."""
+        return self.meta.get("call_id")
+
+    @property
+    def name(self) -> str:
+        """How a message names this dump: its file, else its rank."""
+        return self.source if self.source is not None else f"the dump of rank {self.rank}"
 
     @property
     def rank(self) -> int:
@@ -82,10 +98,10 @@ class Dump:
         `random_weights` that made them, when there is one)."""
         tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
         meta = dict(self.meta, weights={"sha256": weights_digest(self.weights()), "random_weights_seed": seed})
-        return Dump(tensors, meta)
+        return Dump(tensors, meta, self.source)
 
     def copy(self) -> "Dump":
-        return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta))
+        return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta), self.source)
 
     def save(self, path: str | Path) -> None:
         torch.save(
@@ -132,7 +148,7 @@ class Dump:
         missing = [k for k in required if k not in obj["tensors"]]
         if missing:
             raise DumpFormatError(f"{path}: dump lacks {', '.join(missing)}")
-        return cls(obj["tensors"], obj["meta"])
+        return cls(obj["tensors"], obj["meta"], str(path))
 
 
 def _what_it_is(path: Path) -> str:
@@ -189,8 +205,24 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
                 f"rank {d.rank}: the weights given are not the ones this dump was made with "
                 f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)"
             )
-        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta))
+        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta, d.source))
     return out
+
+
+def new_call_id() -> str:
+    """A fresh id for one call, recorded in every rank's dump of it. Random rather than derived
+    from the call's contents: each rank knows only its own inputs, and a kernel's ranks agree on
+    rank 0's id (megamoe.ranks.from_rank0)."""
+    return uuid.uuid4().hex
+
+
+def one_call(dumps: list[Dump]) -> None:
+    """Raise ValueError, naming the files, unless the dumps' call ids agree (an unknown id, of a file
+    written before dumps had one, agrees with any)."""
+    known = {d.call_id for d in dumps if d.call_id is not None}
+    if len(known) > 1:
+        names = ", ".join(f"{d.name} (call {d.call_id[:8] if d.call_id else 'unknown'})" for d in dumps)
+        raise ValueError(f"check needs the dumps of one call; these are from different calls: {names}")
 
 
 REQUIRED = (
@@ -217,12 +249,17 @@ def make_dumps(
     tau: dict[str, float],
     grid_snapped: bool = False,
     recv_stats_before: list[torch.Tensor] | None = None,
+    recv_stats_recorded: bool = True,
     ranks: list[int] | None = None,
+    call_id: str | None = None,
 ) -> list[Dump]:
     """Wrap per-rank dump points (from the reference or a kernel) into Dump objects. ranks: the rank
     of each entry (default 0, 1, ...: every rank of the call); `weights` are all E experts, or the
-    local experts of the listed ranks in that order (a kernel rank passes its own)."""
+    local experts of the listed ranks in that order (a kernel rank passes its own). call_id: the
+    call's id (`new_call_id`), which every rank's dump of the call must carry; by default a new one,
+    shared by the dumps made here (a rank that makes only its own passes the one its ranks agreed on)."""
     e_l = cfg.local_experts
+    call_id = new_call_id() if call_id is None else call_id
     ranks = list(range(len(inputs))) if ranks is None else list(ranks)
     local_only = weights.w1.shape[0] != cfg.num_experts
     dumps = []
@@ -252,6 +289,8 @@ def make_dumps(
             "build_id": build_id,
             "tau": dict(tau),
             "grid_snapped": grid_snapped,
+            "recv_stats_recorded": bool(recv_stats_recorded),
+            "call_id": call_id,
         }
         dumps.append(Dump(tensors, meta))
     return dumps

@@ -148,6 +148,15 @@ def test_check_of_one_rank_of_two_is_refused_like_a_bad_file(capsys, tmp_path):
     assert "check needs the dumps of all 2 ranks of one call, got ranks [0]" in err
 
 
+def test_check_of_rank_files_of_two_calls_says_so_instead_of_reporting_a_kernel_failure(capsys, tmp_path):
+    for name, seed in (("a", "0"), ("b", "1")):
+        assert main(["dump", *SMALL, "--seed", seed, "--prefix", f"{tmp_path}/{name}/"]) == 0
+    capsys.readouterr()
+    a0, b1 = tmp_path / "a/rank0.pt", tmp_path / "b/rank1.pt"
+    err = _one_line_error(capsys, ["check", str(a0), str(b1)])
+    assert "these are from different calls" in err and str(a0) in err and str(b1) in err, err
+
+
 def _ignored_by_git(path: str) -> bool:
     run = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path])
     return run.returncode == 0
