@@ -28,6 +28,7 @@ read back with `weights_only=True` (no code is unpickled).
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
 import uuid
 import zipfile
@@ -207,6 +208,19 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
             )
         out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta, d.source))
     return out
+
+
+def call_dump_bytes(cfg: ref.MoEConfig, routed: float = 1.0) -> int:
+    """About the bytes of every rank's dump of one call of T_max tokens per rank, inputs and weights
+    included, by the dump-point table: the least that making those dumps holds in memory at once.
+    `routed`: the fraction of the slots routed to an expert (not -1), each one pool row of one rank
+    (the padding rows that align the experts are left out)."""
+    ranks, t, k, h, i = cfg.num_ranks, cfg.max_tokens_per_rank, cfg.top_k, cfg.hidden, cfg.intermediate
+    dims = P.dump_dims(cfg, tokens=t, pool_rows=int(t * k * routed), counter_words=0)
+    points = sum(math.prod(d.shape_of(dims)) * d.dtype.itemsize for d in P.TABLE.values())
+    inputs = t * (h + h // 32 + k * 8 + k * 4) + cfg.local_experts * 8
+    weights = cfg.local_experts * (2 * i * (h // 2 + h // 32) + h * (i // 2 + i // 32))
+    return ranks * (points + inputs + weights)
 
 
 def new_call_id() -> str:

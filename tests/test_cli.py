@@ -47,6 +47,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["dump", "--distribution", "zipf"], "argument --distribution: invalid choice: 'zipf'"),
         (["dump", "--seed", "-3"], "argument --seed: expected an integer >= 0 and below 4294967296, got -3"),
         (["faults", "--seed", "x"], "argument --seed: expected an integer, got 'x'"),
+        (["check", "x.pt", "--threads", "0"], "argument --threads: expected a positive number of threads, got '0'"),
         (
             ["report", *SMALL, "--distribution", "empty_experts", "--top-k", "5"],
             "argument --top-k: expected at most E/2 = 4 for the distribution 'empty_experts', got 5",
@@ -57,6 +58,12 @@ def test_a_bad_option_is_one_line_naming_it_and_exit_code_2(capsys, argv, words)
     err = _one_line_error(capsys, argv)
     assert err.startswith(f"megamoe {argv[0]}: error: "), err
     assert words in err, err
+
+
+def test_a_bad_megamoe_threads_variable_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("MEGAMOE_THREADS", "many")
+    err = _one_line_error(capsys, ["faults"])
+    assert err == "megamoe: error: MEGAMOE_THREADS: expected a positive number of threads, got 'many'"
 
 
 def test_report_on_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys, monkeypatch):
@@ -77,6 +84,83 @@ def test_an_output_path_that_is_a_folder_is_refused_before_the_run(capsys, tmp_p
     (tmp_path / "f").write_text("")
     err = _one_line_error(capsys, ["check", "x.pt", "--plots", str(tmp_path / "f")])
     assert "argument --plots:" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", *SMALL, "--json", "{missing}/report.json"],
+        ["run", *SMALL, "--markdown", "{missing}/report.md"],
+        ["check", "x.pt", "--json", "{missing}/check.json"],
+        ["check", "x.pt", "--plots", "{missing}/plots"],
+        ["dump", *SMALL, "--prefix", "{missing}/dumps/"],
+        ["dump", *SMALL, "--prefix", "{missing}/run1-"],
+    ],
+)
+def test_an_output_under_a_missing_folder_is_refused_before_any_work_and_nothing_is_made(capsys, tmp_path, argv):
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing) for a in argv]
+    err = _one_line_error(capsys, argv)  # one line: no progress line of a computation before it
+    option = next(a for a in argv if a in ("--json", "--markdown", "--plots", "--prefix"))
+    assert f"argument {option}: the folder " in err and "does not exist; make it first" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_output_folder_is_made_when_its_parent_exists(capsys, tmp_path):
+    assert main(["dump", *SMALL, "--tokens", "2", "--prefix", f"{tmp_path}/dumps/"]) == 0
+    assert (tmp_path / "dumps" / "rank1.pt").is_file()
+
+
+def test_an_option_error_found_after_parsing_is_its_one_line_without_the_banner(capsys, monkeypatch):
+    # `megamoe run` without a GPU announces the CPU reference; a bad shape must be refused before that.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _one_line_error(capsys, ["run", "--experts", "7"])
+    assert err.startswith("megamoe run: error: argument --experts: expected a positive multiple of --ranks"), err
+
+
+def test_more_tokens_than_int32_pool_rows_allow_is_one_line_naming_the_limit(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("megamoe.cli._available_memory", lambda device: None)  # the index limit alone
+    err = _one_line_error(capsys, ["dump", "--tokens", "999999999999", "--prefix", f"{tmp_path}/d/"])
+    # R*T*K + E_l*(BLOCK_M - 1), rounded up to BLOCK_M, <= 2^31 - 1 at R 2, K 4, E_l 8, BLOCK_M 64
+    assert "argument --tokens: expected at most 268435385 tokens per rank for this shape" in err, err
+    assert "overflows the int32 row indices" in err and err.endswith("got 999999999999")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_call_whose_dumps_exceed_the_free_memory_is_refused_before_any_allocation(capsys, monkeypatch):
+    monkeypatch.setattr("megamoe.cli._available_memory", lambda device: 10**9)
+    err = _one_line_error(capsys, ["report", "--tokens", "100000000"])
+    assert "argument --tokens: expected at most" in err and "more than the 1.0 GB free" in err, err
+    err = _one_line_error(capsys, ["dump", "--hidden", str(128 * 10**6), "--tokens", "1"])
+    assert "argument --hidden/--intermediate/--experts: this shape cannot run here at all" in err, err
+
+
+def test_an_allocation_that_fails_anyway_is_one_line_not_a_traceback(capsys, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 1 byte")
+
+    monkeypatch.setattr("megamoe.reference.make_inputs", no_memory)
+    err = _one_line_error(capsys, ["dump", *SMALL])
+    assert err.startswith("megamoe dump: error: out of memory, choose a smaller shape: "), err
+
+
+def test_version_prints_the_package_version(capsys):
+    import megamoe
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"megamoe {megamoe.__version__}"
+
+
+def test_the_package_version_has_one_source():
+    import importlib.metadata
+
+    import megamoe
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "megamoe.__version__"}
+    assert importlib.metadata.version("megamoe") == megamoe.__version__  # the installed metadata agrees
 
 
 def test_dump_offers_no_report_files_it_would_ignore(capsys, tmp_path):
