@@ -30,10 +30,12 @@ from __future__ import annotations
 import hashlib
 import math
 import pickle
+import time
 import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -179,12 +181,16 @@ def weights_digest(w: ref.ExpertWeights) -> str:
     return h.hexdigest()
 
 
-def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) -> list[Dump]:
+def with_weights(
+    dumps: list[Dump], weights: ref.ExpertWeights | None = None, progress: Callable[[str], None] | None = None
+) -> list[Dump]:
     """The dumps of one call (rank order), each with its local weights: the dumps' own, else the
     global `weights` given, else `random_weights` regenerated from the seed in the dumps. Weights
-    put back must match each rank's recorded SHA-256 (DumpFormatError otherwise)."""
+    put back must match each rank's recorded SHA-256 (DumpFormatError otherwise). `progress` gets a
+    line per step, because at real sizes regenerating and hashing the weights takes minutes."""
     if all(d.has_weights for d in dumps):
         return dumps
+    say = progress or (lambda _: None)
     cfg = dumps[0].config
     if weights is None:
         seeds = {(d.meta.get("weights") or {}).get("random_weights_seed") for d in dumps if not d.has_weights}
@@ -192,7 +198,14 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
             raise DumpFormatError(
                 "the dumps hold no weights and name no random_weights seed: pass the weights they were made with"
             )
-        weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seeds.pop())
+        seed = seeds.pop()
+        say(
+            f"the dumps hold no weights: regenerating those of {cfg.num_experts} experts "
+            f"(H={cfg.hidden} I={cfg.intermediate}) from random_weights seed {seed}"
+        )
+        t0 = time.perf_counter()
+        weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed)
+        say(f"weights regenerated in {time.perf_counter() - t0:.1f} s")
     e_l = cfg.local_experts
     out = []
     for d in dumps:
@@ -200,6 +213,7 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
             out.append(d)
             continue
         local = weights.slice(d.rank * e_l, (d.rank + 1) * e_l)
+        say(f"rank {d.rank}: comparing its weights with the SHA-256 its dump names")
         digest = weights_digest(local)
         if digest != d.meta["weights"]["sha256"]:
             raise DumpFormatError(

@@ -484,7 +484,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from megamoe.conformance.suite import all_ranks, check
 
     # A file that is no dump, a missing rank or weights that do not match stop here, in one line.
-    dumps = with_weights(all_ranks([Dump.load(p) for p in args.dumps]))
+    dumps = with_weights(all_ranks([Dump.load(p) for p in args.dumps]), progress=_log)
     report = check(dumps, end_to_end=args.end_to_end, progress=_log)
     print(report.text())
     if args.json:

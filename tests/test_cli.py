@@ -277,13 +277,32 @@ def test_a_dump_without_weights_is_smaller_and_checked_against_the_weights_given
     wrong.w1[3, 0, 0] ^= 0x01
     with pytest.raises(DumpFormatError, match=r"rank 0: the weights given are not the ones this dump was made with"):
         check(lean_paths, weights=wrong)
-    # A dump whose recorded seed is wrong is refused in one line, not reported as stage failures.
+    # A dump whose recorded seed is wrong is refused in one line, not reported as stage failures
+    # (after the progress lines of regenerating the weights, which is how it is found).
     for path in lean_paths:
         obj = torch.load(path, weights_only=True)
         obj["meta"]["weights"]["random_weights_seed"] = 1
         torch.save(obj, path)
-    err = _one_line_error(capsys, ["check", *lean_paths])
-    assert "the weights given are not the ones this dump was made with" in err
+    assert main(["check", *lean_paths]) == 2
+    *progress, err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("[megamoe] ") for line in progress), progress
+    assert err.startswith("megamoe check: error: rank 0: the weights given are not the ones this dump was made with")
+
+
+def test_check_of_dumps_without_weights_shows_progress_while_it_regenerates_them(capsys, tmp_path):
+    assert main(["dump", *SMALL, "--prefix", f"{tmp_path}/", "--no-weights", "--seed", "5"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "rank0.pt"), str(tmp_path / "rank1.pt")]) == 0
+    err = capsys.readouterr().err
+    steps = [
+        "the dumps hold no weights: regenerating those of 8 experts (H=256 I=128) from random_weights seed 5",
+        "weights regenerated in ",
+        "rank 0: comparing its weights with the SHA-256 its dump names",
+        "rank 1: comparing its weights with the SHA-256 its dump names",
+        "checking D1",
+    ]
+    at = [err.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), err
 
 
 def test_the_silu_probe_says_it_needs_nvcc_and_a_gpu_instead_of_a_traceback(tmp_path):
