@@ -503,7 +503,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from megamoe.conformance.dump import reference_dumps
 
     cfg = _config(args)
+    _log(f"making the inputs and the weights of {cfg.num_experts} experts (seed {args.seed})")
+    t0 = time.perf_counter()
     inputs, weights = _inputs(args, cfg)
+    _log(f"made in {time.perf_counter() - t0:.1f} s; running the reference")
     for d in reference_dumps(cfg, inputs, weights):
         path = Path(f"{args.prefix}rank{d.rank}.pt")
         path.parent.mkdir(exist_ok=True)  # a prefix's own folder (its parent was checked by _dump_prefix)

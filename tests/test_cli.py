@@ -29,6 +29,14 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
+def _error_after_progress(capsys, argv: list[str]) -> str:
+    """The one error line of bad input found during the work, after that work's progress lines."""
+    assert main(argv) == 2
+    *progress, err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("[megamoe] ") for line in progress), progress
+    return err
+
+
 @pytest.mark.parametrize(
     "argv,words",
     [
@@ -140,7 +148,7 @@ def test_an_allocation_that_fails_anyway_is_one_line_not_a_traceback(capsys, mon
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 1 byte")
 
     monkeypatch.setattr("megamoe.reference.make_inputs", no_memory)
-    err = _one_line_error(capsys, ["dump", *SMALL])
+    err = _error_after_progress(capsys, ["dump", *SMALL])
     assert err.startswith("megamoe dump: error: out of memory, choose a smaller shape: "), err
 
 
@@ -283,9 +291,7 @@ def test_a_dump_without_weights_is_smaller_and_checked_against_the_weights_given
         obj = torch.load(path, weights_only=True)
         obj["meta"]["weights"]["random_weights_seed"] = 1
         torch.save(obj, path)
-    assert main(["check", *lean_paths]) == 2
-    *progress, err = capsys.readouterr().err.strip().splitlines()
-    assert all(line.startswith("[megamoe] ") for line in progress), progress
+    err = _error_after_progress(capsys, ["check", *lean_paths])
     assert err.startswith("megamoe check: error: rank 0: the weights given are not the ones this dump was made with")
 
 
