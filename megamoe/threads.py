@@ -7,9 +7,8 @@ take the cores from the threads doing the work: on the 2-core CI machine the def
 reference took 38 s instead of 0.3 s that way. So the pool is cut to this process's share of the
 usable cores, and never raised.
 
-Usable is not idle: on a machine busy with other work, two threads on two shared cores ran the
-CPU reference 14x slower than one. No count can be read off the machine for that, so the user sets
-it: MEGAMOE_THREADS=N (the CLI's --threads N sets the same variable, so that its spawned ranks
+Usable is not idle: on a machine busy with other work torch's threads made the CPU reference 14x
+slower (issue 28). No count can be read off the machine for that, so the user sets it: MEGAMOE_THREADS=N (the CLI's --threads N sets the same variable, so that its spawned ranks
 inherit it) fixes the pool at N threads, raised or cut, in every process that limits its threads
 here (the CLI, `import megamoe.reference`, the tests).
 """
