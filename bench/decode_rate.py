@@ -15,4 +15,4 @@ import sys
 from bench.probe import run_probe
 
 if __name__ == "__main__":
-    sys.exit(run_probe("decode_rate"))
+    sys.exit(run_probe("decode_rate", __doc__))

@@ -20,4 +20,4 @@ import sys
 from bench.probe import run_probe
 
 if __name__ == "__main__":
-    sys.exit(run_probe("prefill_rate"))
+    sys.exit(run_probe("prefill_rate", __doc__))

@@ -1,22 +1,34 @@
 """Builds one of kernel/probes/<name>.cu with the kernel's own nvcc flags and runs it: the shared
-main of the probe benchmarks (python -m bench.wgmma_rate, python -m bench.prefill_rate). Each probe
-prints one table; this needs nvcc and a CUDA GPU."""
+main of the probe benchmarks (python -m bench.wgmma_rate, bench.prefill_rate, bench.decode_rate).
+Each probe prints one table; this needs a CUDA GPU and nvcc, both checked before anything is
+compiled (a probe takes minutes to build, and without a GPU its table cannot come)."""
 
 from __future__ import annotations
 
-import shutil
+import argparse
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from megamoe.jit.build import probe_command
+from megamoe.jit.build import find_nvcc, probe_command
 
 
-def run_probe(name: str) -> int:
-    nvcc = shutil.which("nvcc")
+def run_probe(name: str, doc: str | None = None, argv: list[str] | None = None) -> int:
+    """The command `python -m bench.<name>` (doc: its --help text): 0 after its table, 2 without a
+    GPU or nvcc (one line saying which), 1 when nvcc or the probe fails."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"bench.{name}: needs a CUDA GPU, and torch sees none on this machine", file=sys.stderr)
+        return 2
+    nvcc = find_nvcc()
     if nvcc is None:
-        print(f"bench.{name}: needs nvcc on the PATH", file=sys.stderr)
+        print(f"bench.{name}: needs nvcc on the PATH (or $CUDA_HOME/bin)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / name

@@ -1,5 +1,6 @@
 """Instructions per K128 stage of the consumers' mainloop, counted in the SASS of the built cubins
-(no GPU needed; nvdisasm from the nvidia-cuda-nvdisasm wheel or the CUDA toolkit):
+(no GPU needed; nvcc builds them, nvdisasm reads them: the nvidia-cuda-nvdisasm wheel's, else the
+PATH's):
 
     python -m bench.sass_stage            # one line per (promotion, token tile), and the prefill kernel
 
@@ -11,23 +12,30 @@ four-warpgroup 64-token kernel has one such loop per item width, 8 to 64 tokens:
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+NVDISASM_HOW = (
+    "pip install nvidia-cuda-nvdisasm (its nvidia/cu13/bin/nvdisasm), or put the CUDA toolkit's bin on the PATH"
+)
 
-def nvdisasm() -> str:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    import nvidia
 
-    for base in nvidia.__path__:
-        for cand in Path(base).rglob("nvdisasm"):
-            return str(cand)
-    sys.exit("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+def nvdisasm() -> str | None:
+    """nvdisasm: the pip package nvidia-cuda-nvdisasm's (site-packages/nvidia/cu13/bin/nvdisasm, the
+    CUDA the kernels are built with; an older wheel's nvidia/*/bin/nvdisasm), else the PATH's; None
+    when neither. `nvidia` is a namespace package of those wheels: absent, it is not an error."""
+    spec = importlib.util.find_spec("nvidia")
+    for base in map(Path, (spec.submodule_search_locations or []) if spec else []):
+        for cand in [base / "cu13" / "bin" / "nvdisasm", *sorted(base.glob("*/bin/nvdisasm"))]:
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    return shutil.which("nvdisasm")
 
 
 def loops(sass: str):
@@ -45,8 +53,10 @@ def loops(sass: str):
     return out
 
 
-def stage_cost(cubin: Path, tile: int, k32: bool, prefill: bool = False) -> tuple[float, int] | None:
-    sass = subprocess.run([nvdisasm(), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+def stage_cost(
+    cubin: Path, tile: int, k32: bool, prefill: bool = False, disasm: str = "nvdisasm"
+) -> tuple[float, int] | None:
+    sass = subprocess.run([disasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     # wgmma width: the tile up to 64 tokens, 64-token chunks up to 128, pairs of chunks in the
     # wide tile's serial schedule (kernel/gemm/mainloop.cuh); the prefill kernel: 128 weight rows
     # per wgmma, two halves per K block
@@ -63,23 +73,35 @@ def stage_cost(cubin: Path, tile: int, k32: bool, prefill: bool = False) -> tupl
     return best[2] / (best[3] / per_stage), best[4]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m bench.sass_stage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     from megamoe.jit import build as jb
 
+    # Both tools before the first build: a build takes minutes, and its SASS needs nvdisasm.
+    disasm = nvdisasm()
+    if disasm is None:
+        print(f"bench.sass_stage: nvdisasm not found: {NVDISASM_HOW}", file=sys.stderr)
+        return 2
+    if jb.find_nvcc() is None:
+        print("bench.sass_stage: needs nvcc on the PATH (or $CUDA_HOME/bin) to build the kernels", file=sys.stderr)
+        return 2
     print(f"{'promotion':9} {'tile':>4} {'wgs':>3} {'instructions / stage / warp':>28} {'generic ld/st in loop':>22}")
     for promotion in ("k128", "k32"):
         for tile, wgs in ((8, 4), (8, 2), (64, 4), (64, 2), (128, 2), (256, 2)):
             if tile > jb.max_tile_of(promotion) or (wgs == 4 and tile > jb.max_wgs4_tile(promotion)):
                 continue
             spec = jb.GemmSpec(layer=1, max_tile=tile, promotion=promotion, wgs=wgs)
-            cost = stage_cost(jb.build(spec).cubin, tile, promotion == "k32")
+            cost = stage_cost(jb.build(spec).cubin, tile, promotion == "k32", disasm=disasm)
             per, generic = cost if cost else (float("nan"), -1)
             print(f"{promotion:9} {tile:4d} {wgs:3d} {per:28.1f} {generic:22d}")
     # The prefill kernel (128 tokens x 256 weight rows per CTA: twice a swap-AB stage's MACs at tile 128)
-    cost = stage_cost(jb.build(jb.PrefillSpec(1)).cubin, 128, False, prefill=True)
+    cost = stage_cost(jb.build(jb.PrefillSpec(1)).cubin, 128, False, prefill=True, disasm=disasm)
     per, generic = cost if cost else (float("nan"), -1)
     print(f"{'prefill':9} {128:4d} {2:3d} {per:28.1f} {generic:22d}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

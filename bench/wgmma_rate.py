@@ -16,4 +16,4 @@ import sys
 from bench.probe import run_probe
 
 if __name__ == "__main__":
-    sys.exit(run_probe("wgmma_rate"))
+    sys.exit(run_probe("wgmma_rate", __doc__))

@@ -7,8 +7,12 @@ Tensor names:
     inputs.*            this rank's x (uint8 E4M3 codes), x_sf, topk_idx, topk_weights,
                         recv_stats_before
     weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf)
-Metadata: config (MoEConfig fields), rank, world_size, kernel_mode, build_id, tau (the declared
-GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen for GEMM_EXACT).
+Metadata (`make_dumps` assembles it, the one place): config (MoEConfig fields), rank, world_size,
+kernel_mode, build_id, tau (the declared GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen
+for GEMM_EXACT), recv_stats_recorded (whether the call added its receive counts to D10's
+statistics), call_id (one id shared by every rank's dump of one call, so that the suite refuses
+rank files of different calls instead of reporting their mismatch as a kernel failure; files
+written before it have none, which counts as unknown), and "weights" below.
 
 The weights are most of a file's bytes (every checker needs them, so every rank carries its own).
 A file may leave them out (`Dump.without_weights`, `megamoe dump --no-weights`); its meta then
@@ -24,10 +28,14 @@ read back with `weights_only=True` (no code is unpickled).
 from __future__ import annotations
 
 import hashlib
+import math
 import pickle
+import time
+import uuid
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -47,6 +55,17 @@ class DumpFormatError(ValueError):
 class Dump:
     tensors: dict[str, torch.Tensor]
     meta: dict = field(default_factory=dict)
+    source: str | None = field(default=None, compare=False, repr=False)  # the file it was loaded from
+
+    @property
+    def call_id(self) -> str | None:
+        """The id of the call this dump is of; None (unknown) in files written before there was one."""
+        return self.meta.get("call_id")
+
+    @property
+    def name(self) -> str:
+        """How a message names this dump: its file, else its rank."""
+        return self.source if self.source is not None else f"the dump of rank {self.rank}"
 
     @property
     def rank(self) -> int:
@@ -82,10 +101,10 @@ class Dump:
         `random_weights` that made them, when there is one)."""
         tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
         meta = dict(self.meta, weights={"sha256": weights_digest(self.weights()), "random_weights_seed": seed})
-        return Dump(tensors, meta)
+        return Dump(tensors, meta, self.source)
 
     def copy(self) -> "Dump":
-        return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta))
+        return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta), self.source)
 
     def save(self, path: str | Path) -> None:
         torch.save(
@@ -132,7 +151,7 @@ class Dump:
         missing = [k for k in required if k not in obj["tensors"]]
         if missing:
             raise DumpFormatError(f"{path}: dump lacks {', '.join(missing)}")
-        return cls(obj["tensors"], obj["meta"])
+        return cls(obj["tensors"], obj["meta"], str(path))
 
 
 def _what_it_is(path: Path) -> str:
@@ -162,12 +181,16 @@ def weights_digest(w: ref.ExpertWeights) -> str:
     return h.hexdigest()
 
 
-def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) -> list[Dump]:
+def with_weights(
+    dumps: list[Dump], weights: ref.ExpertWeights | None = None, progress: Callable[[str], None] | None = None
+) -> list[Dump]:
     """The dumps of one call (rank order), each with its local weights: the dumps' own, else the
     global `weights` given, else `random_weights` regenerated from the seed in the dumps. Weights
-    put back must match each rank's recorded SHA-256 (DumpFormatError otherwise)."""
+    put back must match each rank's recorded SHA-256 (DumpFormatError otherwise). `progress` gets a
+    line per step, because at real sizes regenerating and hashing the weights takes minutes."""
     if all(d.has_weights for d in dumps):
         return dumps
+    say = progress or (lambda _: None)
     cfg = dumps[0].config
     if weights is None:
         seeds = {(d.meta.get("weights") or {}).get("random_weights_seed") for d in dumps if not d.has_weights}
@@ -175,7 +198,14 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
             raise DumpFormatError(
                 "the dumps hold no weights and name no random_weights seed: pass the weights they were made with"
             )
-        weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seeds.pop())
+        seed = seeds.pop()
+        say(
+            f"the dumps hold no weights: regenerating those of {cfg.num_experts} experts "
+            f"(H={cfg.hidden} I={cfg.intermediate}) from random_weights seed {seed}"
+        )
+        t0 = time.perf_counter()
+        weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed)
+        say(f"weights regenerated in {time.perf_counter() - t0:.1f} s")
     e_l = cfg.local_experts
     out = []
     for d in dumps:
@@ -183,14 +213,44 @@ def with_weights(dumps: list[Dump], weights: ref.ExpertWeights | None = None) ->
             out.append(d)
             continue
         local = weights.slice(d.rank * e_l, (d.rank + 1) * e_l)
+        say(f"rank {d.rank}: comparing its weights with the SHA-256 its dump names")
         digest = weights_digest(local)
         if digest != d.meta["weights"]["sha256"]:
             raise DumpFormatError(
                 f"rank {d.rank}: the weights given are not the ones this dump was made with "
                 f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)"
             )
-        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta))
+        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta, d.source))
     return out
+
+
+def call_dump_bytes(cfg: ref.MoEConfig, routed: float = 1.0) -> int:
+    """About the bytes of every rank's dump of one call of T_max tokens per rank, inputs and weights
+    included, by the dump-point table: the least that making those dumps holds in memory at once.
+    `routed`: the fraction of the slots routed to an expert (not -1), each one pool row of one rank
+    (the padding rows that align the experts are left out)."""
+    ranks, t, k, h, i = cfg.num_ranks, cfg.max_tokens_per_rank, cfg.top_k, cfg.hidden, cfg.intermediate
+    dims = P.dump_dims(cfg, tokens=t, pool_rows=int(t * k * routed), counter_words=0)
+    points = sum(math.prod(d.shape_of(dims)) * d.dtype.itemsize for d in P.TABLE.values())
+    inputs = t * (h + h // 32 + k * 8 + k * 4) + cfg.local_experts * 8
+    weights = cfg.local_experts * (2 * i * (h // 2 + h // 32) + h * (i // 2 + i // 32))
+    return ranks * (points + inputs + weights)
+
+
+def new_call_id() -> str:
+    """A fresh id for one call, recorded in every rank's dump of it. Random rather than derived
+    from the call's contents: each rank knows only its own inputs, and a kernel's ranks agree on
+    rank 0's id (megamoe.ranks.from_rank0)."""
+    return uuid.uuid4().hex
+
+
+def one_call(dumps: list[Dump]) -> None:
+    """Raise ValueError, naming the files, unless the dumps' call ids agree (an unknown id, of a file
+    written before dumps had one, agrees with any)."""
+    known = {d.call_id for d in dumps if d.call_id is not None}
+    if len(known) > 1:
+        names = ", ".join(f"{d.name} (call {d.call_id[:8] if d.call_id else 'unknown'})" for d in dumps)
+        raise ValueError(f"check needs the dumps of one call; these are from different calls: {names}")
 
 
 REQUIRED = (
@@ -217,12 +277,17 @@ def make_dumps(
     tau: dict[str, float],
     grid_snapped: bool = False,
     recv_stats_before: list[torch.Tensor] | None = None,
+    recv_stats_recorded: bool = True,
     ranks: list[int] | None = None,
+    call_id: str | None = None,
 ) -> list[Dump]:
     """Wrap per-rank dump points (from the reference or a kernel) into Dump objects. ranks: the rank
     of each entry (default 0, 1, ...: every rank of the call); `weights` are all E experts, or the
-    local experts of the listed ranks in that order (a kernel rank passes its own)."""
+    local experts of the listed ranks in that order (a kernel rank passes its own). call_id: the
+    call's id (`new_call_id`), which every rank's dump of the call must carry; by default a new one,
+    shared by the dumps made here (a rank that makes only its own passes the one its ranks agreed on)."""
     e_l = cfg.local_experts
+    call_id = new_call_id() if call_id is None else call_id
     ranks = list(range(len(inputs))) if ranks is None else list(ranks)
     local_only = weights.w1.shape[0] != cfg.num_experts
     dumps = []
@@ -252,6 +317,8 @@ def make_dumps(
             "build_id": build_id,
             "tau": dict(tau),
             "grid_snapped": grid_snapped,
+            "recv_stats_recorded": bool(recv_stats_recorded),
+            "call_id": call_id,
         }
         dumps.append(Dump(tensors, meta))
     return dumps

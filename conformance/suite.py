@@ -22,7 +22,7 @@ from megamoe.reference.errors import check_type, fail
 from .cleanup import check_d10
 from .combine import check_d9
 from .dispatch import check_d1, check_d2, check_d3
-from .dump import Dump, global_weights, with_weights
+from .dump import Dump, global_weights, one_call, with_weights
 from .l1 import check_d5
 from .l2 import check_d7, check_d8
 from .pool import check_d4
@@ -159,9 +159,11 @@ def check_point(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
 
 def all_ranks(dumps: list[Dump]) -> list[Dump]:
     """The dumps in rank order, refused (ValueError) unless they are every rank of one call once:
-    a missing rank would show up as D2/D3/D4/D8 failures that are no fault of the kernel."""
+    a missing rank, or a rank of another call, would show up as D2/D3/D4/D8 failures that are no
+    fault of the kernel."""
     if not dumps:
         raise ValueError("check needs the dumps of one call, got none")
+    one_call(dumps)
     dumps = sorted(dumps, key=lambda d: d.rank)
     world = dumps[0].world_size
     ranks = [d.rank for d in dumps]

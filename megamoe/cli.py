@@ -9,20 +9,26 @@
     megamoe faults   run the fault catalog: every planted fault must be caught at its stage
 
 Exit codes: 0 success, 1 a check or a fault not caught where expected, 2 a bad option or input
-(one line on stderr saying which and why).
+(one line on stderr saying which and why, before any work).
+
+Every command takes --threads N, torch's CPU threads (the environment's MEGAMOE_THREADS=N does the
+same; megamoe/threads.py); `megamoe --version` prints the version.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from megamoe.threads import limit_torch_threads
+from megamoe import __version__
+from megamoe.threads import THREADS_ENV, limit_torch_threads, parse_threads
 
 # MoEConfig's field names, as the options that set them are spelled on the command line.
 CONFIG_OPTIONS = {
@@ -36,6 +42,9 @@ CONFIG_OPTIONS = {
     "masked_ratio": "--masked-ratio",
 }
 SEED_LIMIT = 2**32  # seeds become seed·1000 + rank in a torch.Generator: stay far from its 64-bit range
+# Pool rows, tokens and slots are int32 in the dumps (D3, D4.pool_meta, D4.expert_offsets) and in the
+# kernel's workspace (megamoe/jit/contract.py WORKSPACE).
+INT32_MAX = 2**31 - 1
 
 
 def _log(msg: str) -> None:
@@ -84,11 +93,23 @@ def _fraction(text: str) -> float:
     return v
 
 
+def _writable_folder(folder: Path, what: str) -> None:
+    """Refuse (one line, at parse time, before any work) a folder that an output cannot go into. A
+    missing folder is never made silently: a typo in its path would scatter results elsewhere."""
+    if not folder.exists():
+        raise argparse.ArgumentTypeError(f"{what} {folder} does not exist; make it first")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{what} {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{what} {folder} is not writable")
+
+
 def _output_file(text: str) -> Path:
-    """A file to write; its folder is made when the file is written, an existing folder is refused."""
+    """A file to write, in a folder that exists; an existing folder in its place is refused."""
     p = Path(text)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; expected a file name")
+    _writable_folder(p.parent, "the folder")
     return p
 
 
@@ -106,12 +127,27 @@ def _plots_folder(text: str) -> Path:
     p = Path(text)
     if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file; expected a folder")
+    _writable_folder(p if p.exists() else p.parent, "the folder")  # DIR itself is made, not its parents
     return p
 
 
+def _dump_prefix(text: str) -> str:
+    """PREFIXrank<r>.pt: a prefix ending in / is a folder, made if missing (not its parents); else the
+    files go into the folder the prefix names, which must exist."""
+    folder = Path(text) if text.endswith("/") else Path(text).parent
+    _writable_folder(folder.parent if text.endswith("/") and not folder.exists() else folder, "the folder")
+    return text
+
+
+def _threads(text: str) -> int:
+    try:
+        return parse_threads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text)  # its folder was checked when the option was parsed
     _log(f"wrote {path}")
 
 
@@ -199,13 +235,13 @@ def _add_report_outputs(p: argparse.ArgumentParser) -> None:
         "--json",
         type=_output_file,
         metavar="FILE",
-        help="also write the report as JSON to FILE (default: none, not written)",
+        help="also write the report as JSON to FILE, in a folder that exists (default: none, not written)",
     )
     p.add_argument(
         "--markdown",
         type=_output_file,
         metavar="FILE",
-        help="also write the report as a Markdown table to FILE (default: none, not written)",
+        help="also write the report as a Markdown table to FILE, in a folder that exists (default: none, not written)",
     )
 
 
@@ -225,6 +261,73 @@ def _config(args: argparse.Namespace):
     # The routing options against the shape, by the generator's own checks (0 tokens: no work).
     ref.make_routing(0, cfg.num_experts, cfg.top_k, distribution=args.distribution, masked_ratio=args.masked_ratio)
     return cfg
+
+
+def _available_memory(device: str) -> int | None:
+    """Bytes a new allocation may take on `device` (the GPU's free memory; on the host the kernel's
+    MemAvailable, capped by a cgroup v2 memory limit), None where unknown."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    free = None
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        free = next(int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            left = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
+            free = left if free is None else min(free, left)
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def _too_large(cfg, routed: float, available: int | None) -> str | None:
+    """Why a call of this shape cannot run here, in words; None when it may."""
+    from megamoe.conformance.dump import call_dump_bytes
+    from megamoe.jit.contract import workspace_dims
+
+    rows = workspace_dims(cfg)["P"]
+    if rows > INT32_MAX:
+        return f"a rank's pool of up to {rows} rows (R*T*K slots, each expert aligned) overflows the int32 row indices"
+    need = call_dump_bytes(cfg, routed)
+    if available is not None and need > available:
+        return f"the call's dumps alone take about {need / 1e9:,.1f} GB, more than the {available / 1e9:,.1f} GB free"
+    return None
+
+
+def _check_sizes(args: argparse.Namespace, cfg, device: str) -> None:
+    """Refuse, before any work, a shape whose indices overflow int32 or whose dumps alone would not fit
+    in memory (an allocator's traceback minutes into the run otherwise), naming the largest --tokens
+    that fits."""
+    available, routed = _available_memory(device), 1.0 - args.masked_ratio
+
+    def why(tokens: int) -> str | None:
+        return _too_large(dataclasses.replace(cfg, max_tokens_per_rank=tokens), routed, available)
+
+    if why(cfg.max_tokens_per_rank) is None:
+        return
+    if why(0) is not None:
+        raise ValueError(f"argument --hidden/--intermediate/--experts: this shape cannot run here at all: {why(0)}")
+    lo, hi = 0, cfg.max_tokens_per_rank  # lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if why(mid) is None else (lo, mid)
+    raise ValueError(
+        f"argument --tokens: expected at most {lo} tokens per rank for this shape (beyond: {why(hi)}), "
+        f"got {args.tokens}"
+    )
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """What an option can be wrong about that its parser could not see alone (the shape against the
+    config's checks and against this machine), before any work and before the first progress line,
+    so that a bad option is the one line of its error."""
+    if hasattr(args, "hidden"):
+        device = getattr(args, "device", "cuda" if args.command == "run" and torch.cuda.is_available() else "cpu")
+        _check_sizes(args, _config(args), device)
 
 
 def _inputs(args: argparse.Namespace, cfg, device: str = "cpu"):
@@ -381,7 +484,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from megamoe.conformance.suite import all_ranks, check
 
     # A file that is no dump, a missing rank or weights that do not match stop here, in one line.
-    dumps = with_weights(all_ranks([Dump.load(p) for p in args.dumps]))
+    dumps = with_weights(all_ranks([Dump.load(p) for p in args.dumps]), progress=_log)
     report = check(dumps, end_to_end=args.end_to_end, progress=_log)
     print(report.text())
     if args.json:
@@ -400,10 +503,13 @@ def cmd_dump(args: argparse.Namespace) -> int:
     from megamoe.conformance.dump import reference_dumps
 
     cfg = _config(args)
+    _log(f"making the inputs and the weights of {cfg.num_experts} experts (seed {args.seed})")
+    t0 = time.perf_counter()
     inputs, weights = _inputs(args, cfg)
+    _log(f"made in {time.perf_counter() - t0:.1f} s; running the reference")
     for d in reference_dumps(cfg, inputs, weights):
         path = Path(f"{args.prefix}rank{d.rank}.pt")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)  # a prefix's own folder (its parent was checked by _dump_prefix)
         (d.without_weights(seed=args.seed) if args.no_weights else d).save(path)
         print(path)
     return 0
@@ -424,8 +530,20 @@ def cmd_faults(args: argparse.Namespace) -> int:
     return 0 if caught == len(outcomes) else 1
 
 
+def _add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=_threads,
+        metavar="N",
+        help=f"torch CPU threads of the reference (the same as {THREADS_ENV}=N); fewer than the cores "
+        "can be much faster on a machine busy with other work (default: none given: "
+        f"${THREADS_ENV}, else the cores this process may use)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="megamoe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"megamoe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_run = sub.add_parser("run", help="the main job: default shape, tolerance report")
     _add_shape_args(p_run)
@@ -436,6 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on a GPU: run the kernel on --ranks ranks, one process each (expert parallelism through "
         "symmetric memory; ranks share the GPU when there is one) (default: off, one rank holds every token)",
     )
+    _add_threads_arg(p_run)
     p_run.set_defaults(fn=cmd_run)
 
     p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")
@@ -448,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="cpu",
         help="where the reference runs (choices: %(choices)s; default: %(default)s)",
     )
+    _add_threads_arg(p_rep)
     p_rep.set_defaults(fn=lambda a: _report(a, a.device))
 
     p_chk = sub.add_parser("check", help="check the dump files of one call (all ranks)")
@@ -459,30 +579,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         type=_output_file,
         metavar="FILE",
-        help="also write the results as JSON to FILE (default: none, not written)",
+        help="also write the results as JSON to FILE, in a folder that exists (default: none, not written)",
     )
     p_chk.add_argument(
         "--markdown",
         type=_output_file,
         metavar="FILE",
-        help="also write the per-check table as Markdown to FILE (default: none, not written)",
+        help="also write the per-check table as Markdown to FILE, in a folder that exists (default: none, not written)",
     )
     p_chk.add_argument(
         "--plots",
         type=_plots_folder,
         metavar="DIR",
-        help="write PNG error plots (D5, D7, end to end) into DIR, made if missing; needs "
-        "matplotlib (default: none, no plots)",
+        help="write PNG error plots (D5, D7, end to end) into DIR, made if missing (its parent must "
+        "exist); needs matplotlib (default: none, no plots)",
     )
+    _add_threads_arg(p_chk)
     p_chk.set_defaults(fn=cmd_check)
 
     p_dump = sub.add_parser("dump", help="write the reference's expected dumps (one file per rank)")
     _add_shape_args(p_dump)
     p_dump.add_argument(
         "--prefix",
+        type=_dump_prefix,
         default="megamoe-dumps/",
         help="files are PREFIXrank0.pt, PREFIXrank1.pt, ...; a prefix ending in / is a folder, "
-        "made if missing (default: %(default)s, which git ignores)",
+        "made if missing (its parent must exist) (default: %(default)s, which git ignores)",
     )
     p_dump.add_argument(
         "--no-weights",
@@ -491,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
         "regenerates them from --seed and verifies their SHA-256 (default: off, every "
         "file holds its rank's weights)",
     )
+    _add_threads_arg(p_dump)
     p_dump.set_defaults(fn=cmd_dump)
 
     p_f = sub.add_parser("faults", help="run the fault catalog")
@@ -500,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="seed of the fault scenarios (default: %(default)s)",
     )
+    _add_threads_arg(p_f)
     p_f.set_defaults(fn=cmd_faults)
     return parser
 
@@ -512,16 +636,35 @@ def _in_option_words(message: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    limit_torch_threads()  # megamoe.threads says why
+    try:
+        limit_torch_threads()  # megamoe.threads says why; before parsing, which may end the run (--help)
+    except ValueError as exc:  # a bad MEGAMOE_THREADS
+        print(f"megamoe: error: {exc}", file=sys.stderr)
+        return 2
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a bad option (its line is printed): the code, not a raise
         return int(exc.code or 0)
+    if args.threads is not None:
+        # Through the variable, so that `import megamoe.reference` (which limits the threads again)
+        # and the ranks that --processes spawns keep the count too.
+        os.environ[THREADS_ENV] = str(args.threads)
+        limit_torch_threads()
     try:
+        _check_options(args)
         return args.fn(args)
     except (ValueError, OSError) as exc:
         # Bad input: MegaMoEInputError, a file that is no dump (DumpFormatError), a file that cannot
         # be read or written. One line, exit code 2.
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"megamoe {args.command}: error: {_in_option_words(message)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        # _check_sizes refuses what cannot fit from a lower bound; an allocation that fails anyway
+        # (the reference's temporaries, memory others took meanwhile) is one line too, not a traceback.
+        # torch says so in a RuntimeError (torch.OutOfMemoryError on a GPU, the CPU allocator's words).
+        if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(exc):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"megamoe {args.command}: error: out of memory, choose a smaller shape: {message}", file=sys.stderr)
         return 2

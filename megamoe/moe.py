@@ -487,8 +487,10 @@ class MegaMoE:
 
     def _dumps(self, cfg, inputs: ref.RankInputs, y: torch.Tensor, stats_before, fast_math: bool, recorded: bool):
         """This call's dump points D1-D10, read back from the workspace in canonical layouts."""
-        from megamoe.conformance.dump import make_dumps
+        from megamoe.conformance.dump import make_dumps, new_call_id
 
+        # First, before anything here can fail on one rank: a collective every rank reaches.
+        call_id = ranks.from_rank0(self._host, new_call_id())
         ws = self.ws
         counts = ws["recv_counts"].clone()
         offsets = ws["expert_offsets"].clone()
@@ -522,7 +524,7 @@ class MegaMoE:
         }
         # The reader against the one table of dump tensors (names, dtypes, shapes).
         pt.check_dump_tensors(points, pt.dump_dims(cfg, tokens=y.shape[0], pool_rows=p_used))
-        dumps = make_dumps(
+        return make_dumps(
             cfg,
             [inputs],
             self.weights,
@@ -531,11 +533,10 @@ class MegaMoE:
             build_id=jb.FusedSpec(fast_math, True, self.promotion, self.engine_for(y.shape[0])).name,
             tau=self.tau,
             recv_stats_before=[stats_before],
+            recv_stats_recorded=recorded,
             ranks=[self.rank],
+            call_id=call_id,
         )
-        for d in dumps:
-            d.meta["recv_stats_recorded"] = bool(recorded)
-        return dumps
 
 
 def _float_or_none(v):

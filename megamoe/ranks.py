@@ -93,6 +93,18 @@ def same_on_every_rank(host, arg: str, what: str, value) -> None:
             fail(arg, f"the same {what} on every rank (rank 0: {values[0]})", f"rank {r}: {v}")
 
 
+def from_rank0(host, value):
+    """Collective: rank 0's `value` on every rank (`value` itself for one rank), e.g. the id of a
+    call that every rank records in its dump."""
+    if host is None:
+        return value
+    import torch.distributed as dist
+
+    values: list = [None] * dist.get_world_size(host)
+    dist.all_gather_object(values, value, group=host)
+    return values[0]
+
+
 def call_options(**options) -> tuple[int, ...]:
     """A call's options as int64 words, for `agree` (None and floats by their float64 bits)."""
     words = []

@@ -6,6 +6,11 @@ container, an affinity mask, several pytest-xdist workers on one machine) the sp
 take the cores from the threads doing the work: on the 2-core CI machine the default-shape
 reference took 38 s instead of 0.3 s that way. So the pool is cut to this process's share of the
 usable cores, and never raised.
+
+Usable is not idle: on a machine busy with other work torch's threads made the CPU reference 14x
+slower (issue 28). No count can be read off the machine for that, so the user sets it: MEGAMOE_THREADS=N (the CLI's --threads N sets the same variable, so that its spawned ranks
+inherit it) fixes the pool at N threads, raised or cut, in every process that limits its threads
+here (the CLI, `import megamoe.reference`, the tests).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+THREADS_ENV = "MEGAMOE_THREADS"
 
 
 def _cgroup_quota(root: Path) -> float | None:
@@ -42,11 +48,39 @@ def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
     return max(1, cores)
 
 
+def parse_threads(text: str) -> int:
+    """A thread count as given by a user: a positive integer (ValueError saying what it got)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"expected a positive number of threads, got {text!r}")
+    return n
+
+
+def requested_threads() -> int | None:
+    """The thread count MEGAMOE_THREADS asks for; None when it is unset or empty."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_threads(text)
+    except ValueError as exc:
+        raise ValueError(f"{THREADS_ENV}: {exc}") from None
+
+
 def limit_torch_threads(processes: int = 1, cgroup_root: Path = CGROUP_ROOT) -> int:
     """Cut torch's intra-op pool to this process's share when `processes` processes share the
-    usable cores; returns the thread count now in force."""
+    usable cores, or set it to MEGAMOE_THREADS where that is set; returns the thread count now in
+    force. A bad MEGAMOE_THREADS raises ValueError naming it."""
     import torch
 
+    requested = requested_threads()
+    if requested is not None:
+        if torch.get_num_threads() != requested:
+            torch.set_num_threads(requested)
+        return torch.get_num_threads()
     share = max(1, usable_cores(cgroup_root) // max(1, processes))
     if torch.get_num_threads() > share:
         torch.set_num_threads(share)

@@ -29,6 +29,14 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
+def _error_after_progress(capsys, argv: list[str]) -> str:
+    """The one error line of bad input found during the work, after that work's progress lines."""
+    assert main(argv) == 2
+    *progress, err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("[megamoe] ") for line in progress), progress
+    return err
+
+
 @pytest.mark.parametrize(
     "argv,words",
     [
@@ -47,6 +55,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["dump", "--distribution", "zipf"], "argument --distribution: invalid choice: 'zipf'"),
         (["dump", "--seed", "-3"], "argument --seed: expected an integer >= 0 and below 4294967296, got -3"),
         (["faults", "--seed", "x"], "argument --seed: expected an integer, got 'x'"),
+        (["check", "x.pt", "--threads", "0"], "argument --threads: expected a positive number of threads, got '0'"),
         (
             ["report", *SMALL, "--distribution", "empty_experts", "--top-k", "5"],
             "argument --top-k: expected at most E/2 = 4 for the distribution 'empty_experts', got 5",
@@ -57,6 +66,12 @@ def test_a_bad_option_is_one_line_naming_it_and_exit_code_2(capsys, argv, words)
     err = _one_line_error(capsys, argv)
     assert err.startswith(f"megamoe {argv[0]}: error: "), err
     assert words in err, err
+
+
+def test_a_bad_megamoe_threads_variable_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("MEGAMOE_THREADS", "many")
+    err = _one_line_error(capsys, ["faults"])
+    assert err == "megamoe: error: MEGAMOE_THREADS: expected a positive number of threads, got 'many'"
 
 
 def test_report_on_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys, monkeypatch):
@@ -77,6 +92,83 @@ def test_an_output_path_that_is_a_folder_is_refused_before_the_run(capsys, tmp_p
     (tmp_path / "f").write_text("")
     err = _one_line_error(capsys, ["check", "x.pt", "--plots", str(tmp_path / "f")])
     assert "argument --plots:" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", *SMALL, "--json", "{missing}/report.json"],
+        ["run", *SMALL, "--markdown", "{missing}/report.md"],
+        ["check", "x.pt", "--json", "{missing}/check.json"],
+        ["check", "x.pt", "--plots", "{missing}/plots"],
+        ["dump", *SMALL, "--prefix", "{missing}/dumps/"],
+        ["dump", *SMALL, "--prefix", "{missing}/run1-"],
+    ],
+)
+def test_an_output_under_a_missing_folder_is_refused_before_any_work_and_nothing_is_made(capsys, tmp_path, argv):
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing) for a in argv]
+    err = _one_line_error(capsys, argv)  # one line: no progress line of a computation before it
+    option = next(a for a in argv if a in ("--json", "--markdown", "--plots", "--prefix"))
+    assert f"argument {option}: the folder " in err and "does not exist; make it first" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_output_folder_is_made_when_its_parent_exists(capsys, tmp_path):
+    assert main(["dump", *SMALL, "--tokens", "2", "--prefix", f"{tmp_path}/dumps/"]) == 0
+    assert (tmp_path / "dumps" / "rank1.pt").is_file()
+
+
+def test_an_option_error_found_after_parsing_is_its_one_line_without_the_banner(capsys, monkeypatch):
+    # `megamoe run` without a GPU announces the CPU reference; a bad shape must be refused before that.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _one_line_error(capsys, ["run", "--experts", "7"])
+    assert err.startswith("megamoe run: error: argument --experts: expected a positive multiple of --ranks"), err
+
+
+def test_more_tokens_than_int32_pool_rows_allow_is_one_line_naming_the_limit(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("megamoe.cli._available_memory", lambda device: None)  # the index limit alone
+    err = _one_line_error(capsys, ["dump", "--tokens", "999999999999", "--prefix", f"{tmp_path}/d/"])
+    # R*T*K + E_l*(BLOCK_M - 1), rounded up to BLOCK_M, <= 2^31 - 1 at R 2, K 4, E_l 8, BLOCK_M 64
+    assert "argument --tokens: expected at most 268435385 tokens per rank for this shape" in err, err
+    assert "overflows the int32 row indices" in err and err.endswith("got 999999999999")
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_call_whose_dumps_exceed_the_free_memory_is_refused_before_any_allocation(capsys, monkeypatch):
+    monkeypatch.setattr("megamoe.cli._available_memory", lambda device: 10**9)
+    err = _one_line_error(capsys, ["report", "--tokens", "100000000"])
+    assert "argument --tokens: expected at most" in err and "more than the 1.0 GB free" in err, err
+    err = _one_line_error(capsys, ["dump", "--hidden", str(128 * 10**6), "--tokens", "1"])
+    assert "argument --hidden/--intermediate/--experts: this shape cannot run here at all" in err, err
+
+
+def test_an_allocation_that_fails_anyway_is_one_line_not_a_traceback(capsys, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 1 byte")
+
+    monkeypatch.setattr("megamoe.reference.make_inputs", no_memory)
+    err = _error_after_progress(capsys, ["dump", *SMALL])
+    assert err.startswith("megamoe dump: error: out of memory, choose a smaller shape: "), err
+
+
+def test_version_prints_the_package_version(capsys):
+    import megamoe
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"megamoe {megamoe.__version__}"
+
+
+def test_the_package_version_has_one_source():
+    import importlib.metadata
+
+    import megamoe
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "megamoe.__version__"}
+    assert importlib.metadata.version("megamoe") == megamoe.__version__  # the installed metadata agrees
 
 
 def test_dump_offers_no_report_files_it_would_ignore(capsys, tmp_path):
@@ -148,6 +240,15 @@ def test_check_of_one_rank_of_two_is_refused_like_a_bad_file(capsys, tmp_path):
     assert "check needs the dumps of all 2 ranks of one call, got ranks [0]" in err
 
 
+def test_check_of_rank_files_of_two_calls_says_so_instead_of_reporting_a_kernel_failure(capsys, tmp_path):
+    for name, seed in (("a", "0"), ("b", "1")):
+        assert main(["dump", *SMALL, "--seed", seed, "--prefix", f"{tmp_path}/{name}/"]) == 0
+    capsys.readouterr()
+    a0, b1 = tmp_path / "a/rank0.pt", tmp_path / "b/rank1.pt"
+    err = _one_line_error(capsys, ["check", str(a0), str(b1)])
+    assert "these are from different calls" in err and str(a0) in err and str(b1) in err, err
+
+
 def _ignored_by_git(path: str) -> bool:
     run = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path])
     return run.returncode == 0
@@ -184,13 +285,30 @@ def test_a_dump_without_weights_is_smaller_and_checked_against_the_weights_given
     wrong.w1[3, 0, 0] ^= 0x01
     with pytest.raises(DumpFormatError, match=r"rank 0: the weights given are not the ones this dump was made with"):
         check(lean_paths, weights=wrong)
-    # A dump whose recorded seed is wrong is refused in one line, not reported as stage failures.
+    # A dump whose recorded seed is wrong is refused in one line, not reported as stage failures
+    # (after the progress lines of regenerating the weights, which is how it is found).
     for path in lean_paths:
         obj = torch.load(path, weights_only=True)
         obj["meta"]["weights"]["random_weights_seed"] = 1
         torch.save(obj, path)
-    err = _one_line_error(capsys, ["check", *lean_paths])
-    assert "the weights given are not the ones this dump was made with" in err
+    err = _error_after_progress(capsys, ["check", *lean_paths])
+    assert err.startswith("megamoe check: error: rank 0: the weights given are not the ones this dump was made with")
+
+
+def test_check_of_dumps_without_weights_shows_progress_while_it_regenerates_them(capsys, tmp_path):
+    assert main(["dump", *SMALL, "--prefix", f"{tmp_path}/", "--no-weights", "--seed", "5"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "rank0.pt"), str(tmp_path / "rank1.pt")]) == 0
+    err = capsys.readouterr().err
+    steps = [
+        "the dumps hold no weights: regenerating those of 8 experts (H=256 I=128) from random_weights seed 5",
+        "weights regenerated in ",
+        "rank 0: comparing its weights with the SHA-256 its dump names",
+        "rank 1: comparing its weights with the SHA-256 its dump names",
+        "checking D1",
+    ]
+    at = [err.find(step) for step in steps]
+    assert -1 not in at and at == sorted(at), err
 
 
 def test_the_silu_probe_says_it_needs_nvcc_and_a_gpu_instead_of_a_traceback(tmp_path):

@@ -253,6 +253,7 @@ def test_dumps_made_rank_by_rank_with_local_weights_equal_the_all_ranks_dumps_an
             build_id="reference",
             tau=whole[r].meta["tau"],
             ranks=[r],
+            call_id=whole[0].call_id,  # the id the ranks agreed on (megamoe.ranks.from_rank0)
         )[0]
         for r in range(2)
     ]
@@ -261,6 +262,38 @@ def test_dumps_made_rank_by_rank_with_local_weights_equal_the_all_ranks_dumps_an
         assert a.tensors.keys() == b.tensors.keys()
         assert [k for k in a.tensors if not _same_bytes(a[k], b[k])] == []
     assert check(by_rank, end_to_end=True).ok
+
+
+def test_every_rank_of_one_call_records_the_same_call_id_and_two_calls_differ():
+    cfg, inputs, weights = scenario_inputs("clamped", 3)
+    first, second = reference_dumps(cfg, inputs, weights), reference_dumps(cfg, inputs, weights)
+    assert first[0].call_id == first[1].call_id and len(first[0].call_id) == 32
+    assert first[0].call_id != second[0].call_id
+
+
+def test_ranks_of_two_calls_are_refused_in_one_line_naming_the_files(tmp_path):
+    cfg, inputs, weights = scenario_inputs("clamped", 3)
+    other_inputs = scenario_inputs("clamped", 4)[1]
+    for name, inp in (("a", inputs), ("b", other_inputs)):
+        (tmp_path / name).mkdir()
+        for d in reference_dumps(cfg, inp, weights):
+            d.save(tmp_path / name / f"rank{d.rank}.pt")
+    a0, b1 = tmp_path / "a/rank0.pt", tmp_path / "b/rank1.pt"
+    with pytest.raises(ValueError) as exc:
+        check([a0, b1])
+    message = str(exc.value)
+    assert "\n" not in message
+    assert message.startswith("check needs the dumps of one call; these are from different calls: ")
+    assert f"{a0} (call {Dump.load(a0).call_id[:8]})" in message and f"{b1} (call " in message
+
+
+def test_a_dump_without_a_call_id_is_of_an_unknown_call_and_checked_with_the_others():
+    # Files written before dumps had a call id (the GPU-recorded fixtures) still load and check.
+    cfg, inputs, weights = scenario_inputs("clamped", 3)
+    dumps = reference_dumps(cfg, inputs, weights)
+    del dumps[1].meta["call_id"]
+    assert dumps[1].call_id is None
+    assert check(dumps).ok
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:  # NaN padding compares equal to itself

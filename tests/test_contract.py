@@ -3,6 +3,8 @@ header is exactly what it generates, the packer puts every field at the offset t
 static_asserts pin, and the workspace's pool holds the worst routing all peers can send. CPU only."""
 
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,9 +15,36 @@ from megamoe.jit import contract
 
 
 def test_committed_contract_header_is_what_the_python_definition_generates():
-    assert contract.header_path().read_text() == contract.header(), (
-        "kernel/gemm/contract.cuh is stale: run python -m megamoe.jit.contract"
-    )
+    # The command CI and a developer run; its output names the file when it is stale.
+    run = subprocess.run([sys.executable, "-m", "megamoe.jit.contract", "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert contract.header_path().read_text() == contract.header()
+
+
+def test_the_contract_check_names_a_stale_header_and_exits_1_without_writing(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "contract.cuh"
+    stale.write_text("// an older header\n")
+    monkeypatch.setattr(contract, "header_path", lambda: stale)
+    assert contract.main(["--check"]) == 1
+    assert capsys.readouterr().out.strip() == f"{stale} is stale: run python -m megamoe.jit.contract --write"
+    assert stale.read_text() == "// an older header\n"
+    assert contract.main(["--write"]) == 0 and stale.read_text() == contract.header()
+    assert contract.main(["--check"]) == 0
+
+
+def test_the_contract_command_without_a_mode_prints_its_usage_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "contract.cuh"
+    stale.write_text("// an older header\n")
+    monkeypatch.setattr(contract, "header_path", lambda: stale)
+    with pytest.raises(SystemExit) as exc:
+        contract.main([])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m megamoe.jit.contract [-h] [--check | --write]"), err
+    assert stale.read_text() == "// an older header\n"
+    with pytest.raises(SystemExit) as exc:
+        contract.main(["--help"])
+    assert exc.value.code == 0 and "--check" in capsys.readouterr().out
 
 
 def test_committed_wgmma_wrappers_are_what_gen_wgmma_writes():

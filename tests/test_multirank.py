@@ -168,3 +168,15 @@ def test_one_rank_needs_no_group():
 def test_group_outside_a_spawned_rank_says_so():
     with pytest.raises(RuntimeError, match="not inside a rank"):
         multirank.group()
+
+
+def _call_id_of_rank(rank: int, size: int) -> str:
+    from megamoe.conformance.dump import new_call_id
+
+    return ranks.from_rank0(ranks.host_group(multirank.group()), new_call_id())
+
+
+def test_ranks_that_make_their_own_dumps_record_rank_0s_call_id():
+    # What each rank of the fused layer does before it wraps its dump points (MegaMoE._dumps).
+    ids = multirank.spawn(_call_id_of_rank, 2)
+    assert ids[0] == ids[1] and len(ids[0]) == 32

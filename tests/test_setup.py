@@ -59,7 +59,7 @@ def test_a_bare_megamoe_after_activate_is_the_venvs():
     assert "seed of the fault scenarios" in run.stdout
 
 
-def _threads_after(statement: str) -> int:
+def _threads_after(statement: str, **env: str) -> int:
     """torch's thread count after `statement`, in a process limited to one core that asked for 3."""
     prog = textwrap.dedent(f"""
         import os, torch
@@ -68,7 +68,8 @@ def _threads_after(statement: str) -> int:
         {statement}
         print("THREADS", torch.get_num_threads())
     """)
-    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True)
+    env = {**{k: v for k, v in os.environ.items() if k != "MEGAMOE_THREADS"}, **env}
+    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     return int(run.stdout.split("THREADS")[-1])
 
@@ -84,6 +85,19 @@ def test_importing_the_reference_limits_torch_threads_to_the_usable_cores():
 @needs_affinity
 def test_the_cli_limits_torch_threads_to_the_usable_cores():
     assert _threads_after("from megamoe.cli import main; main(['faults', '--help'])") == 1
+
+
+@needs_affinity
+def test_megamoe_threads_sets_the_count_raised_or_cut_for_a_busy_machine():
+    assert _threads_after("import megamoe.reference", MEGAMOE_THREADS="2") == 2  # above the one usable core
+    assert _threads_after("import megamoe.reference", MEGAMOE_THREADS="1") == 1
+
+
+@needs_affinity
+def test_the_cli_threads_option_holds_for_the_reference_it_runs(tmp_path):
+    # After the run, which imported megamoe.reference (it limits the threads again on import).
+    run = f"from megamoe.cli import main; main(['dump', '--tokens', '0', '--threads', '2', '--prefix', '{tmp_path}/'])"
+    assert _threads_after(run) == 2
 
 
 def test_a_container_cpu_quota_caps_the_usable_cores(tmp_path):

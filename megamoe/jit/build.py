@@ -302,12 +302,18 @@ def build(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec, *, force: bo
         return _compile(spec, out, log)
 
 
-def _compile(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec, out: Path, log: Path) -> Built:
-    kdir = KERNEL_DIR
+def find_nvcc() -> str | None:
+    """The nvcc that builds the kernels: the PATH's, else $CUDA_HOME/bin/nvcc; None when neither."""
     nvcc = shutil.which("nvcc") or (
         os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
     )
-    if nvcc is None or not os.path.exists(nvcc):
+    return nvcc if nvcc is not None and os.path.exists(nvcc) else None
+
+
+def _compile(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec, out: Path, log: Path) -> Built:
+    kdir = KERNEL_DIR
+    nvcc = find_nvcc()
+    if nvcc is None:
         raise CompileError(f"nvcc not found (needed to build {spec.name}; cache {out} is empty)")
     with tempfile.TemporaryDirectory(prefix="megamoe-jit-") as tmp:
         src = Path(tmp) / f"{spec.name}.cu"

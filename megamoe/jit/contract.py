@@ -1,16 +1,18 @@
 """What the host and the SM90 GEMM kernel must agree on, written once: the kernel's parameter struct,
 its shared constants, the fast mode's scaled FP4 lookup table and the trap codes.
 
-`kernel/gemm/contract.cuh` is generated from this module (`python -m megamoe.jit.contract`
-rewrites it; a CPU test fails when the committed header differs from what this module generates),
+`kernel/gemm/contract.cuh` is generated from this module (`python -m megamoe.jit.contract --write`
+rewrites it, `--check` exits 1 when it is stale; a CPU test runs the check),
 and `pack_params` writes the struct's bytes from the same field list, so a field added, moved or
 retyped here moves on both sides at once. The C++ side pins every offset with a static_assert.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import struct
+import sys
 from pathlib import Path
 
 from megamoe.reference import quantize as Q
@@ -470,6 +472,33 @@ def header_path() -> Path:
     return KERNEL_DIR / "gemm" / "contract.cuh"
 
 
+def main(argv: list[str] | None = None) -> int:
+    """python -m megamoe.jit.contract --check | --write; without either, its usage (exit 2): a
+    command that rewrites a source file does so only when asked."""
+    parser = argparse.ArgumentParser(
+        prog="python -m megamoe.jit.contract",
+        description="kernel/gemm/contract.cuh, the C++ side of the host <-> kernel contract, is generated "
+        "from megamoe/jit/contract.py: check that the committed file is what it generates, or write it.",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 if the committed header is stale, naming it; 0 if it is current"
+    )
+    mode.add_argument("--write", action="store_true", help="write the header from this module")
+    args = parser.parse_args(argv)
+    path = header_path()
+    if args.check:
+        if not path.is_file() or path.read_text() != header():
+            print(f"{path} is stale: run python -m megamoe.jit.contract --write")
+            return 1
+        print(f"{path} is current")
+        return 0
+    if args.write:
+        path.write_text(header())
+        print(f"wrote {path}")
+        return 0
+    parser.error("choose --check or --write")
+
+
 if __name__ == "__main__":
-    header_path().write_text(header())
-    print(f"wrote {header_path()}")
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The benchmark tools as a user meets them on a machine that lacks what they need: `--help` works,
+and a missing GPU or tool is one line saying what is missing (and how to get it) before anything is
+compiled, since a build takes minutes. CPU only: nothing here compiles or runs a kernel."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import probe, sass_stage
+from megamoe.jit import build as jb
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBES = ["wgmma_rate", "prefill_rate", "decode_rate"]
+
+
+def _no_compiling(monkeypatch):
+    def compile_(*args, **kwargs):
+        raise AssertionError("compiled before checking what it needs")
+
+    monkeypatch.setattr(probe.subprocess, "run", compile_)
+    monkeypatch.setattr(jb, "build", compile_)
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_a_rate_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, monkeypatch, capsys):
+    _no_compiling(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = importlib.import_module(f"bench.{name}")
+    assert probe.run_probe(name, module.__doc__, []) == 2
+    assert capsys.readouterr().err == f"bench.{name}: needs a CUDA GPU, and torch sees none on this machine\n"
+
+
+@pytest.mark.parametrize("name", PROBES)
+def test_a_rate_probe_answers_help_with_its_description_and_exit_0(name):
+    run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(f"usage: python -m bench.{name} [-h]")
+    doc = importlib.import_module(f"bench.{name}").__doc__
+    assert " ".join(doc.split()[:6]) in " ".join(run.stdout.split())
+
+
+def _fake_nvidia_wheel(root: Path) -> Path:
+    """site-packages/nvidia/cu13/bin/nvdisasm, as the nvidia-cuda-nvdisasm wheel lays it out."""
+    tool = root / "nvidia" / "cu13" / "bin" / "nvdisasm"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def test_sass_stage_takes_the_pip_packages_nvdisasm_before_the_paths(tmp_path, monkeypatch):
+    tool = _fake_nvidia_wheel(tmp_path)
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if "site-packages" not in p])
+    importlib.invalidate_caches()
+    monkeypatch.setattr(sass_stage.shutil, "which", lambda name: f"/usr/local/cuda/bin/{name}")
+    assert sass_stage.nvdisasm() == str(tool)
+
+
+def test_sass_stage_without_nvdisasm_says_how_to_get_it_in_one_line_before_compiling(tmp_path, monkeypatch, capsys):
+    _no_compiling(monkeypatch)
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "site-packages" not in p])  # no nvidia wheels
+    importlib.invalidate_caches()
+    monkeypatch.setattr(sass_stage.shutil, "which", lambda name: None)
+    assert sass_stage.main([]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bench.sass_stage: nvdisasm not found: {sass_stage.NVDISASM_HOW}\n"
+    assert "pip install nvidia-cuda-nvdisasm" in err
+
+
+def test_sass_stage_answers_help_with_exit_0():
+    env = dict(os.environ, PATH="")  # --help needs no tool
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.sass_stage", "--help"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: python -m bench.sass_stage [-h]")
