@@ -46,7 +46,7 @@ CHECKERS: dict[str, Callable] = {
 STAGES: tuple[tuple[str, str, Callable], ...] = tuple((p, P.stage_of(p), CHECKERS[p]) for p in P.POINTS)
 
 
-# What the table's columns mean; printed under it by `megamoe check`, and in the README.
+# What the table's columns mean; printed under it by `megamoe check`, and in docs/conformance.md.
 LEGEND = """\
 elements: how many elements the check compared (valid pool rows only for pool-shaped tensors).
 mismatches: how many of them broke the check's rule.

@@ -154,7 +154,7 @@ def tolerance_report(
     }
 
 
-# What the table's rows and columns mean; printed under the table (README: "The tolerance report").
+# What the table's rows and columns mean; printed under the table (the README's "Command line" says it in short).
 LEGEND = """\
 - **local** rows: the stage's own rounding only. The stage's input is taken from the reference's
   dumps and the float64 result of that same input is the expectation (D6 local: the dumped D5

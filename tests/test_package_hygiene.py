@@ -206,9 +206,8 @@ def test_every_repository_path_named_in_a_comment_or_doc_exists():
             continue  # this file names made-up paths as examples
         for lineno, line in _prose(path):
             for mention in PATH_RE.findall(line):
-                first = mention.split("/")[0]
-                if first in ("research", "seed") or first.isupper() or "*" in mention:
-                    continue  # the shared folder beside the checkout, or a placeholder (OUT_DIR/x.bin)
+                if mention.split("/")[0].isupper() or "*" in mention:
+                    continue  # a placeholder (OUT_DIR/x.bin) or a glob
                 if not _exists(mention, path):
                     missing.append(f"{path.relative_to(ROOT)}:{lineno}: {mention}")
     assert not missing, "\n".join(missing)

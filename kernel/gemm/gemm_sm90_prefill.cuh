@@ -12,8 +12,9 @@
 // block, and the decode into registers sits in the same warps' chain (bench/NOTES.md v13). Here a
 // token's scale lies on the accumulator rows: two per thread (and K block, or k32 step in the
 // exact mode).
-// Decoding FP4 into shared memory inside this loop costs more than half the tensor rate (v14), so
-// the weights are decoded once per call by the predecode pass and arrive here by bulk copy.
+// Decoding FP4 into shared memory inside this loop costs more than half the tensor rate
+// (bench/NOTES.md v14), so the weights are decoded once per call by the predecode pass and arrive
+// here by bulk copy.
 //
 // CTA tile: 128 tokens (two consumer warpgroups of 64, wgmma M) x 256 weight rows (two halves of
 // 128, one SS m64n128k32 wgmma each per k32 step; a 256-wide one would need a 128-register temporary

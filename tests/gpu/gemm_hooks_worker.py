@@ -269,7 +269,7 @@ def load_filler_kernels(stream, plan, dst, src, counters, outs, snaps) -> None:
     launch of a kernel loads it, and the load waits for the work already running on the device. A
     filler kernel launched for the first time while the gated GEMM spins therefore waits for the
     GEMM, which waits for the filler's counters: a deadlock that ends in the gate's spin-timeout
-    trap (measured on the H200: research/arrival-gate-late-arrival.md in the shared folder).
+    trap (observed on the H200 before this warm-up existed).
     The same calls on tensors of the same dtypes, shapes and offsets (fresh allocations are
     aligned alike, so the same vectorised or unrolled kernel is picked) load every kernel the
     filler will launch. The worker also runs with CUDA_MODULE_LOADING=EAGER, which loads every

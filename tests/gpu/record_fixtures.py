@@ -26,7 +26,7 @@ one call alone is 1.36 MB, so the fused calls use E 4, top-2 (p_used 256): ~0.70
 tokens, ~0.04 MB without, ~1.44 MB for the three one-rank calls together; the two-rank call
 (E_l 2 per rank, so 2 x 128 pool rows, mostly padding) ~0.70 MB. `fused_size_estimate` computes
 them on the CPU from the reference; tests/test_fixtures.py keeps the plan and the files under
-FUSED_BUDGET, per rank count: the one-rank calls under 2 MB (the fused-layer issue's bound), the
+FUSED_BUDGET, per rank count: the one-rank calls under 2 MB (the project's bound for CI fixtures), the
 two-rank call under 1 MB.
 """
 

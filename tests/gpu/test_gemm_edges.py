@@ -127,7 +127,7 @@ def test_scale_bytes_0_and_254_and_underflowing_scale_products_reach_the_kernel(
 @pytest.mark.parametrize("clamp", [None, 2.0])
 def test_nan_payloads_and_all_zero_groups_in_valid_rows(promotion, max_tile, wgs, clamp):
     """A NaN code (0x7F) in a valid row makes every accumulator of that row NaN and nothing else;
-    all-zero 32-groups (payload 0) of tokens and weights are exact zeros. D6 follows the README's
+    all-zero 32-groups (payload 0) of tokens and weights are exact zeros. D6 follows SPEC §3 D6's
     NaN rule (clamp propagates NaN, amax ignores it) bit for bit, from the dumped accumulators."""
     H, inter = 1024, 512
     gen = torch.Generator().manual_seed(5)

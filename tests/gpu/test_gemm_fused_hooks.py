@@ -1,4 +1,4 @@
-"""The GEMM mainloop's hooks for the fused kernel (issue 4), exercised through the standalone launch:
+"""The GEMM mainloop's hooks for the fused kernel, exercised through the standalone launch:
 
 * arrival gate (GemmParams::arrival / arrival_block): full counters give the bits of an ungated
   launch; counters raised late by a second stream, over pool rows written just before them (the
