@@ -128,35 +128,19 @@ def test_the_contract_says_whether_its_gpt_oss_variant_is_implemented():
 OUTSIDE = re.compile(r"shared[/\\]SPEC|shared\s+folder|research\s+note|\bissues?\s*#?\d+", re.IGNORECASE)
 EXEMPT = ("bench/NOTES.md", "docs/")
 
-# TODO(lead engineer): remove this allow-list. These four kernel files were being edited by
-# another engineer when the citations were fixed, so they were left alone then; fix their
-# citations (the report of the h28-docs branch lists the lines) and delete the entries.
-ALLOWED_FOR_NOW = (
-    "kernel/gemm/producer.cuh",
-    "kernel/gemm/scheduler.cuh",
-    "kernel/gemm/gemm_sm90.cuh",
-    "kernel/fused/megamoe_sm90.cuh",
-)
-
 
 @needs_git
 def test_no_file_points_outside_the_repository_or_at_issue_numbers():
     found = []
     for path in _text_files():
         name = path.relative_to(ROOT).as_posix()
-        if name.startswith(EXEMPT) or name in ALLOWED_FOR_NOW:
+        if name.startswith(EXEMPT):
             continue
         for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             m = OUTSIDE.search(line)
             if m:
                 found.append(f"{name}:{lineno}: {m.group(0)!r}")
     assert not found, "point into the repository instead (docs/SPEC.md, bench/NOTES.md):\n" + "\n".join(found)
-
-
-@needs_git
-def test_the_allow_list_names_files_that_exist():
-    known = {p.relative_to(ROOT).as_posix() for p in _text_files()}
-    assert set(ALLOWED_FOR_NOW) <= known
 
 
 def test_the_pattern_catches_what_it_is_for():

@@ -89,7 +89,7 @@ struct PullTables {
 // After every rank posted: the pool layout from the receive counts (read with plain loads: the
 // peers' writes are ordered by the CTA's acquire and the warp's barrier). All 32 lanes of one warp,
 // lane l taking local experts l, l + 32, ...: one round of memory latency per 32 experts (one
-// thread reading the counts one after another took 6.6 us at 32 experts, NOTES v22). The warp then
+// thread reading the counts one after another took 6.6 us at 32 experts, bench/NOTES.md v22). The warp then
 // builds the GEMM schedule from the layout (build_schedule).
 __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t) {
   const int lane = threadIdx.x % 32;
@@ -178,7 +178,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
       if (lane + 32 * b < H / 128) row_sf[b] = src_sf[lane + 32 * b];
     // A lane loads kPullBatch vectors before it stores any: the loads of a batch are in flight
     // together. (One vector at a time, a row of 7168 bytes took 14 rounds of memory latency, 12 us:
-    // the pull was the L1 gates' critical path at decode sizes, NOTES v22.)
+    // the pull was the L1 gates' critical path at decode sizes, bench/NOTES.md v22.)
     const int nv = H / 16;
     for (int v0 = lane; v0 < nv; v0 += 32 * kPullBatch) {
       uint4 x[kPullBatch];

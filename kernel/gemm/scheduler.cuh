@@ -190,7 +190,7 @@ __device__ __forceinline__ const GemmParams& item_layer(int& item, const Schedul
 // is blockIdx.x, each later one the next unclaimed item of a counter in global memory, claimed by the
 // TMA thread while it issues the last stages of its current item. The static round robin (item +=
 // gridDim.x, still the prefill kernel's order) gave a CTA its items whatever the speed of its
-// earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock stamps, NOTES
+// earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock stamps, bench/NOTES.md
 // v13b), so the CTAs ended between 88 and 130 us. The TMA thread posts each claimed item to the
 // CTA's other roles (scale warps, consumers) through a small queue in shared memory, in order; an
 // item index >= the launch's item count ends every role's loop.
@@ -221,7 +221,7 @@ struct ItemQueue {
 // it (at least 1: the consumers' no-wait read, next_posted, needs the post before the last stage's
 // fill). The claim's round trip stalls the TMA thread once per item, while the ring holds the stages
 // it filled before. A claim 4 stages ahead with the index held in a register, the round trip hidden,
-// lost the Zipf routings' gain (NOTES v19): an item claimed early is an item a faster CTA could have
+// lost the Zipf routings' gain (bench/NOTES.md v19): an item claimed early is an item a faster CTA could have
 // taken.
 constexpr int kClaimAhead = 2;
 
