@@ -245,13 +245,13 @@ def _device_index(dev: int | str | torch.device | None) -> int:
 
 
 def _err_record(dev: int | str | torch.device | None) -> torch.Tensor:
-    """Pinned int32[8] of device `dev`: the kernel's trap record, readable after a trap (the trap
-    ends the context; host memory outlives it). torch's pinned memory is page-locked host memory
+    """Pinned memory of device `dev` for the kernel's trap record (contract.TRAP_RECORD, as int32
+    words), readable after a trap (the trap ends the context; host memory outlives it). torch's pinned memory is page-locked host memory
     that every device reaches at the same address (unified addressing, which sm_90 always has), so
     its data_ptr() is the device pointer GemmParams::err takes."""
     dev = _device_index(dev)
     if dev not in _ERR:
-        rec = torch.zeros(8, dtype=torch.int32, pin_memory=True)
+        rec = torch.zeros(contract.TRAP_RECORD.size // 4, dtype=torch.int32, pin_memory=True)
         if not rec.is_pinned():
             raise RuntimeError("the trap record needs pinned host memory; torch gave pageable memory")
         _ERR[dev] = rec
@@ -310,7 +310,9 @@ def timeout_message(dev: int | str | torch.device | None = None) -> str | None:
 
 
 def _record_words(words: list[int]) -> str:
-    state, what, blk, idx, exp, obs, thr = words[0:7]
+    field = {name: words[off // 4] for name, off in contract.TRAP_RECORD.offsets.items()}
+    state, what, blk, idx = field["state"], field["what"], field["block"], field["index"]
+    exp, obs, thr = field["expected"], field["observed"], field["thread"]
     note = "" if state == 1 else " (record claimed, completion flag not seen)"
     if what == contract.LAYOUT_CHECK:
         return (

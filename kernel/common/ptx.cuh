@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cuda.h>
 
+#include "../gemm/contract.cuh"
+
 namespace megamoe {
 namespace ptx {
 
@@ -102,9 +104,9 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // Spin-waits have a timeout (SPEC §5: a hung GPU is never the result of bad input). On expiry the
-// waiter claims the record `rec` (report_trap) (host-mapped pinned memory, still readable by the host after the
-// trap), writes {1, what, block, index, expected, observed, thread} and traps; only the first
-// waiter to expire writes, so the record is never a mix of two. The arrival wait (the root cause
+// waiter claims the record `rec` (report_trap: a TrapRecord, contract.cuh, in host-mapped pinned
+// memory, still readable by the host after the trap), writes its fields, marks it complete and
+// traps; only the first waiter to expire writes, so the record is never a mix of two. The arrival wait (the root cause
 // when rows never come) expires first: the barrier waits behind it, which start at about the same
 // time, wait twice as long. No printf: a call inside the consumer loop would make ptxas serialise
 // the wgmma pipeline and save registers around it.
@@ -116,15 +118,16 @@ constexpr long long kRecordGraceCycles = 20ll * 1000 * 1000;  // ~10 ms: the cla
 
 __device__ __forceinline__ void report_trap(int* rec, int what, int index, int expected, int observed) {
   if (rec != nullptr) {
-    if (atomicCAS(rec, 0, 2) == 0) {   // 2 = claimed, being written
-      rec[1] = what;
-      rec[2] = blockIdx.x;
-      rec[3] = index;
-      rec[4] = expected;
-      rec[5] = observed;
-      rec[6] = threadIdx.x;
+    TrapRecord* r = reinterpret_cast<TrapRecord*>(rec);
+    if (atomicCAS(&r->state, 0, 2) == 0) {   // 2 = claimed, being written
+      r->what = what;
+      r->block = blockIdx.x;
+      r->index = index;
+      r->expected = expected;
+      r->observed = observed;
+      r->thread = threadIdx.x;
       __threadfence_system();
-      atomicExch(rec, 1);
+      atomicExch(&r->state, 1);
       __threadfence_system();
     } else {
       // Another waiter claimed the record: its trap ends this thread too. Trapping at once would end

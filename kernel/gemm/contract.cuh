@@ -44,6 +44,28 @@ constexpr int kLutEntries = 20, kLutHeadroom = 6;
 __host__ __device__ constexpr uint32_t scaled_lut_lo(int i) { return i == 0 ? 0x6C686000u : i == 1 ? 0x64605800u : i == 2 ? 0x5C585000u : i == 3 ? 0x54504800u : i == 4 ? 0x4C484000u : i == 5 ? 0x44403800u : i == 6 ? 0x3C383000u : i == 7 ? 0x34302800u : i == 8 ? 0x2C282000u : i == 9 ? 0x24201800u : i == 10 ? 0x1C181000u : i == 11 ? 0x14100800u : i == 12 ? 0x0C080400u : i == 13 ? 0x06040200u : i == 14 ? 0x03020100u : i == 15 ? 0x02010000u : i == 16 ? 0x01000000u : i == 17 ? 0x00000000u : i == 18 ? 0x00000000u : 0x00000000u; }
 __host__ __device__ constexpr uint32_t scaled_lut_hi(int i) { return i == 0 ? 0x7C787470u : i == 1 ? 0x74706C68u : i == 2 ? 0x6C686460u : i == 3 ? 0x64605C58u : i == 4 ? 0x5C585450u : i == 5 ? 0x54504C48u : i == 6 ? 0x4C484440u : i == 7 ? 0x44403C38u : i == 8 ? 0x3C383430u : i == 9 ? 0x34302C28u : i == 10 ? 0x2C282420u : i == 11 ? 0x24201C18u : i == 12 ? 0x1C181410u : i == 13 ? 0x14100C08u : i == 14 ? 0x0C080604u : i == 15 ? 0x06040302u : i == 16 ? 0x03020201u : i == 17 ? 0x02010100u : i == 18 ? 0x01000000u : 0x00000000u; }
 
+// The trap record a timed-out wait writes (kernel/common/ptx.cuh report_trap).
+struct TrapRecord {
+  int state;  // 0 free, 2 claimed and being written, 1 complete
+  int what;  // the wait (WaitKind) or kLayoutCheck
+  int block;  // blockIdx.x of the writer
+  int index;  // the wait's index (stage, pool block, ...); kLayoutCheck: smem offset mod 1024
+  int expected;  // the count (or parity, or layout bytes) waited for
+  int observed;  // the count seen last (-1: an mbarrier); kLayoutCheck: launch bytes
+  int thread;  // threadIdx.x of the writer
+  int reserved;  // 0
+};
+
+static_assert(offsetof(TrapRecord, state) == 0, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, what) == 4, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, block) == 8, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, index) == 12, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, expected) == 16, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, observed) == 20, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, thread) == 24, "TrapRecord layout");
+static_assert(offsetof(TrapRecord, reserved) == 28, "TrapRecord layout");
+static_assert(sizeof(TrapRecord) == 32, "TrapRecord layout");
+
 // The GEMM's argument, passed by value as one __grid_constant__ struct.
 struct GemmParams {
   CUtensorMap tmap_x8;  // activations [P, K] e4m3, box {128 B, 8 rows}, 128-byte swizzle

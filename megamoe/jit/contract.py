@@ -162,11 +162,13 @@ _FMT = {"ptr": "<Q", "i32": "<i", "f32": "<f"}
 
 @dataclasses.dataclass(frozen=True)
 class Struct:
-    """A C struct passed by value to a kernel: its fields in layout order. A field of kind "struct"
-    nests another Struct (its ctype is that struct's name)."""
+    """A C struct: its fields in layout order, its size a multiple of `align` (a kernel argument's:
+    128, the CUtensorMap's alignment). A field of kind "struct" nests another Struct (its ctype is
+    that struct's name)."""
 
     name: str
     fields: tuple
+    align: int = 128
 
     def _member(self, f: Field) -> tuple[int, int]:
         if f.kind == "struct":
@@ -189,7 +191,7 @@ class Struct:
             off = -(-off // align) * align
             offsets[f.name] = off
             off += size
-        return offsets, -(-off // 128) * 128
+        return offsets, -(-off // self.align) * self.align
 
     def pack(self, **values) -> bytes:
         """The struct's bytes: every field by name (tensor maps as their 128 bytes, nested structs as
@@ -225,6 +227,24 @@ class Struct:
 
 
 GEMM_PARAMS = Struct("GemmParams", PARAMS)
+
+# The trap record (GemmParams.err: pinned host memory, megamoe.gemm._err_record): written by the
+# first waiter whose wait expires (kernel/common/ptx.cuh report_trap), read by the host after the
+# trap (megamoe.gemm.timeout_message).
+TRAP_RECORD = Struct(
+    "TrapRecord",
+    (
+        Field("state", "i32", "int", "0 free, 2 claimed and being written, 1 complete"),
+        Field("what", "i32", "int", "the wait (WaitKind) or kLayoutCheck"),
+        Field("block", "i32", "int", "blockIdx.x of the writer"),
+        Field("index", "i32", "int", "the wait's index (stage, pool block, ...); kLayoutCheck: smem offset mod 1024"),
+        Field("expected", "i32", "int", "the count (or parity, or layout bytes) waited for"),
+        Field("observed", "i32", "int", "the count seen last (-1: an mbarrier); kLayoutCheck: launch bytes"),
+        Field("thread", "i32", "int", "threadIdx.x of the writer"),
+        Field("reserved", "i32", "int", "0"),
+    ),
+    align=4,
+)
 STRUCTS = {"GemmParams": GEMM_PARAMS}
 OFFSETS, PARAMS_BYTES = GEMM_PARAMS.offsets, GEMM_PARAMS.size
 
@@ -442,6 +462,9 @@ def header() -> str:
         f"constexpr int kLutEntries = {LUT_ENTRIES}, kLutHeadroom = {LUT_HEADROOM};",
         _table("uint32_t", "scaled_lut_lo", [_word(lut[d, :4]) for d in range(LUT_ENTRIES)]),
         _table("uint32_t", "scaled_lut_hi", [_word(lut[d, 4:]) for d in range(LUT_ENTRIES)]),
+        "",
+        "// The trap record a timed-out wait writes (kernel/common/ptx.cuh report_trap).",
+        *TRAP_RECORD.cpp(),
         "",
         "// The GEMM's argument, passed by value as one __grid_constant__ struct.",
         *GEMM_PARAMS.cpp(),
