@@ -14,7 +14,7 @@ the whole layer (no host launch cost). Columns, per (shape, T):
   fused        megamoe.moe.MegaMoE(cfg, weights, promotion="k32"): the fused layer, us (its GEMM engine:
                the layer's per-call choice, or --engine's; the engine column names it)
   unfused      torch dispatch (vectorised, on the GPU) + megamoe.gemm.l1_gemm / l2_gemm (k32) + torch
-               combine, us;  unf-k128  the same with promotion k128 (its rebase_k128 in torch ops, timed)
+               combine, us;  unf-k128  the same with promotion k128 (megamoe.gemm.rebase_k128, timed)
   torch        naive torch FP8: gather, torch._scaled_grouped_mm (row-wise FP8, power-of-two row
                scales) for L1, SwiGLU with the routing weight and row-wise FP8 requantisation,
                _scaled_grouped_mm for L2, combine, us
@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as TF
 
 from megamoe import reference as ref
+from megamoe.jit import contract
 from megamoe.reference import formats as F
 
 from .gemm import ALIGN, E, HBM, PEAK, SHAPES, eager_us, graph_us
@@ -150,12 +151,6 @@ def slot_rows(
     return rows, counts.to(torch.int32), offsets.to(torch.int32)
 
 
-def pool_capacity(tokens: int, top_k: int, num_experts: int, block_m: int) -> int:
-    """Pool rows for any routing of `tokens` x `top_k` slots: every expert's region pads to block_m,
-    so the valid rows plus at most block_m - 1 per expert (rounded up to whole blocks)."""
-    return ref.align_up(tokens * top_k, block_m) + num_experts * block_m
-
-
 @dataclasses.dataclass
 class TorchPool:
     """The pool of SPEC D4 at its worst-case size: rows [expert_offsets[e], + num_tokens[e]) hold
@@ -177,7 +172,8 @@ class PoolDispatch:
 
     def __init__(self, cfg: ref.MoEConfig, device):
         self.num_experts, self.block_m, self.t_max = cfg.local_experts, cfg.block_m, cfg.max_tokens_per_rank
-        p = pool_capacity(cfg.max_tokens_per_rank, cfg.top_k, cfg.local_experts, cfg.block_m)
+        # The fused layer's P (the same worst case over every routing), so both hold the same pool.
+        p = contract.pool_rows(cfg.max_tokens_per_rank, cfg.top_k, cfg.local_experts, cfg.num_ranks, cfg.block_m)
         h = cfg.hidden
         self._x = torch.zeros(p + 1, h, dtype=torch.uint8, device=device)
         self._x_sf = torch.zeros(p + 1, h // 32, dtype=torch.uint8, device=device)
@@ -209,21 +205,6 @@ class PoolDispatch:
         self.pool.expert_offsets.copy_(offsets)
         self.pool.num_tokens.copy_(counts)
         return self.pool
-
-
-def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """megamoe.reference.rebase_k128 (one scale per K128: the largest of the four per-32 bytes, the
-    payloads re-rounded RNE onto it), with torch's own float8 casts. Bit-equal to it for every
-    non-NaN code (a shifted value never grows, so the cast never saturates); the reference decodes
-    through a table it copies from the host on each call, which a CUDA graph cannot capture."""
-    c = F.as_codes(codes)
-    p, k = c.shape
-    sf = scale_bytes.reshape(p, k // 128, 4).to(torch.int32)
-    smax = sf.amax(dim=-1)
-    shift = sf - smax[..., None]
-    mult = F.pow2_f32(shift.clamp(min=-149)).masked_fill(shift < -149, 0.0)
-    v = c.view(torch.float8_e4m3fn).to(torch.float32).reshape(p, k // 128, 4, 32) * mult[..., None]
-    return v.reshape(p, k).to(torch.float8_e4m3fn).view(torch.uint8), smax.to(torch.uint8)
 
 
 def combine_slots(buffer: torch.Tensor, topk_idx: torch.Tensor) -> torch.Tensor:
@@ -279,7 +260,7 @@ class UnfusedLayer:
         common = dict(promotion=self.promotion, max_tokens=self.cfg.max_tokens_per_rank)
         x1, x1_128 = pool.x, None
         if self.promotion == "k128":
-            x1, x1_128 = rebase_k128(pool.x, pool.x_sf)
+            x1, x1_128 = self.G.rebase_k128(pool.x, pool.x_sf)
         self.G.l1_gemm(
             x1,
             pool.x_sf,
@@ -296,7 +277,7 @@ class UnfusedLayer:
         )
         x2, x2_128 = self.l1_out, None
         if self.promotion == "k128":
-            x2, x2_128 = rebase_k128(self.l1_out, self.l1_sf)
+            x2, x2_128 = self.G.rebase_k128(self.l1_out, self.l1_sf)
         self.G.l2_gemm(
             x2,
             self.l1_sf,

@@ -23,6 +23,10 @@ given separately, or regenerated from the seed, and each rank's SHA-256 must mat
 
 A file is `torch.save` of {"format": "megamoe-dump", "version": 1, "meta": ..., "tensors": ...},
 read back with `weights_only=True` (no code is unpickled).
+
+The format sits between the reference and its two users, the checkers and the runtime (megamoe.moe
+makes a kernel call's dumps here): it imports nothing of megamoe but the reference, so the library
+never imports the checkers (tests/test_package_hygiene.py keeps that).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Exit codes: 0 success, 1 a check or a fault not caught where expected, 2 a bad o
 (one line on stderr saying which and why, before any work).
 
 Every command takes --threads N, torch's CPU threads (the environment's MEGAMOE_THREADS=N does the
-same; megamoe/threads.py); `megamoe --version` prints the version.
+same; megamoe.reference.threads); `megamoe --version` prints the version.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from megamoe import __version__
-from megamoe.threads import THREADS_ENV, limit_torch_threads, parse_threads
 
 # MoEConfig's field names, as the options that set them are spelled on the command line.
 CONFIG_OPTIONS = {
@@ -140,6 +139,8 @@ def _dump_prefix(text: str) -> str:
 
 
 def _threads(text: str) -> int:
+    from megamoe.reference.threads import parse_threads
+
     try:
         return parse_threads(text)
     except ValueError as exc:
@@ -531,6 +532,8 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 
 def _add_threads_arg(p: argparse.ArgumentParser) -> None:
+    from megamoe.reference.threads import THREADS_ENV
+
     p.add_argument(
         "--threads",
         type=_threads,
@@ -637,7 +640,11 @@ def _in_option_words(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        limit_torch_threads()  # megamoe.threads says why; before parsing, which may end the run (--help)
+        # Imported here, not at the top of this file: importing it imports megamoe.reference, which
+        # limits the threads on import, so a bad MEGAMOE_THREADS raises here, where it is one line.
+        from megamoe.reference import threads
+
+        threads.limit_torch_threads()  # threads says why; before parsing, which may end the run (--help)
     except ValueError as exc:  # a bad MEGAMOE_THREADS
         print(f"megamoe: error: {exc}", file=sys.stderr)
         return 2
@@ -648,8 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         # Through the variable, so that `import megamoe.reference` (which limits the threads again)
         # and the ranks that --processes spawns keep the count too.
-        os.environ[THREADS_ENV] = str(args.threads)
-        limit_torch_threads()
+        os.environ[threads.THREADS_ENV] = str(args.threads)
+        threads.limit_torch_threads()
     try:
         _check_options(args)
         return args.fn(args)

@@ -12,8 +12,6 @@ and `run_reference` runs them all for R ranks in one process. `points` is the du
 every dump tensor's name, stage, dtype, shape and check class, and `check_dump_tensors`.
 """
 
-from megamoe.threads import limit_torch_threads as _limit_torch_threads
-
 from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import DEFAULT_CONFIG, MoEConfig, check_config
@@ -58,11 +56,12 @@ from .quantize import (
 from .routing import DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk, stable_topk, tie_free_logits
 from .silu_tables import silu_table
 from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
+from .threads import limit_torch_threads as _limit_torch_threads
 from .validate import check_call, check_rank_inputs, check_weights
 from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_weights
 
 # The reference is the CPU work of this project: keep torch's thread pool within the cores this
-# process really has (megamoe.threads says why), as the CLI and the tests do.
+# process really has (megamoe.reference.threads says why), as the CLI and the tests do.
 _limit_torch_threads()
 
 # Written out, not computed: a reader (and a linter) sees the public API without running the file.

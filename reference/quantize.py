@@ -138,6 +138,15 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
     e4m3_satfinite(RNE(value · 2^(s_g − s_max))) in fp32 (2^(s_g − s_max) below 2^-149 is 0).
     Exact unless a shifted value falls into E4M3's subnormal range (below 2^-6), where it is
     rounded to the 2^-9 grid. Returns codes [P, K] and scale bytes [P, K/128].
+
+    In torch's own E4M3 casts rather than the codecs' table and bit arithmetic: megamoe.gemm's
+    fast-mode entry points (given no x_sf128) and bench.layer run it on the GPU, inside CUDA graphs,
+    which cannot capture the codecs' per-call copy of their host table; and the casts are a few ops
+    where the codecs take a dozen. Decoding is exact, and the one rounding never reaches the
+    overflow on which torch versions differ (SPEC §1), since a factor 2^(s_g − s_max) <= 1 makes no
+    value larger. The cast keeps a NaN's sign; SPEC §1 makes every NaN 0x7F, so 0xFF is replaced.
+    tests/test_quantize.py compares the result with the codecs' at every code and every shift: the
+    whole input domain.
     """
     c = F.as_codes(codes, "codes")
     check_tensor("codes", c, shape=(None, None))
@@ -147,11 +156,10 @@ def rebase_k128(codes: torch.Tensor, scale_bytes: torch.Tensor) -> Quantized:
     sf = scale_bytes.reshape(p, k // 128, 4).to(torch.int32)
     smax = sf.amax(dim=-1)
     shift = sf - smax[..., None]
-    mult = torch.where(
-        shift < -149, torch.zeros((), dtype=torch.float32, device=c.device), F.pow2_f32(shift.clamp(min=-149))
-    )
-    v = F.decode_e4m3(c).reshape(p, k // 128, 4, GROUP) * mult[..., None]
-    return Quantized(F.encode_e4m3(v.reshape(p, k)), smax.to(torch.uint8))
+    mult = F.pow2_f32(shift.clamp(min=-149)).masked_fill(shift < -149, 0.0)
+    v = F.as_float8(c).to(torch.float32).reshape(p, k // 128, 4, GROUP) * mult[..., None]
+    q = v.reshape(p, k).to(torch.float8_e4m3fn).view(torch.uint8)
+    return Quantized(q.masked_fill(q == 0xFF, F.E4M3_NAN), smax.to(torch.uint8))
 
 
 # The fast GEMM mode's weight operand (megamoe.gemm promotion="k128"). Each weight row r has a base

@@ -1,6 +1,6 @@
 """What bench/layer.py computes without a GPU: its arguments, the roofline arithmetic, and the torch
 building blocks of its unfused and torch columns against the reference (dispatch against
-build_pool, the K128 rebase, the combine), plus both pipelines end to end with their device-only
+build_pool, the combine), plus both pipelines end to end with their device-only
 kernels replaced by reference computations."""
 
 import subprocess
@@ -11,6 +11,7 @@ import torch
 
 from bench import layer as L
 from megamoe import reference as ref
+from megamoe.jit import contract
 from megamoe.reference import formats as F
 
 # One rank, masked and skewed slots, experts that receive nothing (E = 8, K = 3, T = 40).
@@ -95,7 +96,7 @@ def test_the_torch_dispatch_builds_the_reference_pool(seed, masked_ratio):
     want = ref.build_pool([inp], 0, CFG)
     got = L.PoolDispatch(CFG, "cpu")(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     p = want.num_rows
-    assert got.x.shape[0] == L.pool_capacity(40, 3, 8, 64) >= p
+    assert got.x.shape[0] == contract.pool_rows(40, 3, 8, 1, 64) >= p  # the fused layer's P
     assert torch.equal(got.expert_offsets, want.expert_offsets)
     assert torch.equal(got.num_tokens, ref.send_counts(inp.topk_idx, CFG.num_experts))
     valid = want.valid
@@ -128,28 +129,9 @@ def test_slot_rows_without_padding_are_the_grouped_gemm_layout():
     assert rows.tolist() == [3, 0, 1, 6, 4, 2]
 
 
-def test_the_pool_capacity_holds_the_worst_padding():
-    # 8 slots to each of 3 experts and 1 slot to 5 more: every region but the full ones pads.
-    counts = [8, 8, 8, 1, 1, 1, 1, 1]
-    assert int(ref.pool_offsets(counts, 16)[-1]) <= L.pool_capacity(tokens=29, top_k=1, num_experts=8, block_m=16)
-
-
 # ---------------------------------------------------------------------------------------------
-# K128 rebase, combine
+# Combine
 # ---------------------------------------------------------------------------------------------
-def test_the_graph_safe_rebase_is_bit_equal_to_the_references():
-    g = torch.Generator().manual_seed(5)
-    codes = torch.randint(0, 0x7F, (64, 512), generator=g, dtype=torch.int32).to(torch.uint8)  # no NaN code
-    codes |= (torch.randint(0, 2, codes.shape, generator=g, dtype=torch.int32) << 7).to(torch.uint8)
-    # Scale bytes spread over every binade, so shifts reach the subnormal grid and past -149.
-    sf = torch.randint(0, 255, (64, 16), generator=g, dtype=torch.int32).to(torch.uint8)
-    sf[:8] = torch.randint(120, 125, (8, 16), generator=g, dtype=torch.int32).to(torch.uint8)
-    want = ref.rebase_k128(codes, sf)
-    got_codes, got_sf = L.rebase_k128(codes, sf)
-    assert torch.equal(got_sf, want.scales)
-    assert torch.equal(got_codes, want.codes)
-
-
 def test_the_torch_combine_is_the_references_ordered_sum():
     idx = _inputs(6).topk_idx
     buf = torch.randn(CFG.top_k, 40, CFG.hidden).to(torch.bfloat16)

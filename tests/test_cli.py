@@ -74,6 +74,15 @@ def test_a_bad_megamoe_threads_variable_is_one_line_naming_it(capsys, monkeypatc
     assert err == "megamoe: error: MEGAMOE_THREADS: expected a positive number of threads, got 'many'"
 
 
+def test_a_bad_megamoe_threads_variable_is_one_line_in_a_fresh_process_too():
+    # Where nothing has imported megamoe.reference yet, importing it (the thread limit's home) is
+    # what raises; the CLI must import it where that becomes its one line.
+    env = dict(os.environ, MEGAMOE_THREADS="many")
+    run = subprocess.run([sys.executable, "-m", "megamoe", "faults"], env=env, capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.strip() == "megamoe: error: MEGAMOE_THREADS: expected a positive number of threads, got 'many'"
+
+
 def test_report_on_cuda_without_a_gpu_is_one_line_not_a_traceback(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     err = _one_line_error(capsys, ["report", "--device", "cuda"])

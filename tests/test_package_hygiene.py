@@ -83,6 +83,67 @@ def test_the_reference_package_has_no_import_circle():
             visit(n, [n])
 
 
+# The folders' layers, lowest first; a module may import its own layer and those it lists. A DAG:
+# the reference judges everything, so it depends on nothing of ours; the dump format is shared by
+# the checkers, which judge a dump with no GPU, nvcc or runtime, and the runtime, whose debug path
+# makes dumps without the checkers; the tools (CLI, report, probes) use all of the library; the
+# benchmarks use anything and are imported by nothing of the library.
+LAYERS = {
+    "reference": (),
+    "dump format": ("reference",),
+    "checkers": ("reference", "dump format"),
+    "runtime": ("reference", "dump format"),
+    "tools": ("reference", "dump format", "checkers", "runtime"),
+    "bench": ("reference", "dump format", "checkers", "runtime", "tools"),
+}
+DUMP_FORMAT = {"megamoe.conformance", "megamoe.conformance.dump"}  # the package's __init__ is lazy
+RUNTIME = ("megamoe.moe", "megamoe.gemm", "megamoe.ops", "megamoe.ranks", "megamoe.multirank", "megamoe.jit")
+
+
+def _layer(name: str) -> str:
+    def under(*prefixes: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    if under("megamoe.reference"):
+        return "reference"
+    if name in DUMP_FORMAT:
+        return "dump format"
+    if under("megamoe.conformance"):
+        return "checkers"
+    if under(*RUNTIME, "megamoe.kernel"):
+        return "runtime"
+    if under("bench"):
+        return "bench"
+    return "tools"  # every other module of megamoe/: the CLI, the report, the probes, ...
+
+
+def test_the_folders_import_each_other_as_a_dag():
+    mods = _modules()
+    mods.update({f"bench.{p.stem}" if p.stem != "__init__" else "bench": p for p in (ROOT / "bench").glob("*.py")})
+    # The package root is the namespace every module's import passes through: it must import none
+    # of them (its names are imported on first use), so that it adds no edge.
+    assert _imports("megamoe", mods["megamoe"], set(mods)) == set()
+    del mods["megamoe"]
+    layers = list(LAYERS)
+    for layer, below in LAYERS.items():  # each layer lists only layers under it: no circle
+        assert all(layers.index(b) < layers.index(layer) for b in below), layer
+    bad = []
+    for name, path in sorted(mods.items()):
+        allowed = {_layer(name), *LAYERS[_layer(name)]}
+        for dep in sorted(_imports(name, path, set(mods))):
+            if _layer(dep) not in allowed:
+                bad.append(f"{name} ({_layer(name)}) imports {dep} ({_layer(dep)})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_dag_test_sees_the_edges_it_forbids():
+    # The layering above is only as good as its edges: a function-local import counts.
+    mods = _modules()
+    assert "megamoe.conformance.dump" in _imports("megamoe.moe", mods["megamoe.moe"], set(mods))
+    assert _layer("megamoe.conformance.suite") == "checkers" and _layer("megamoe.jit.contract") == "runtime"
+    assert _layer("megamoe.reference.threads") == "reference" and _layer("megamoe.cli") == "tools"
+
+
 def test_the_input_error_has_its_own_module_and_is_caught_as_type_or_value_error():
     from megamoe.reference.errors import MegaMoEInputError as from_errors
 

@@ -127,3 +127,61 @@ def test_the_quantizers_and_the_fast_operand_compute_on_their_inputs_device():
         Q.scaled_fp4_lut("meta"),
     ]
     assert {t.device.type for t in outs} == {"meta"}
+
+
+# ---------------------------------------------------------------------------------------------
+# rebase_k128: torch's casts, proven against the codecs on its whole input domain
+# ---------------------------------------------------------------------------------------------
+def _every_code_at_every_shift(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes [255, 384], scale bytes [255, 12] and each group's shift [255, 12]: row d holds the 256
+    E4M3 codes (NaNs 0x7F and 0xFF included) in groups 1-3 of three K128 blocks, whose bytes are
+    254 - d under group 0's 254, so every code meets every shift 0 .. -254 valid bytes can make
+    (past -149, where the factor is 0)."""
+    slots = torch.zeros(3 * 3 * 32, dtype=torch.uint8)
+    slots[:256] = torch.arange(256, dtype=torch.uint8)
+    blocks = torch.zeros(3, 4, 32, dtype=torch.uint8)
+    blocks[:, 1:] = slots.reshape(3, 3, 32)
+    d = torch.arange(255, dtype=torch.int32)
+    shift = torch.zeros(255, 3, 4, dtype=torch.int32)
+    shift[:, :, 1:] = -d[:, None, None]
+    codes = blocks.reshape(1, 384).repeat(255, 1)
+    return codes.to(device), (254 + shift).reshape(255, 12).to(torch.uint8).to(device), shift.reshape(255, 12)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+def test_rebase_k128_is_the_codecs_rule_for_every_code_at_every_shift(device):
+    codes, sf, shift = _every_code_at_every_shift(device)
+    got = ref.rebase_k128(codes, sf)
+    # SPEC §3 D4 with the codecs: e4m3_satfinite(RNE(value * 2^shift)) in fp32, 0 below 2^-149.
+    factor = torch.where(shift < -149, 0.0, torch.exp2(shift.double())).to(torch.float32)
+    values = ref.decode_e4m3(codes.cpu()).reshape(255, 12, 32) * factor[..., None]
+    want = ref.encode_e4m3(values.reshape(255, 384))
+    assert torch.equal(got.scales.cpu(), torch.full((255, 3), 254, dtype=torch.uint8))
+    assert torch.equal(got.codes.cpu(), want)
+    # The NaNs: both codes become 0x7F at every shift (torch's cast alone keeps 0xFF's sign).
+    nan = (codes == 0x7F) | (codes == 0xFF)
+    assert int(nan.sum()) == 2 * 255 and bool((got.codes[nan] == 0x7F).all())
+
+
+def test_rebase_k128_reads_no_host_tensor_so_a_cuda_graph_can_capture_it():
+    # On the meta device every op must take its tensors from there: a table copied from the host on
+    # each call (what the codecs' decode_e4m3 does) is an op with a CPU input, which graph capture
+    # refuses. tests/gpu/test_reference_gpu.py captures it on a GPU.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostInputs(TorchDispatchMode):
+        seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = [*args, *(kwargs or {}).values()]
+            self.seen += [str(func) for a in flat if isinstance(a, torch.Tensor) and a.device.type != "meta"]
+            return func(*args, **(kwargs or {}))
+
+    codes = torch.empty(4, 256, dtype=torch.uint8, device="meta")
+    sf = torch.empty(4, 8, dtype=torch.uint8, device="meta")
+    with HostInputs() as mode:
+        ref.rebase_k128(codes, sf)
+        ref.decode_e4m3(codes)  # the check itself sees a host table
+    assert mode.seen == ["aten._to_copy.default"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megamoe.threads import usable_cores
+from megamoe.reference.threads import usable_cores
 
 VENV = Path(sys.prefix)
 in_venv = pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="not run from a virtual environment")
@@ -116,5 +116,5 @@ def test_a_container_cpu_quota_caps_the_usable_cores(tmp_path):
 
 def test_the_tests_use_the_same_definition_as_the_library():
     conftest = (Path(__file__).parent / "conftest.py").read_text()
-    assert "from megamoe.threads import limit_torch_threads" in conftest
+    assert "from megamoe.reference.threads import limit_torch_threads" in conftest
     assert "set_num_threads" not in conftest  # no second definition

@@ -1,5 +1,6 @@
 """GPU checks of the reference: the SiLU tables regenerate bit for bit from the kernel's device
-function, and the reference gives the same bits on CUDA tensors as on the CPU."""
+function, the reference gives the same bits on CUDA tensors as on the CPU, and a CUDA graph captures its
+rebase_k128."""
 
 import shutil
 
@@ -47,3 +48,21 @@ def test_cuda_reference_equals_cpu_reference():
                 g.view(torch.uint8) if g.dtype == torch.bfloat16 else g,
             )
             assert same, name
+
+
+def test_rebase_k128_is_captured_by_a_cuda_graph():
+    # The fast mode's operand transform runs inside graphs (megamoe.gemm's k128 entry points given
+    # no x_sf128, bench.layer's unfused column): a replay must give the eager call's bits.
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (64, 512), generator=g, dtype=torch.int32).to(torch.uint8).cuda()
+    sf = torch.randint(100, 160, (64, 16), generator=g, dtype=torch.int32).to(torch.uint8).cuda()
+    want = ref.rebase_k128(codes, sf)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        got = ref.rebase_k128(codes, sf)
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)

@@ -12,6 +12,11 @@ slower (4.3 s against 0.31 s with one thread). No count can be read off the mach
 the user sets it: MEGAMOE_THREADS=N (the CLI's --threads N sets the same variable, so that its
 spawned ranks inherit it) fixes the pool at N threads, raised or cut, in every process that limits
 its threads here (the CLI, `import megamoe.reference`, the tests).
+
+It lives in the reference, the lowest layer, which imports nothing of megamoe outside itself: the
+reference is the CPU work this limit is for, and the CLI and the tests take it from here. Importing
+it imports megamoe.reference, which limits the threads (reference/__init__.py): with a bad
+MEGAMOE_THREADS the import itself raises the ValueError.
 """
 
 from __future__ import annotations
