@@ -365,9 +365,7 @@ class MegaMoE:
         launch, y, _, _ = self._ready(
             x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, False, check_inputs, out
         )
-        own = driver.Launch(
-            launch.fn, launch.grid, launch.block, launch.dyn_smem, bytes(launch._pbuf), cooperative=True
-        )
+        own = launch.copy()  # this call's pointers, kept from the next calls' patches
         tensors = (x, x_sf, topk_idx, topk_weights, y, self)
         return PreparedLayer(own, y, self.device.index, self._stream(), tensors)
 

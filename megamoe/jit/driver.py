@@ -178,6 +178,12 @@ class Launch:
     dyn_smem = property(lambda self: self._dyn_smem, doc="dynamic shared memory bytes per CTA")
     cooperative = property(lambda self: self._cooperative, doc="launched with cuLaunchCooperativeKernel")
 
+    def copy(self, *, cooperative: bool | None = None) -> Launch:
+        """The same kernel, geometry and parameter bytes as they are now, in a launch of its own
+        (later patches of either one leave the other as it is); `cooperative` as this one's unless given."""
+        coop = self._cooperative if cooperative is None else cooperative
+        return Launch(self._fn, self._grid, self._block, self._dyn_smem, bytes(self._pbuf), cooperative=coop)
+
     def patch(self, offset: int, fmt: str, *values) -> None:
         """Rewrites fields of the parameter bytes (struct format `fmt`) for the next launches."""
         struct.pack_into(fmt, self._pbuf, offset, *values)
