@@ -14,6 +14,7 @@ from megamoe.reference import points as P
 from .result import EXACT, FAIL, GEMM_BOUND, GEMM_EXACT, GUARD, MULTISET, NA, PASS, CheckResult
 
 FIRST = 4  # how many differing elements a failure lists
+FP32_MAX = torch.finfo(torch.float32).max
 
 Locator = Callable[[tuple[int, ...]], str]
 
@@ -160,15 +161,22 @@ def gemm_bound(
     tau: float,
     rows: torch.Tensor,
     locate: Locator | None,
+    reach: torch.Tensor | None = None,
 ) -> CheckResult:
-    """|got - exact| <= τ Σ|a_k b_k| on the valid rows; both NaN counts as equal."""
+    """|got - exact| <= τ Σ|a_k b_k| on the valid rows; both NaN counts as equal. reach: where an
+    element's fp32 partial sums can exceed the fp32 range (conformance.gemm.overflow_reach; default
+    Σ|a_k b_k|), ±inf and NaN are allowed too (SPEC §4, the overflow domain)."""
     g = got.to(torch.float64)[rows]
     e = exact_sum[rows]
-    # An exact sum beyond the fp32 range must come out as the infinity of its sign.
+    # An exact sum beyond the fp32 range must come out as the infinity of its sign...
     overflow = torch.isinf(e.to(torch.float32)) & torch.isfinite(e)
     e = torch.where(overflow, e.to(torch.float32).to(torch.float64), e)
     both_nan = torch.isnan(g) & torch.isnan(e)
     both_nan |= torch.isinf(e) & (g == e)
+    # ...and where the partial sums can leave the range, they may overflow in whatever order the
+    # adds run, to either sign, or to NaN when both signs overflow: any non-finite result passes.
+    reach = (abs_sum if reach is None else reach)[rows]
+    both_nan |= (reach > FP32_MAX) & ~torch.isfinite(g)
     err = (g - e).abs()
     bound = tau * abs_sum[rows]
     bad = ~both_nan & ~(err <= bound)  # NaN on one side only is a violation

@@ -38,6 +38,23 @@ def error_ratios(d: Dump, point: str) -> torch.Tensor:
     return err[ok] / scale[ok]
 
 
+def overflow_reach(d: Dump, point: str, abs_sum: torch.Tensor) -> torch.Tensor:
+    """float64 [P, N]: how far an element's fp32 partial sums can reach (SPEC §4's overflow domain):
+    Σ|a·b| · 2^(B_e - B_r), B_r the weight row's largest scale byte and B_e its expert's largest
+    row's, where B_e - B_r <= FAST_ROW_SPREAD (the kernels that keep a row's accumulator relative to
+    B_e: the fast mode, the exact mode's folded prefill blocks), else Σ|a·b|."""
+    w_sf = d[GEMMS[point][4]]
+    if w_sf.numel() == 0:
+        return abs_sum
+    base = w_sf.amax(dim=-1).to(torch.float64)  # B_r [E_l, N]
+    spread = base.amax(dim=1, keepdim=True) - base
+    lift = torch.exp2(torch.where(spread <= ref.quantize.FAST_ROW_SPREAD, spread, 0.0))  # [E_l, N]
+    offsets = d[P.D4_EXPERT_OFFSETS].to(torch.int64)
+    rows = torch.arange(abs_sum.shape[0], device=offsets.device)
+    expert = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=lift.shape[0] - 1)
+    return abs_sum * lift[expert]
+
+
 def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     tensor = GEMMS[point][0]
@@ -60,16 +77,7 @@ def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     locate = pool_locator(d, rank)
     if d.meta.get("grid_snapped"):
         return [gemm_exact(point, tensor, rank, acc, exact_sum, valid, locate)]
-    return [
-        gemm_bound(
-            point,
-            tensor,
-            rank,
-            acc,
-            exact_sum,
-            exact_sums(d, point, absolute=True),
-            float(d.meta["tau"][point]),
-            valid,
-            locate,
-        )
-    ]
+    abs_sum = exact_sums(d, point, absolute=True)
+    tau = float(d.meta["tau"][point])
+    reach = overflow_reach(d, point, abs_sum)
+    return [gemm_bound(point, tensor, rank, acc, exact_sum, abs_sum, tau, valid, locate, reach=reach)]

@@ -1,4 +1,4 @@
-"""Seeded random calls of the fused layer, each through the whole conformance suite (issue 27).
+"""Seeded random calls of the fused layer, each through the whole conformance suite.
 
     python -m megamoe.fuzz --device cuda --cases 300 --jobs 8   # the GPU run: the fused kernel
     python -m megamoe.fuzz --cases 20                           # CPU: the reference and the suite
@@ -17,7 +17,8 @@ and of the weights independently:
     wide     a quarter of the groups 20 to 40 binades under their neighbours (the fast mode's
              rebase drops them to zero: SPEC §3 D4's rule beyond its tables)
     zero     some groups all zero: codes +0 or -0, with their byte or byte 0
-    extreme  some groups at scale bytes 0 and 254 (overflow to inf included: SPEC defines it)
+    extreme  some groups at scale bytes 0 and 254 (overflow to inf included: SPEC §4's overflow
+             domain); the fast mode's weights reach 254 by one expert lifted whole (SPEC §2)
 
 and NaN payloads in x. On the GPU a case is one debug call (every dump point D1-D10 of every rank
 through `megamoe.conformance.suite.check`), then a release call that must give the same y bit for
@@ -163,9 +164,9 @@ def _groups(scales: torch.Tensor, fraction: float, g: torch.Generator) -> torch.
     return torch.rand(scales.shape, generator=g) < fraction
 
 
-def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Generator, fp4: bool) -> None:
+def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Generator, fp4: bool, fast: bool) -> None:
     """Apply a SCALE_MODES mode in place to one operand: codes [..., K] (E4M3 bytes) or [..., K/2]
-    (packed FP4), scales [..., K/32] bytes."""
+    (packed FP4), scales [..., K/32] bytes; fast: the weights of a fast-mode case."""
     per_group = 16 if fp4 else 32  # code bytes of one 32-element group
     grouped = codes.view(*scales.shape, per_group)
     if mode == "wide":
@@ -183,7 +184,14 @@ def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Gener
     elif mode == "extreme":
         u = torch.rand(scales.shape, generator=g)
         scales.masked_fill_(u < 0.03, 0)
-        scales.masked_fill_(u > 0.995, 254)
+        if not fp4 or not fast:
+            scales.masked_fill_(u > 0.995, 254)
+        else:
+            # The fast mode takes rows at most FAST_ROW_SPREAD binades under their expert's largest
+            # (SPEC §2): byte 254 by lifting one expert's every byte so that its largest is 254.
+            e = int(torch.randint(scales.shape[0], (1,), generator=g))
+            lifted = scales[e].to(torch.int16) + (254 - int(scales[e].max()))
+            scales[e] = torch.where(scales[e] == 0, 0, lifted.clamp(max=254)).to(torch.uint8)
 
 
 def case_tensors(case: Case) -> tuple[ref.MoEConfig, list[ref.RankInputs], ref.ExpertWeights]:
@@ -196,12 +204,12 @@ def case_tensors(case: Case) -> tuple[ref.MoEConfig, list[ref.RankInputs], ref.E
     )
     g = torch.Generator().manual_seed(wseed)
     for codes, scales in ((weights.w1, weights.w1_sf), (weights.w2, weights.w2_sf)):
-        _spread(codes, scales, case.w_scales, g, fp4=True)
+        _spread(codes, scales, case.w_scales, g, fp4=True, fast=case.promotion == "k128")
     for inp in inputs:
         if inp.num_tokens == 0:
             continue
         x = inp.x.view(torch.uint8)
-        _spread(x, inp.x_sf, case.x_scales, g, fp4=False)
+        _spread(x, inp.x_sf, case.x_scales, g, fp4=False, fast=False)
         if case.nan_payloads:  # E4M3 NaN codes (either sign) in a few elements of a few tokens
             nan = torch.rand(x.shape, generator=g) < 0.002
             x.copy_(
@@ -397,22 +405,19 @@ def run(cases: list[Case], device: str, say) -> list[Outcome]:
 
 
 def _sharded(args, cases: list[Case]) -> list[Outcome]:
-    """--jobs J: J processes, each running every J-th case, their outcomes merged."""
+    """--jobs J on the GPU: the one-rank cases in J processes at once, then the cases of several ranks
+    one spawn after another in this process. (Ranks time-slice the GPU and wait for each other inside
+    the kernel: beside other processes' kernels every such wait took a turn of all of them, and one
+    case of two ranks took 85 s.) On the CPU every case goes to the J processes."""
+    one = [c for c in cases if c.ranks == 1 or args.device == "cpu"]
+    many = [c for c in cases if c not in one]
     with tempfile.TemporaryDirectory(prefix="megamoe-fuzz-") as tmp:
         procs = []
-        for j in range(args.jobs):
+        for j in range(min(args.jobs, len(one))):
             out = os.path.join(tmp, f"shard{j}.json")
             cmd = [sys.executable, "-m", "megamoe.fuzz", "--device", args.device, "--seed", str(args.seed)]
-            cmd += [
-                "--cases",
-                str(args.cases),
-                "--first",
-                str(args.first),
-                "--shard",
-                f"{j}/{args.jobs}",
-                "--json",
-                out,
-            ]
+            cmd += ["--indices", ",".join(str(c.index) for c in one[j :: args.jobs]), "--jobs", str(args.jobs)]
+            cmd += ["--json", out]
             cmd += ["--small"] if args.small else []
             procs.append((subprocess.Popen(cmd), out))
         outcomes = []
@@ -421,10 +426,9 @@ def _sharded(args, cases: list[Case]) -> list[Outcome]:
             if os.path.exists(out):
                 with open(out) as f:
                     outcomes += [Outcome(**o) for o in json.load(f)]
-        seen = {o.index for o in outcomes}
-        outcomes += [
-            Outcome(c.index, False, 0.0, "its shard ended without a result") for c in cases if c.index not in seen
-        ]
+    outcomes += run(many, args.device, _say_line(len(many), args.device))
+    seen = {o.index for o in outcomes}
+    outcomes += [Outcome(c.index, False, 0.0, "its shard ended without a result") for c in cases if c.index not in seen]
     return outcomes
 
 
@@ -461,8 +465,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first", type=int, default=0, help="the first case's index (default 0)")
     p.add_argument("--case", type=int, help="run this one case only (what a failure prints)")
     p.add_argument("--small", action="store_true", help="CPU-sized shapes (the default on the CPU)")
-    p.add_argument("--jobs", type=int, default=1, help="processes, each running every J-th case (default 1)")
-    p.add_argument("--shard", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes at once (default 1; on the GPU the cases of several ranks run after them, one at a time)",
+    )
+    p.add_argument("--indices", help=argparse.SUPPRESS)  # a shard's cases (--jobs)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cases < 1 or args.jobs < 1 or args.first < 0:
@@ -472,15 +481,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     small = args.small or args.device == "cpu"
     args.small = small
-    indices = [args.case] if args.case is not None else list(range(args.first, args.first + args.cases))
+    if args.indices:
+        indices = [int(i) for i in args.indices.split(",")]
+    elif args.case is not None:
+        indices = [args.case]
+    else:
+        indices = list(range(args.first, args.first + args.cases))
     cases = [draw(args.seed, i, small=small) for i in indices]
-    if args.jobs > 1 and args.case is None and args.shard is None:
+    if args.jobs > 1 and len(cases) > 1 and not args.indices:
         outcomes = _sharded(args, cases)
     else:
-        if args.shard:
-            j, n = map(int, args.shard.split("/"))
-            cases = cases[j::n]
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
+        if args.indices:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.jobs))
         outcomes = run(cases, args.device, _say_line(len(cases), args.device))
     if args.json:
         with open(args.json, "w") as f:

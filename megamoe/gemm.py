@@ -64,6 +64,7 @@ import torch
 
 from megamoe.reference import MegaMoEInputError
 from megamoe.reference.errors import fail
+from megamoe.reference import quantize as Q
 from megamoe.reference.quantize import rebase_k128 as ref_rebase_k128
 from megamoe.reference.formats import round_bf16
 
@@ -354,6 +355,17 @@ def _check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
         t = getattr(kw, name)
         if t.device != dev:
             fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
+
+
+def _check_fast_spread(kw: KernelWeights, promotion: str) -> None:
+    """The fast mode's weight domain (SPEC §2, megamoe.reference.quantize.FAST_ROW_SPREAD)."""
+    if promotion == "k128" and kw.row_spread > Q.FAST_ROW_SPREAD:
+        fail(
+            "kw",
+            f"for promotion 'k128', every row's largest scale byte at most {Q.FAST_ROW_SPREAD} under its "
+            "expert's largest (else promotion 'k32')",
+            f"a row {kw.row_spread} under",
+        )
 
 
 def _check_aligned(name, t, align=16):
@@ -875,6 +887,7 @@ def _plan_l1(
     if kw.num_experts != E:
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     _check_weights_device(kw, dev)
+    _check_fast_spread(kw, promotion)
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = _clamp(activation_clamp)
@@ -1011,6 +1024,7 @@ def _plan_l2(
     )
     P, dev = l2_acts.shape[0], l2_acts.device
     _check_weights_device(kw, dev)
+    _check_fast_spread(kw, promotion)
     _check("dst_rows", dst_rows, _I32, (P,), dev)
     if not isinstance(combine, torch.Tensor) or combine.dim() < 1 or combine.shape[-1] != H:
         raise MegaMoEInputError(f"argument 'combine': expected a bf16 tensor [..., {H}]")

@@ -202,6 +202,16 @@ class MegaMoE:
         check_weights(cfg, local, e_l)
         if local.w1.device != dev:
             fail("weights", f"tensors on {dev}", local.w1.device)
+        if promotion == "k128":
+            for name, sf in (("w1_sf", local.w1_sf), ("w2_sf", local.w2_sf)):
+                spread = ref.quantize.weight_row_spread(sf)
+                if spread > ref.quantize.FAST_ROW_SPREAD:
+                    fail(
+                        f"weights.{name}",
+                        f"for promotion 'k128', every row's largest scale byte at most {ref.quantize.FAST_ROW_SPREAD} under "
+                        "its expert's largest (else promotion 'k32')",
+                        f"a row {spread} under",
+                    )
         self.weights = local  # canonical, for the dumps
 
     # -----------------------------------------------------------------------------------------

@@ -183,6 +183,26 @@ def scaled_fp4_lut(device="cpu") -> torch.Tensor:
     return F.encode_e4m3(mags[None, :] * F.pow2_f32(FAST_LUT_HEADROOM - d)[:, None])
 
 
+# The fast mode keeps a row's accumulator relative to its expert's largest row base B_e and multiplies
+# it by 2^(B_r - B_e) after the mainloop (kernel/gemm/gemm_sm90.cuh, kernel/epilogue/prefill_rows.cuh),
+# so its partial sums are 2^(B_e - B_r) larger than the row's own: a row far under its expert's base
+# overflows where its result does not (found by megamoe.fuzz: an expert with one row at scale byte
+# 254 gave inf on every row), and under 2^-149 the factor has no fp32. The fast mode takes weights
+# whose rows lie at most FAST_ROW_SPREAD binades under their expert's largest (SPEC §2), the bound
+# the exact mode's prefill fold keeps too (megamoe.jit.layout.FOLD_ROW_SPREAD); the partial sums
+# then leave the fp32 range only where Σ|a·b| > 2^(128 - 32) (SPEC §4's overflow domain). Checked
+# by megamoe.gemm (once per KernelWeights: row_spread) and by MegaMoE's constructor.
+FAST_ROW_SPREAD = 32
+
+
+def weight_row_spread(sf: torch.Tensor) -> int:
+    """max over experts and rows of B_e - B_r: canonical scale bytes [E, R, K/32]."""
+    if sf.numel() == 0:
+        return 0
+    base = sf.amax(dim=-1).to(torch.int32)  # B_r [E, R]
+    return int((base.amax(dim=1, keepdim=True) - base).max())
+
+
 class FastWeightScales(NamedTuple):
     offsets: torch.Tensor  # uint8 [..., N, K/32]: min(B_r - s_g, FAST_LUT_ENTRIES - 1)
     row_base: torch.Tensor  # uint8 [..., N]: B_r

@@ -74,6 +74,13 @@ def test_extreme_scales_put_bytes_0_and_254_into_activations_and_weights():
         assert (sf == 0).any() and (sf == 254).any()
 
 
+def test_the_fast_modes_extreme_weights_reach_254_within_its_row_spread():
+    _, _, weights = fuzz.case_tensors(_case(promotion="k128", hidden=512, intermediate=512, w_scales="extreme"))
+    for sf in (weights.w1_sf, weights.w2_sf):
+        assert (sf == 254).any() and (sf == 0).any()
+        assert ref.quantize.weight_row_spread(sf) <= ref.quantize.FAST_ROW_SPREAD
+
+
 def test_wide_scales_put_groups_20_binades_under_their_rows_largest():
     _, inputs, weights = fuzz.case_tensors(_case(x_scales="wide", w_scales="wide"))
     for sf in (inputs[0].x_sf, weights.w1_sf):

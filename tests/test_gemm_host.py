@@ -15,6 +15,7 @@ import torch
 from megamoe import gemm as G
 from megamoe.jit import build as jb
 from megamoe.jit import layout as L
+from megamoe import reference as ref
 from megamoe.reference import MegaMoEInputError
 
 
@@ -209,3 +210,18 @@ def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_we
     tensors = {f.name for f in dataclasses.fields(kw) if isinstance(getattr(kw, f.name), torch.Tensor)}
     assert tensors == set(G._KW_TENSORS)
     assert sum(len(G._kw_key(kw, layer)) for layer in (1, 2)) == len(tensors)
+
+
+def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest():
+    """SPEC §2: the fast mode keeps accumulators relative to the expert's largest row scale, so a
+    row more than FAST_ROW_SPREAD binades under it is refused (promotion k32 takes it)."""
+    w = ref.random_weights(2, 512, 512, seed=0)
+    row = w.w2_sf[1, 7].clone()
+    w.w2_sf[1, 7] = 254  # one L2 row of expert 1 at 2^127
+    kw = G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    assert kw.row_spread > ref.quantize.FAST_ROW_SPREAD
+    G._check_fast_spread(kw, "k32")
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'kw': expected for promotion 'k128'"):
+        G._check_fast_spread(kw, "k128")
+    w.w2_sf[1, 7] = row
+    G._check_fast_spread(G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf), "k128")

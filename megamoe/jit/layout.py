@@ -155,12 +155,17 @@ class KernelWeights:
     w2_expert_base: torch.Tensor = dataclasses.field(init=False)
     w1_fold: torch.Tensor = dataclasses.field(init=False)  # [E, 2I/256] uint8 (fold_blocks)
     w2_fold: torch.Tensor = dataclasses.field(init=False)  # [E, H/256] uint8
+    row_spread: int = dataclasses.field(init=False)  # max B_e - B_r over both layers (FAST_ROW_SPREAD)
 
     def __post_init__(self):
         self.w1_lut, self.w1_row_base, self.w1_expert_base = fast_scales_kernel_layout(self.w1_sf)
         self.w2_lut, self.w2_row_base, self.w2_expert_base = fast_scales_kernel_layout(self.w2_sf)
         self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base)
         self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base)
+        self.row_spread = max(
+            int((eb[:, None].int() - rb.int()).max()) if rb.numel() else 0
+            for eb, rb in ((self.w1_expert_base, self.w1_row_base), (self.w2_expert_base, self.w2_row_base))
+        )
 
     @property
     def num_experts(self) -> int:

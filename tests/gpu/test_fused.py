@@ -267,6 +267,17 @@ def test_bad_input_is_refused_before_any_launch():
     assert torch.equal(layer.ws.buffer, before)
 
 
+def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest():
+    """SPEC §2 (reference.quantize.FAST_ROW_SPREAD): refused at construction, naming the tensor;
+    the exact mode takes the same weights."""
+    cfg = _cfg()
+    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=0, device="cuda")
+    w.w1_sf[2, 5] = 254
+    with pytest.raises(ref.MegaMoEInputError, match="weights.w1_sf"):
+        MegaMoE(cfg, w, promotion="k128")
+    MegaMoE(cfg, w, promotion="k32")
+
+
 _HANG = """
 import torch
 from megamoe import reference as ref
