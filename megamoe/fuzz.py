@@ -327,30 +327,41 @@ def run_gpu(cases: list[Case], say) -> list[Outcome]:
                 if not outcomes[-1].ok and "CUDA" in outcomes[-1].detail:
                     return outcomes + _not_run(group[group.index(case) + 1 :], case)
             continue
-        from megamoe import multirank
+        for chunk in range(0, len(group), SPAWN_CASES):
+            outcomes += _spawned(ranks, group[chunk : chunk + SPAWN_CASES], say)
+    return outcomes
 
-        try:
-            per_rank = multirank.spawn(_rank_cases, ranks, args=(group,), timeout=120 + 60 * len(group))
-        except multirank.RankFailed as e:
-            for case in group:
-                outcomes.append(Outcome(case.index, False, 0.0, f"the spawn of R={ranks} failed: {e}"))
-                say(case, outcomes[-1])
-            continue
-        done = {entry[0]: [] for entry in per_rank[0]}
-        for rank_out in per_rank:
-            for index, dump, same, error, seconds in rank_out:
-                done.setdefault(index, []).append((dump, same, error, seconds))
+
+SPAWN_CASES = 6  # cases per spawn of several ranks (its results come back when its last case is done)
+
+
+def _spawned(ranks: int, group: list[Case], say) -> list[Outcome]:
+    """Cases of R ranks in one spawn of R processes, judged here."""
+    from megamoe import multirank
+
+    outcomes: list[Outcome] = []
+    try:
+        per_rank = multirank.spawn(_rank_cases, ranks, args=(group,), timeout=120 + 60 * len(group))
+    except multirank.RankFailed as e:
         for case in group:
-            got = done.get(case.index)
-            if got is None or len(got) < ranks:
-                outcomes.append(Outcome(case.index, False, 0.0, "not run: an earlier case lost the CUDA context"))
-            elif any(error for _, _, error, _ in got):
-                errors = [f"rank {r}: {error}" for r, (_, _, error, _) in enumerate(got) if error]
-                outcomes.append(Outcome(case.index, False, max(s for *_, s in got), "\n".join(errors)))
-            else:
-                seconds = max(s for *_, s in got)
-                outcomes.append(_judged(case, [d for d, *_ in got], all(s for _, s, _, _ in got), seconds))
+            outcomes.append(Outcome(case.index, False, 0.0, f"the spawn of R={ranks} failed: {e}"))
             say(case, outcomes[-1])
+        return outcomes
+    done = {entry[0]: [] for entry in per_rank[0]}
+    for rank_out in per_rank:
+        for index, dump, same, error, seconds in rank_out:
+            done.setdefault(index, []).append((dump, same, error, seconds))
+    for case in group:
+        got = done.get(case.index)
+        if got is None or len(got) < ranks:
+            outcomes.append(Outcome(case.index, False, 0.0, "not run: an earlier case lost the CUDA context"))
+        elif any(error for _, _, error, _ in got):
+            errors = [f"rank {r}: {error}" for r, (_, _, error, _) in enumerate(got) if error]
+            outcomes.append(Outcome(case.index, False, max(s for *_, s in got), "\n".join(errors)))
+        else:
+            seconds = max(s for *_, s in got)
+            outcomes.append(_judged(case, [d for d, *_ in got], all(s for _, s, _, _ in got), seconds))
+        say(case, outcomes[-1])
     return outcomes
 
 
