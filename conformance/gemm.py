@@ -19,10 +19,18 @@ GEMMS = {
 }
 
 
+def fast_operands(d: Dump) -> bool:
+    """Whether the dumps' GEMMs ran in the fast mode on its own operands (promotion k128, SPEC §3 D5),
+    on random data (grid-snapped inputs are checked bitwise, on the per-32 formula)."""
+    return str(d.meta.get("kernel_mode", "")).endswith("-k128") and not d.meta.get("grid_snapped")
+
+
 def exact_sums(d: Dump, point: str, *, absolute: bool = False) -> torch.Tensor:
-    """float64 [P, N]: Σ a·b (or Σ |a·b|) of the dumped operands of a GEMM point, valid rows only."""
+    """float64 [P, N]: Σ a·b (or Σ |a·b|) of the dumped operands of a GEMM point, valid rows only:
+    in the fast mode, of the operands it makes of them (reference.fast_gemm_f64)."""
     _, a, a_sf, w, w_sf = GEMMS[point]
-    fn = (lambda *args: ref.block_scaled_gemm_f64(*args, absolute=True)) if absolute else ref.block_scaled_gemm_f64
+    gemm = ref.fast_gemm_f64 if fast_operands(d) else ref.block_scaled_gemm_f64
+    fn = (lambda *args: gemm(*args, absolute=True)) if absolute else gemm
     return ref.grouped_gemm(
         d[a], d[a_sf], d[P.D4_EXPERT_OFFSETS], d[w], d[w_sf], valid=ref.valid_rows(d.tensors), fn=fn
     )

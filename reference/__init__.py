@@ -36,7 +36,7 @@ from .formats import (
     unpack_fp4,
     unpack_ue8m0,
 )
-from .gemm import block_scaled_gemm, block_scaled_gemm_f64, grouped_gemm
+from .gemm import block_scaled_gemm, block_scaled_gemm_f64, fast_gemm_f64, grouped_gemm
 from .inputs import RankInputs, make_inputs, split_global_batch
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
@@ -98,6 +98,7 @@ __all__ = [
     "unpack_ue8m0",
     "block_scaled_gemm",
     "block_scaled_gemm_f64",
+    "fast_gemm_f64",
     "grouped_gemm",
     "RankInputs",
     "make_inputs",

@@ -14,6 +14,7 @@ import torch
 
 from . import formats as F
 from .errors import INTEGER, check_tensor, fail
+from .quantize import dequantize_fp4_fast, rebase_k128
 
 E4M3_UNIT = 2.0**-9  # every E4M3 value is an integer multiple of this
 E2M1_UNIT = 0.5  # every E2M1 value is an integer multiple of this
@@ -69,6 +70,24 @@ def block_scaled_gemm_f64(
 def block_scaled_gemm(a_codes, a_sf, b_packed, b_sf) -> torch.Tensor:
     """The reference accumulator: the float64 sum rounded once to fp32."""
     return block_scaled_gemm_f64(a_codes, a_sf, b_packed, b_sf).to(torch.float32)
+
+
+def fast_gemm_f64(
+    a_codes: torch.Tensor, a_sf: torch.Tensor, b_packed: torch.Tensor, b_sf: torch.Tensor, *, absolute: bool = False
+) -> torch.Tensor:
+    """float64 [M, N]: the fast mode's (promotion k128) GEMM on its own operands, what its tensor
+    cores multiply (SPEC §3 D5): the activations rebased per 128 channels (`rebase_k128`), the
+    weights through the scaled tables (`dequantize_fp4_fast`). Every product is exact in float64 and
+    the K-sum rounds at 2^-53 of Σ|a·b|, far under any τ (not for GEMM_EXACT's bitwise checks).
+    With absolute=True, Σ |a_k·b_k|."""
+    a_codes = _check_activations(("a_codes", "a_sf"), a_codes, a_sf)
+    check_weight_operand(("b_packed", "b_sf"), b_packed, b_sf, a_codes.shape[1], None, a_codes.device)
+    q = rebase_k128(a_codes, a_sf)
+    a = F.decode_e4m3(q.codes).to(torch.float64) * F.decode_ue8m0(q.scales, torch.float64).repeat_interleave(128, -1)
+    b = dequantize_fp4_fast(b_packed, b_sf)
+    if absolute:
+        a, b = a.abs(), b.abs()
+    return a @ b.T
 
 
 def grouped_gemm(
