@@ -52,7 +52,7 @@ import torch
 from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe import ranks
-from megamoe.reference.errors import check_type, fail
+from megamoe.reference.errors import check_int, check_type, fail
 from megamoe.reference.validate import _check_tensor, check_rank_inputs, check_weights
 
 from .jit import build as jb
@@ -483,6 +483,33 @@ class MegaMoE:
             if record is None:
                 raise
             raise RuntimeError(f"{exc} [the kernel trapped: {record}]") from exc
+
+    # The waits `withhold` can make time out (SPEC §5), each by the counter it reads.
+    WITHHOLD = ("dispatch", "l2_done", "decoded", "arrival", "l1_done", "epoch")
+
+    def withhold(self, wait: str, index: int = 0) -> None:
+        """A debug switch for hang tests (SPEC §5): this rank's next call misses one arrival at a
+        wait, which then times out and traps with its record. The counter the wait reads starts one
+        short (the kernel leaves it zero after a call, and counts up from there): "dispatch" (this
+        call's dispatch counter: one CTA's post), "l2_done" (one CTA's L2 completion), "decoded" (one
+        CTA's share of the prefill engine's predecode), "arrival" (one row of pool block `index`),
+        "l1_done" (one L1 tile of pool block `index`). "epoch" counts one call more on this rank, so
+        that it signals its peers' other parity (R > 1: every rank's dispatch waits). Nothing is
+        launched here. The trap ends this process's CUDA context: a new process and a new layer
+        recover (the workspace and its peers' views die with it)."""
+        ws = self.ws
+        if wait not in self.WITHHOLD:
+            fail("wait", f"one of {self.WITHHOLD}", repr(wait))
+        if wait == "epoch":
+            ws["epoch"][0] += 1
+        elif wait in ("arrival", "l1_done"):
+            counters = ws["arrivals" if wait == "arrival" else "l1_done"]
+            check_int("index", index, 0, counters.numel() - 1)
+            counters[index] -= 1
+        else:
+            parity = int(ws["epoch"][0]) & 1  # the signal words of the next call (kernel/fused/sync.cuh)
+            word = {"dispatch": C.SIGNAL_POSTED, "l2_done": C.SIGNAL_L2_DONE, "decoded": C.SIGNAL_DECODED}[wait]
+            ws["signals"][parity, word] -= 1
 
     def _poison(self) -> None:
         ws = self.ws

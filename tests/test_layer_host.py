@@ -77,3 +77,41 @@ def test_the_gemm_entry_points_name_the_scale_parameter_that_has_the_wrong_shape
                 dst = torch.zeros(128, dtype=torch.int32, **cuda)
                 combine = torch.empty(128, 512, dtype=torch.bfloat16, **cuda)
                 G.prepare_l2_gemm(x, bad_sf, offsets, counts, dst, kw, combine, promotion=promotion, **rebased)
+
+
+def test_withhold_starts_exactly_the_waits_counter_one_short_and_names_a_bad_wait():
+    """MegaMoE.withhold (the hang tests' debug switch, SPEC §5), on a stand-in workspace: each wait
+    lowers its own counter word by one, and nothing else."""
+    import types
+
+    from megamoe.jit import contract as C
+    from megamoe.moe import MegaMoE
+
+    def fresh(epoch: int):
+        ws = {
+            "signals": torch.zeros(2, C.SIGNAL_WORDS, dtype=torch.int32),
+            "arrivals": torch.zeros(6, dtype=torch.int32),
+            "l1_done": torch.zeros(6, dtype=torch.int32),
+            "epoch": torch.tensor([epoch, 0, 0, 0], dtype=torch.int32),
+        }
+        return types.SimpleNamespace(ws=ws, WITHHOLD=MegaMoE.WITHHOLD)
+
+    words = {"dispatch": C.SIGNAL_POSTED, "l2_done": C.SIGNAL_L2_DONE, "decoded": C.SIGNAL_DECODED}
+    for wait, word in words.items():
+        for epoch in (4, 7):  # the next call's parity: epoch & 1
+            layer = fresh(epoch)
+            MegaMoE.withhold(layer, wait)
+            expected = torch.zeros(2, C.SIGNAL_WORDS, dtype=torch.int32)
+            expected[epoch & 1, word] = -1
+            assert torch.equal(layer.ws["signals"], expected), (wait, epoch)
+    for wait, region in (("arrival", "arrivals"), ("l1_done", "l1_done")):
+        layer = fresh(0)
+        MegaMoE.withhold(layer, wait, 3)
+        assert layer.ws[region].tolist() == [0, 0, 0, -1, 0, 0] and not layer.ws["signals"].any()
+        with pytest.raises(ref.MegaMoEInputError, match="argument 'index'"):
+            MegaMoE.withhold(layer, wait, 6)
+    layer = fresh(5)
+    MegaMoE.withhold(layer, "epoch")
+    assert layer.ws["epoch"][0] == 6 and not layer.ws["signals"].any()
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'wait'"):
+        MegaMoE.withhold(layer, "grid")

@@ -1,0 +1,123 @@
+"""Hangs become errors: one table of every wait of the fused kernel made to time out
+(`MegaMoE.withhold`, SPEC §5), on one rank and on two ranks as processes (`megamoe.multirank.spawn`).
+
+    python -m bench.hangs            # every site, each in its own process, all at once
+
+Each row: the wait withheld, R, which rank it was withheld on, the seconds from the call to the
+error on the rank that reported it, and the error's last words (the trap's record: rank, SM block,
+the wait, its index, expected and observed). A trap ends its process's CUDA context, so every site
+runs in a new process (and spawn's ranks in theirs); the sites run side by side, since a spin-wait's
+timeout counts clock cycles, which run on whatever else the GPU does.
+tests/gpu/test_hangs.py asserts the records; the table is for the times (bench/NOTES.md v23)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+# (wait, ranks, the rank it is withheld on, engine)
+SITES = [
+    ("dispatch", 1, 0, "swapab"),
+    ("arrival", 1, 0, "swapab"),
+    ("l1_done", 1, 0, "swapab"),
+    ("l2_done", 1, 0, "swapab"),
+    ("decoded", 1, 0, "prefill"),
+    ("dispatch", 2, 1, "swapab"),
+    ("arrival", 2, 0, "swapab"),
+    ("l2_done", 2, 1, "swapab"),
+    ("epoch", 2, 1, "swapab"),
+]
+# A small layer whose shape both engines run (H and 2I multiples of 256), T tokens on every rank.
+SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=64)
+TOKENS = 64
+
+
+def _layer_and_inputs(ranks: int, rank: int, engine: str, group=None):
+    from megamoe import reference as ref
+    from megamoe.moe import MegaMoE
+
+    cfg = ref.MoEConfig(**SHAPE, num_ranks=ranks)
+    weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda")
+    layer = MegaMoE(cfg, weights, group=group, engine=engine)
+    inp = ref.make_inputs(cfg, TOKENS, seed=1, device="cuda")[rank]
+    return layer, inp
+
+
+def withheld_call(rank: int, ranks: int, wait: str, on_rank: int, engine: str) -> str:
+    """One rank's call with `wait` withheld on rank `on_rank` (after a clean call, so that the
+    kernels are loaded and the ranks are in step). Raises the call's error with the seconds it took."""
+    import torch
+
+    from megamoe import multirank
+
+    layer, inp = _layer_and_inputs(ranks, rank, engine, multirank.group() if ranks > 1 else None)
+    args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    layer(*args)
+    torch.cuda.synchronize()
+    if rank == on_rank:
+        layer.withhold(wait)
+    start = time.monotonic()
+    try:
+        with layer.named_failures():
+            layer(*args)
+            torch.cuda.synchronize()
+    except Exception as exc:
+        raise RuntimeError(f"after {time.monotonic() - start:.1f} s: {exc}") from exc
+    return "no error"
+
+
+_SCRIPT = """
+import sys
+from bench.hangs import withheld_call
+from megamoe import multirank
+wait, ranks, on_rank, engine = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if ranks == 1:
+    print("RESULT", withheld_call(0, 1, wait, on_rank, engine))
+else:
+    try:
+        print("RESULT", multirank.spawn(withheld_call, ranks, args=(wait, on_rank, engine), timeout=300))
+    except multirank.RankFailed as e:
+        print("RANKFAILED", e.rank)
+        print(e)
+"""
+
+
+def run_site(wait: str, ranks: int, on_rank: int, engine: str, timeout: float = 400) -> str:
+    """A site in a new process: everything it printed (the error with its record, or RESULT)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, wait, str(ranks), str(on_rank), engine],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return run.stdout + run.stderr
+
+
+def _row(site, out: str) -> str:
+    wait, ranks, on_rank, engine = site
+    line = next((ln for ln in out.splitlines() if "after " in ln and " s: " in ln), "")
+    seconds = line.split("after ", 1)[1].split(" s:", 1)[0] if line else "-"
+    failed = next((ln.split()[1] for ln in out.splitlines() if ln.startswith("RANKFAILED")), "-")
+    record = line.split("[the kernel trapped: ", 1)[1].rstrip("]") if "[the kernel trapped: " in line else ""
+    return f"| {wait} | {ranks} | {on_rank} | {engine} | {failed} | {seconds} | {record or out.strip()[-160:]} |"
+
+
+def main() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench.hangs needs a CUDA GPU (it makes the kernel's waits time out)")
+    start = time.monotonic()
+    with ThreadPoolExecutor(len(SITES)) as ex:
+        outs = list(ex.map(lambda s: run_site(*s), SITES))
+    print("| wait withheld | R | on rank | engine | rank named by spawn | s to the error | record |")
+    print("|---|---|---|---|---|---|---|")
+    for site, out in zip(SITES, outs):
+        print(_row(site, out))
+    print(f"\n{len(SITES)} sites in {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
