@@ -83,3 +83,43 @@ def test_sass_stage_answers_help_with_exit_0():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("usage: python -m bench.sass_stage [-h]")
+
+
+def test_the_long_runs_expected_receive_counts_are_the_references_recv_totals():
+    """bench.long_run checks recv_stats against the sum of its inputs' N_e (_received)."""
+    from bench import long_run
+    from megamoe import reference as ref
+
+    cfg = ref.MoEConfig(**long_run.SHAPE, num_ranks=2)
+    for inputs in long_run._inputs(cfg, 6, seed=3):
+        totals = [d[ref.points.D2_RECV_TOTALS] for d in ref.run_reference(cfg, inputs, _weights(cfg)).dumps]
+        for rank in range(2):
+            assert torch.equal(long_run._received(cfg, inputs, rank), totals[rank].to(torch.int64))
+
+
+def _weights(cfg):
+    from megamoe import reference as ref
+
+    return ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=0)
+
+
+def test_the_long_run_and_the_hang_table_say_in_one_line_that_they_need_a_gpu(capsys):
+    from bench import hangs, long_run
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert long_run.main(["--calls", "10"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        hangs.main()
+
+
+def test_the_sanitizer_table_names_an_unknown_tool_or_target_and_needs_compute_sanitizer(capsys, monkeypatch):
+    from bench import sanitize
+
+    with pytest.raises(SystemExit):
+        sanitize.main(["--tools", "memcheck,leakcheck"])
+    assert "unknown tool or target: leakcheck" in capsys.readouterr().err
+    monkeypatch.setattr(sanitize.shutil, "which", lambda _: None)
+    assert sanitize.main(["--targets", "gemm-wide-tile"]) == 2
+    assert "needs compute-sanitizer" in capsys.readouterr().err

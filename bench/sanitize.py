@@ -1,0 +1,140 @@
+"""compute-sanitizer over small calls of every kernel path: `python -m bench.sanitize`.
+
+    python -m bench.sanitize                                  # every tool on every target
+    python -m bench.sanitize --tools racecheck --targets fused-swapab-k32
+    python -m bench.sanitize --run fused-swapab-k32           # the workload alone (what the tool runs)
+
+Each (tool, target) runs `compute-sanitizer --tool TOOL --target-processes all` over this module's
+`--run TARGET` in a new process, and the table gives the tool's summary line (errors, or
+racecheck's hazards). Targets: the fused layer on each engine and promotion at R = 1, the fused
+layer at R = 2 (two processes on one GPU: --target-processes all follows them), and the GEMM core's
+standalone paths (swap-AB at a decode tile, the wide tile, the prefill path with its predecode
+pass, L2). The shapes are small: the tools slow a kernel by 10-1000x."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+SHAPE = dict(hidden=512, intermediate=512, num_experts=4, top_k=2, max_tokens_per_rank=32)
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+
+def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0) -> None:
+    import torch
+
+    from megamoe import multirank
+    from megamoe import reference as ref
+    from megamoe.moe import MegaMoE
+
+    cfg = ref.MoEConfig(**SHAPE, num_ranks=ranks)
+    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda")
+    layer = MegaMoE(cfg, w, group=multirank.group() if ranks > 1 else None, promotion=promotion, engine=engine)
+    inp = ref.make_inputs(cfg, 32, seed=1, distribution="skewed", masked_ratio=0.1, device="cuda")[rank]
+    with layer.named_failures():
+        layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+        layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+        torch.cuda.synchronize()
+
+
+def _fused_rank(rank: int, ranks: int) -> None:
+    _fused("swapab", "k32", ranks, rank)
+
+
+def _two_ranks() -> None:
+    from bench import sanitize  # by its module name, not __main__: spawn imports the function
+    from megamoe import multirank
+
+    multirank.spawn(sanitize._fused_rank, 2)
+
+
+def _gemm(max_tile: int | None, prefill: bool, promotion: str = "k32") -> None:
+    import torch
+
+    from megamoe import gemm as G
+    from megamoe import reference as ref
+
+    H, inter, E = SHAPE["hidden"], SHAPE["intermediate"], SHAPE["num_experts"]
+    w = ref.random_weights(E, H, inter, seed=1, device="cuda")
+    kw = G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    counts = [40, 0, 64, 7]
+    offsets = [0]
+    for n in counts:
+        offsets.append(offsets[-1] + -(-n // 64) * 64)
+    P = offsets[-1]
+    x = ref.quantize_activations(torch.randn(P, H, device="cuda"))
+    cnt = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    off = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+    opts = dict(promotion=promotion, max_tile=max_tile, prefill=prefill)
+    l1 = G.l1_gemm(ref.as_float8(x.codes), x.scales, off, cnt, torch.ones(P, device="cuda"), kw, **opts)
+    dst = torch.arange(P, dtype=torch.int32, device="cuda")
+    combine = torch.empty(P, H, dtype=torch.bfloat16, device="cuda")
+    G.l2_gemm(l1.l2_acts, l1.l2_sf, off, cnt, dst, kw, combine, **opts)
+    torch.cuda.synchronize()
+
+
+TARGETS = {
+    "fused-swapab-k32": lambda: _fused("swapab", "k32"),
+    "fused-swapab-k128": lambda: _fused("swapab", "k128"),
+    "fused-prefill-k32": lambda: _fused("prefill", "k32"),
+    "fused-prefill-k128": lambda: _fused("prefill", "k128"),
+    "fused-R2": lambda: _two_ranks(),
+    "gemm-swapab-tile8": lambda: _gemm(8, False),
+    "gemm-wide-tile": lambda: _gemm(None, False),
+    "gemm-prefill-predecode": lambda: _gemm(None, True),
+    "gemm-prefill-k128": lambda: _gemm(None, True, "k128"),
+}
+
+_SUMMARY = re.compile(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)")
+
+
+def sanitize(tool: str, target: str, timeout: float) -> tuple[str, float]:
+    cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all", "--print-limit", "20"]
+    cmd += [sys.executable, "-m", "bench.sanitize", "--run", target]
+    start = time.monotonic()
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s", time.monotonic() - start
+    out = run.stdout + run.stderr
+    found = _SUMMARY.findall(out)
+    summary = "; ".join(found) if found else f"no summary (exit {run.returncode}): {out.strip()[-200:]}"
+    if run.returncode and "0 errors" in summary:
+        summary += f" (exit {run.returncode})"
+    return summary, time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.sanitize", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)}")
+    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per (tool, target) (default 300)")
+    p.add_argument("--run", choices=list(TARGETS), help="run one target's workload (what the tool runs)")
+    args = p.parse_args(argv)
+    if args.run:
+        TARGETS[args.run]()
+        return 0
+    tools, targets = args.tools.split(","), args.targets.split(",")
+    bad = [t for t in tools if t not in TOOLS] + [t for t in targets if t not in TARGETS]
+    if bad:
+        p.error(f"unknown tool or target: {', '.join(bad)}")
+    if shutil.which("compute-sanitizer") is None:
+        print("bench.sanitize needs compute-sanitizer on the PATH (CUDA toolkit) and a GPU", file=sys.stderr)
+        return 2
+    print("| tool | target | summary | s |")
+    print("|---|---|---|---|")
+    clean = True
+    for tool in tools:
+        for target in targets:
+            summary, seconds = sanitize(tool, target, args.timeout)
+            clean &= summary.startswith(("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards"))
+            print(f"| {tool} | {target} | {summary} | {seconds:.0f} |", flush=True)
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
