@@ -160,8 +160,13 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
 
 
 def _groups(scales: torch.Tensor, fraction: float, g: torch.Generator) -> torch.Tensor:
-    """A random mask of `fraction` of the scale groups (never a whole tensor's worth of nothing)."""
-    return torch.rand(scales.shape, generator=g) < fraction
+    """A random mask of `fraction` of the scale groups, drawn on the CPU, on the scales' device."""
+    return _rand(scales, g) < fraction
+
+
+def _rand(like: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Uniform draws of the CPU generator (the same numbers for every device), on like's device."""
+    return torch.rand(like.shape, generator=g).to(like.device)
 
 
 def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Generator, fp4: bool, fast: bool) -> None:
@@ -171,18 +176,18 @@ def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Gener
     grouped = codes.view(*scales.shape, per_group)
     if mode == "wide":
         pick = _groups(scales, 0.25, g)
-        drop = torch.randint(20, 41, scales.shape, generator=g, dtype=torch.int16)
+        drop = torch.randint(20, 41, scales.shape, generator=g, dtype=torch.int16).to(scales.device)
         lowered = (scales.to(torch.int16) - drop).clamp(min=0).to(torch.uint8)
         scales.copy_(torch.where(pick, lowered, scales))
     elif mode == "zero":
         pick = _groups(scales, 0.15, g)
-        negative = torch.rand(scales.shape, generator=g) < 0.5  # -0: the sign bit alone
+        negative = _rand(scales, g) < 0.5  # -0: the sign bit alone
         zero = torch.where(negative, 0x88 if fp4 else 0x80, 0).to(torch.uint8)
         grouped.copy_(torch.where(pick[..., None], zero[..., None], grouped))
-        to_byte0 = pick & (torch.rand(scales.shape, generator=g) < 0.5)
+        to_byte0 = pick & (_rand(scales, g) < 0.5)
         scales.masked_fill_(to_byte0, 0)
     elif mode == "extreme":
-        u = torch.rand(scales.shape, generator=g)
+        u = _rand(scales, g)
         scales.masked_fill_(u < 0.03, 0)
         if not fp4 or not fast:
             scales.masked_fill_(u > 0.995, 254)
@@ -194,11 +199,12 @@ def _spread(codes: torch.Tensor, scales: torch.Tensor, mode: str, g: torch.Gener
             scales[e] = torch.where(scales[e] == 0, 0, lifted.clamp(max=254)).to(torch.uint8)
 
 
-def case_tensors(case: Case) -> tuple[ref.MoEConfig, list[ref.RankInputs], ref.ExpertWeights]:
-    """The configuration, every rank's inputs and the global weights of a case (CPU tensors)."""
+def case_tensors(case: Case, device="cpu") -> tuple[ref.MoEConfig, list[ref.RankInputs], ref.ExpertWeights]:
+    """The configuration, every rank's inputs (CPU tensors) and the global weights of a case (on
+    `device`: the same bits on every device; quantizing the weights is most of a case's host time)."""
     cfg = case.cfg
     wseed = case.seed * 100_003 + case.index
-    weights = ref.random_weights(case.experts, case.hidden, case.intermediate, seed=wseed)
+    weights = ref.random_weights(case.experts, case.hidden, case.intermediate, seed=wseed, device=device)
     inputs = ref.make_inputs(
         cfg, list(case.tokens), seed=wseed, distribution=case.distribution, masked_ratio=case.masked
     )
@@ -280,9 +286,9 @@ def _gpu_call(case: Case, rank: int, group) -> tuple:
     release call gave the same y bits."""
     from megamoe.moe import MegaMoE
 
-    cfg, inputs, weights = case_tensors(case)
+    cfg, inputs, weights = case_tensors(case, "cuda")
     inp = inputs[rank].to("cuda")
-    layer = MegaMoE(cfg, weights.to("cuda"), group=group, promotion=case.promotion, engine=case.engine)
+    layer = MegaMoE(cfg, weights, group=group, promotion=case.promotion, engine=case.engine)
     with layer.named_failures():
         y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
         y2 = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
@@ -296,6 +302,7 @@ def _rank_cases(rank: int, ranks: int, cases: list[Case]) -> list:
     when it is a CUDA error (the context is lost), ends the list."""
     from megamoe import multirank
 
+    torch.set_num_threads(max(1, (os.cpu_count() or ranks) // ranks))  # R processes share the cores
     out = []
     for case in cases:
         start = time.monotonic()
