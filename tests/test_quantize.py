@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from megamoe import reference as ref
+from megamoe.reference import formats as F
 from megamoe.reference import quantize as Q
 
 
@@ -185,3 +186,26 @@ def test_rebase_k128_reads_no_host_tensor_so_a_cuda_graph_can_capture_it():
         ref.rebase_k128(codes, sf)
         ref.decode_e4m3(codes)  # the check itself sees a host table
     assert mode.seen == ["aten._to_copy.default"]
+
+
+def test_the_fast_weight_operand_follows_its_table_rule_at_every_spread_beyond_the_last_entry_too():
+    """SPEC §3 D5, the fast mode's weights: group g of a row, d = B_r - s_g binades under the row's
+    largest, is m * 2^(s_g - 127) exactly up to d = 14, RNE onto E4M3's grid at 2^(B_r - 142) from
+    15 to 18, and 0 (of the code's sign) from 19 on, out to d = 40 (the fuzzer's wide spreads)."""
+    base, spreads = 200, list(range(41)) + [41, 42, 43]  # 44 groups: K = 1408, a multiple of 128
+    codes = torch.arange(16, dtype=torch.uint8).repeat(2)  # every E2M1 code twice per group
+    row = torch.cat([codes for _ in spreads])[None]
+    packed = F.pack_fp4(row)
+    sf = torch.tensor([[base - d for d in spreads]], dtype=torch.uint8)
+    got = Q.dequantize_fp4_fast(packed, sf)[0].view(len(spreads), 32)
+    mags = F.decode_e2m1(codes).to(torch.float64)
+    for g, d in enumerate(spreads):
+        if d <= 14:
+            want = mags * 2.0 ** (base - d - 127)
+        elif d <= 18:
+            grid = 2.0 ** (base - 127 - 6 - 9)  # E4M3's subnormal step, times the row's factor
+            want = torch.round(mags * 2.0 ** (base - d - 127) / grid) * grid  # |m 2^(6-d)| < 2^-6: subnormal
+        else:
+            want = mags * 0.0
+        assert torch.equal(got[g], want), (d, got[g].tolist(), want.tolist())
+        assert torch.equal(torch.signbit(got[g]), torch.signbit(mags)), d

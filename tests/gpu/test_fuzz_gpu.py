@@ -1,4 +1,4 @@
-"""Six fuzz cases on the fused kernel (R = 1, 2 and 4) (megamoe/fuzz.py). The full run is
+"""Six fuzz cases on the fused kernel, R = 1, 2 and 4 (megamoe/fuzz.py). The full run is
 `python -m megamoe.fuzz --device cuda --cases 300 --jobs 8`; bench/NOTES.md has its counts."""
 
 from __future__ import annotations
