@@ -81,6 +81,8 @@ def fast_gemm_f64(
     the K-sum rounds at 2^-53 of Σ|a·b|, far under any τ (not for GEMM_EXACT's bitwise checks).
     With absolute=True, Σ |a_k·b_k|."""
     a_codes = _check_activations(("a_codes", "a_sf"), a_codes, a_sf)
+    if a_codes.shape[1] % 128:  # rebased per 128 channels
+        fail("a_codes", "[M, K] with K a multiple of 128", list(a_codes.shape))
     check_weight_operand(("b_packed", "b_sf"), b_packed, b_sf, a_codes.shape[1], None, a_codes.device)
     q = rebase_k128(a_codes, a_sf)
     a = F.decode_e4m3(q.codes).to(torch.float64) * F.decode_ue8m0(q.scales, torch.float64).repeat_interleave(128, -1)

@@ -274,6 +274,11 @@ BAD_INPUTS = [
         r"'a_codes': expected \[M, K\] with K a multiple of 32, got \[4, 48\]",
     ),
     (
+        "fast_gemm_f64",
+        lambda: ref.fast_gemm_f64(_CODES[:, :64], _SF[:, :2], _CODES[:, :32], _SF[:, :2]),
+        r"'a_codes': expected \[M, K\] with K a multiple of 128, got \[4, 64\]",
+    ),
+    (
         "grouped_gemm",
         lambda: ref.grouped_gemm(
             _CODES,
