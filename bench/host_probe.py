@@ -11,6 +11,7 @@ import time
 import torch
 
 from megamoe import gemm as G
+from megamoe import runtime
 from megamoe import reference as ref
 from megamoe.moe import MegaMoE
 
@@ -36,7 +37,7 @@ def main() -> None:
     y = layer(*args, check_inputs=False)
     torch.cuda.synchronize()
     launch = next(iter(layer._launches.values()))
-    stream = G._stream(inp.x)
+    stream = runtime.stream(inp.x)
     plain = launch.copy(cooperative=False)
     rows = {
         "call, no value checks": lambda: layer(*args, check_inputs=False),

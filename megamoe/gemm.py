@@ -10,6 +10,13 @@ next expert's start are padding, never read into any valid output and never writ
 
 `kw` is megamoe.jit.layout.KernelWeights (from transform_weights).
 
+What the entry points launch through lives beside this module: the per-device runtime (trap
+records, item counters, loaded kernels, launch caches, prefill scratch buffers) in megamoe.runtime,
+the choices of path and specialisation (use_prefill, pick_max_tile, pick_wgs, spec_for) in
+megamoe.heuristics, the weights' parameter fields and the argument checks the fused layer makes
+too in megamoe.launch. The names users reach here (megamoe.gemm.use_prefill,
+megamoe.gemm.timeout_message, ...) are still named here.
+
 The `promotion` knob (GemmSpec.promotion, the kernel's kPerK32) says how often the tensor core's
 products are promoted into fp32 with their scales:
 * "k32" (the exact mode): every k32 product, with both per-32 scales
@@ -64,13 +71,29 @@ import torch
 
 from megamoe.reference import MegaMoEInputError
 from megamoe.reference.errors import fail
-from megamoe.reference import quantize as Q
 from megamoe.reference.quantize import rebase_k128 as ref_rebase_k128
-from megamoe.reference.formats import round_bf16
 
+from . import runtime as RT
 from .jit import build as jb
 from .jit import contract, driver
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
+from .launch import check_fast_spread, check_weights_device, clamp, kw_key, layer_weights, require_cuda, weight_fields
+
+# Defined in megamoe.heuristics and megamoe.runtime, named here too: megamoe.gemm is where users
+# and the docs reach them (megamoe.gemm.use_prefill, megamoe.gemm.timeout_message, ...).
+from .heuristics import PREFILL_MIN_MEAN_ROWS as PREFILL_MIN_MEAN_ROWS
+from .heuristics import PREFILL_MIN_TOKENS as PREFILL_MIN_TOKENS
+from .heuristics import PREFILL_ROWS, prefill_path, spec_for
+from .heuristics import pick_max_tile as pick_max_tile
+from .heuristics import pick_wgs as pick_wgs
+from .heuristics import use_prefill as use_prefill
+from .heuristics import used_specs as used_specs
+from .runtime import Kernel as Kernel
+from .runtime import PreparedCall
+from .runtime import kernel as kernel
+from .runtime import prefill_scratch as prefill_scratch
+from .runtime import release_prefill_buffers as release_prefill_buffers
+from .runtime import timeout_message as timeout_message
 
 BLOCK_K = contract.BLOCK_K
 ROWS_PER_CTA = 2 * contract.ROWS_PER_WG  # weight rows per CTA with 2 consumer warpgroups
@@ -84,246 +107,12 @@ PROMOTIONS = jb.PROMOTIONS
 # that at 0.58.
 TAU = {"k32": 2.0**-11, "k128": 2.0**-10}
 
-# The prefill path: from this many tokens in the largest expert and per expert on average
-# (use_prefill), keyed by (promotion, layer), a launch decodes its weights once into E4M3 tiles (the
-# predecode pass, ~4 TB/s) and runs the prefill GEMM (tokens as wgmma M) instead of the swap-AB
-# kernel, which decodes every weight tile once per token block. Measured crossovers (DSV3,
-# graph-timed, same call): fast mode (bench/NOTES.md v16) L1 (K = H) 0.80x the swap-AB kernel at 256
-# tokens, 1.10x at 512, 1.27x at 1024; L2 (K = I = 2048: a short mainloop per item) 0.82x at 256,
-# 1.10x at 512, 1.22x at 1024. Exact mode (v17; two FP32 instructions per accumulator and k32 step
-# in both kernels, so the pass pays off early): L1 1.03x at 128 tokens, 1.26x at 256; L2 1.06x,
-# 1.28x. With the fold (v18) it wins from 65 tokens, past the exact swap-AB kernel's largest tile
-# (64), where an expert costs that kernel two token blocks: L1 1.39x at 96 tokens, 0.71x at 64; L2
-# 1.41x, 0.73x. The mean pool rows per expert (PREFILL_MIN_MEAN_ROWS) count each expert's padding
-# to 64, so the exact mode asks for two blocks' worth there: at 65 the Zipf routing of 8 tokens
-# per expert (largest 100, mean 68 rows) would take the pass, which alone costs more than its
-# swap-AB launch (358 against 330 us at DSV3 L1).
-PREFILL_MIN_TOKENS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 65, ("k32", 2): 65}
-PREFILL_MIN_MEAN_ROWS = {("k128", 1): 512, ("k128", 2): 512, ("k32", 1): 128, ("k32", 2): 128}
-PREFILL_ROWS = contract.PREFILL_ROWS
-
-
-def _prefill_path(
-    layer: int, prefill, max_tokens, rows_per_expert: float, promotion: str, n_rows: int, arrival, max_tile, wgs
-) -> bool:
-    """The entry points' choice: the caller's `prefill`, else use_prefill without a gate or a forced
-    specialisation. A forced prefill path the launch cannot take is an input error."""
-    if prefill is None:
-        return (
-            arrival is None
-            and max_tile is None
-            and wgs is None
-            and use_prefill(layer, max_tokens, rows_per_expert, promotion, n_rows)
-        )
-    if prefill:
-        if n_rows % PREFILL_ROWS:
-            raise MegaMoEInputError(
-                f"argument 'prefill': weight rows must be a multiple of {PREFILL_ROWS}, got {n_rows}"
-            )
-        if arrival is not None:
-            fail("prefill", "no arrival gate (the prefill path is standalone)", "an arrival tensor")
-        if max_tile is not None or wgs is not None:
-            fail("prefill", "no max_tile / wgs (they force a swap-AB kernel)", f"max_tile={max_tile}, wgs={wgs}")
-    return bool(prefill)
-
-
-def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, promotion: str, n_rows: int) -> bool:
-    """Whether a launch of `layer` takes the prefill path by default: weight rows a multiple of 256,
-    the largest expert (max_tokens, if known) at least PREFILL_MIN_TOKENS[(promotion, layer)] and
-    the mean pool rows per expert (rows_per_expert: the pool's rows over its experts, padding
-    included) at least PREFILL_MIN_MEAN_ROWS[(promotion, layer)]. The mean matters because the
-    predecode pass decodes every expert's weights: under a skewed routing whose largest expert has
-    676 of 2048 tokens (32 experts) the prefill path took 648 us at DSV3 L1 against 299 us for the
-    swap-AB kernel (bench/NOTES.md v15)."""
-    need = PREFILL_MIN_TOKENS.get((promotion, layer))
-    return (
-        need is not None
-        and max_tokens is not None
-        and max_tokens >= need
-        and rows_per_expert >= PREFILL_MIN_MEAN_ROWS[(promotion, layer)]
-        and n_rows % PREFILL_ROWS == 0
-    )
-
-
-def pick_max_tile(max_tokens: int | None, promotion: str = "k128", rows_per_expert: float | None = None) -> int:
-    """The kernel's largest token tile for a launch whose largest expert has max_tokens rows: the
-    smallest tile that holds them, at most the promotion's largest (256 for k128, 64 for k32;
-    larger experts take several items). Unknown (None): the largest. A skewed launch (pool rows per
-    expert, rows_per_expert, under 128 while some expert has more than 64) takes 64: its middle-sized
-    experts would pay a 128-token tile for few rows (measured on zipf routings: 1.6x at 8 and 1.3x
-    at 64 tokens per expert faster than at 128)."""
-    top = jb.max_tile_of(promotion)
-    if max_tokens is None:
-        return top
-    if top > 64 and max_tokens > 64 and rows_per_expert is not None and rows_per_expert < 128:
-        return 64
-    for tile in contract.TOKEN_TILES:
-        if max_tokens <= tile or tile == top:
-            return tile
-    return top
-
-
-def pick_wgs(max_tile: int, n_rows: int, promotion: str) -> int:
-    """Consumer warpgroups per CTA: 4 (256 weight rows per CTA, 20 warps) up to the promotion's
-    jb.max_wgs4_tile (8 tokens in the exact mode, 64 in the fast mode), where more warps per
-    scheduler hide the per-stage latency; 2 otherwise (the 640 x 96 launch registers leave 4
-    consumer warpgroups 104 each, too few for larger tiles)."""
-    return 4 if max_tile <= jb.max_wgs4_tile(promotion) and n_rows % 256 == 0 else 2
-
-
-def spec_for(
-    layer: int,
-    *,
-    promotion: str = "k32",
-    fast_math: bool = True,
-    debug: bool = False,
-    max_tokens: int | None = None,
-    n_rows: int = 256,
-    max_tile: int | None = None,
-    wgs: int | None = None,
-    rows_per_expert: float | None = None,
-) -> jb.GemmSpec:
-    if promotion not in PROMOTIONS:
-        fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
-    tile = pick_max_tile(max_tokens, promotion, rows_per_expert) if max_tile is None else max_tile
-    if tile not in contract.TOKEN_TILES:
-        fail("max_tile", f"one of {contract.TOKEN_TILES}", repr(tile))
-    return jb.GemmSpec(
-        layer=layer,
-        max_tile=tile,
-        promotion=promotion,
-        fast_math=bool(fast_math) if layer == 1 else True,
-        debug=debug,
-        wgs=pick_wgs(tile, n_rows, promotion) if wgs is None else wgs,
-    )
-
-
-def used_specs() -> list[jb.GemmSpec]:
-    """Every specialisation the GPU tests and the benchmark launch (the CI compile gate builds these)."""
-    specs = []
-    for promotion in PROMOTIONS:
-        for debug in (False, True):
-            for tile in (t for t in contract.TOKEN_TILES if t <= jb.max_tile_of(promotion)):
-                for wgs in (2, 4) if tile <= jb.max_wgs4_tile(promotion) else (2,):
-                    for fast_math in (True, False):
-                        specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
-                    specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))
-    for promotion in PROMOTIONS:
-        for debug in (False, True):
-            specs += [
-                jb.PrefillSpec(1, True, debug, promotion),
-                jb.PrefillSpec(1, False, debug, promotion),
-                jb.PrefillSpec(2, True, debug, promotion),
-            ]
-    return specs + [jb.PredecodeSpec(promotion) for promotion in PROMOTIONS]
-
 
 def rebase_k128(x: torch.Tensor, x_sf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The fast mode's activation operand: (payload [P, K] uint8 e4m3, scale bytes [P, K/128] uint8).
     The transform is part of the contract; its one definition is megamoe.reference.rebase_k128."""
     q = ref_rebase_k128(_u8(x), x_sf)
     return q.codes.contiguous(), q.scales.contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
-# Trap record (SPEC §5)
-# ---------------------------------------------------------------------------------------------
-# One record per device for the process, allocated before the first launch on that device and
-# never replaced: every cached launch (_LAUNCHES, _CALLS) holds its address in its packed
-# parameters, so a new buffer would be one the cached launches never write. Cleared in place.
-_ERR: dict[int, torch.Tensor] = {}
-
-
-def _device_index(dev: int | str | torch.device | None) -> int:
-    """A device as its index: an int, "cuda:N" or a torch.device; without an index (None, "cuda"),
-    the current device. One key per device, whichever way the launcher and the reader name it."""
-    if dev is None:
-        return torch.cuda.current_device()
-    if isinstance(dev, (str, torch.device)):
-        d = torch.device(dev)
-        return d.index if d.index is not None else torch.cuda.current_device()
-    return int(dev)
-
-
-def _err_record(dev: int | str | torch.device | None) -> torch.Tensor:
-    """Pinned memory of device `dev` for the kernel's trap record (contract.TRAP_RECORD, as int32
-    words), readable after a trap (the trap ends the context; host memory outlives it). torch's pinned memory is page-locked host memory
-    that every device reaches at the same address (unified addressing, which sm_90 always has), so
-    its data_ptr() is the device pointer GemmParams::err takes."""
-    dev = _device_index(dev)
-    if dev not in _ERR:
-        rec = torch.zeros(contract.TRAP_RECORD.size // 4, dtype=torch.int32, pin_memory=True)
-        if not rec.is_pinned():
-            raise RuntimeError("the trap record needs pinned host memory; torch gave pageable memory")
-        _ERR[dev] = rec
-    return _ERR[dev]
-
-
-# The dynamic item order's counters (GemmParams.item_counter, scheduler.cuh claim_item): an int32
-# pair per launch object, never reused (a CUDA graph keeps the address of the pair it was captured
-# with for as long as it lives), from zeroed chunks of _ITEM_COUNTER_CHUNK pairs per device. Each
-# launch leaves its pair zero. Launch objects of these kernels are cached per stream (_gemm_launch),
-# so two streams never run one pair at once: two grids on one pair could leave it non-zero, and every
-# later launch on it would skip items. (A CUDA graph captured on a stream keeps that stream's pairs:
-# it must not be replayed while calls on that stream, eager, prepared or another replay, run.)
-_ITEM_COUNTERS: dict[int, list[torch.Tensor]] = {}
-_ITEM_COUNTER_CHUNK = 4096
-_ITEM_COUNTERS_USED: dict[int, int] = {}
-
-
-def _item_counter(dev: int) -> int:
-    """The device address of a fresh, zeroed pair of item counters on device `dev`."""
-    chunks = _ITEM_COUNTERS.setdefault(dev, [])
-    used = _ITEM_COUNTERS_USED.get(dev, 0)
-    if used == len(chunks) * _ITEM_COUNTER_CHUNK:
-        if torch.cuda.is_current_stream_capturing():
-            # Memory zeroed during a capture is zeroed only when the graph replays.
-            raise RuntimeError(
-                "megamoe needs new item counters for this launch and cannot zero them during a CUDA graph"
-                " capture: make one call with these arguments before the capture"
-            )
-        chunk = torch.zeros(2 * _ITEM_COUNTER_CHUNK, dtype=torch.int32, device=f"cuda:{dev}")
-        # Zeroed on this stream; a launch on another stream must not see the memory before.
-        torch.cuda.current_stream(dev).synchronize()
-        chunks.append(chunk)
-    _ITEM_COUNTERS_USED[dev] = used + 1
-    return chunks[used // _ITEM_COUNTER_CHUNK].data_ptr() + 8 * (used % _ITEM_COUNTER_CHUNK)
-
-
-def _record_devices(dev) -> list[int]:
-    """The devices a record query names: one (see _device_index), or every device with a record (None)."""
-    return sorted(_ERR) if dev is None else [_device_index(dev)]
-
-
-def timeout_message(dev: int | str | torch.device | None = None) -> str | None:
-    """Words for the kernel's trap record (a wait that timed out, or the shared-memory layout
-    check), or None when no launch trapped through it: device `dev`'s record, or (None, the
-    default) the first device's that holds one. Read it once a CUDA call has reported the failure
-    (the trapping thread writes and fences the record before its trap). Word 0 is 1 when the record is
-    complete, 2 when the trapping thread claimed it but the trap ended the kernel before it set 1
-    (its fields were written and fenced first, so they are still shown)."""
-    for d in _record_devices(dev):
-        r = _ERR.get(d)
-        words = r.tolist() if r is not None else [0]  # one read of all words
-        if words[0] != 0:
-            return _record_words(words)
-    return None
-
-
-def _record_words(words: list[int]) -> str:
-    field = {name: words[off // 4] for name, off in contract.TRAP_RECORD.offsets.items()}
-    state, what, blk, idx = field["state"], field["what"], field["block"], field["index"]
-    exp, obs, thr = field["expected"], field["observed"], field["thread"]
-    note = "" if state == 1 else " (record claimed, completion flag not seen)"
-    if what == contract.LAYOUT_CHECK:
-        return (
-            f"SM block {blk} thread {thr}: the launch gave {obs} bytes of dynamic shared memory at offset "
-            f"{idx} mod 1024, the kernel's layout needs {exp} bytes, 1024-aligned{note}"
-        )
-    return (
-        f"SM block {blk} thread {thr}: waited for {contract.WAITS.get(what, what)} {idx}: "
-        f"expected {exp}, observed {obs}{note}"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,32 +131,6 @@ def _check(name, t, dtypes, shape=None, device=None):
         fail(name, "a contiguous tensor", f"strides {t.stride()}")
 
 
-# A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses that layer's launch holds
-# (_weight_fields) and its key's weights part names (_kw_key); both layers' are the device check's.
-_KW_PARTS = ("", "_sf", "_lut", "_row_base", "_expert_base", "_fold")
-_KW_TENSORS = tuple(f"w{layer}{part}" for layer in (1, 2) for part in _KW_PARTS)
-
-
-def _check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
-    """The weights on the activations' device: the kernel dereferences them (on another device, or
-    on the CPU, the launch would fault and end the context)."""
-    for name in _KW_TENSORS:
-        t = getattr(kw, name)
-        if t.device != dev:
-            fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
-
-
-def _check_fast_spread(kw: KernelWeights, promotion: str) -> None:
-    """The fast mode's weight domain (SPEC §2, megamoe.reference.quantize.FAST_ROW_SPREAD)."""
-    if promotion == "k128" and kw.row_spread > Q.FAST_ROW_SPREAD:
-        fail(
-            "kw",
-            f"for promotion 'k128', every row's largest scale byte at most {Q.FAST_ROW_SPREAD} under its "
-            "expert's largest (else promotion 'k32')",
-            f"a row {kw.row_spread} under",
-        )
-
-
 def _check_aligned(name, t, align=16):
     if t.data_ptr() % align:
         fail(name, f"a {align}-byte aligned address", f"{t.data_ptr() % align} mod {align}")
@@ -380,14 +143,6 @@ _I32 = (torch.int32,)
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype != torch.uint8 else t
-
-
-def require_cuda(name: str, t: torch.Tensor) -> None:
-    """The kernels run on a CUDA GPU: a tensor elsewhere is refused naming its argument, saying so
-    when torch sees no GPU at all (the one check of the entry points and of the fused layer)."""
-    if t.device.type != "cuda":
-        why = "" if torch.cuda.is_available() else " (torch sees no CUDA GPU on this machine)"
-        fail(name, "a CUDA tensor", f"device {t.device}{why}")
 
 
 def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_name: str, names: tuple) -> int:
@@ -432,18 +187,6 @@ def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, pr
     return x, x_sf, E
 
 
-def _clamp(activation_clamp) -> tuple[float, int]:
-    """SPEC §2: c > 0, rounded to fp32 and then to bf16 (the reference's round_bf16)."""
-    if activation_clamp is None:
-        return 0.0, 0
-    if isinstance(activation_clamp, bool) or not isinstance(activation_clamp, (int, float)):
-        fail("activation_clamp", "None or a number > 0", repr(activation_clamp))
-    c = float(round_bf16(torch.tensor([float(activation_clamp)], dtype=torch.float32))[0])
-    if not c > 0:  # also NaN
-        fail("activation_clamp", "a number > 0", repr(activation_clamp))
-    return c, 1
-
-
 def _arrival(arrival, arrival_block, P: int, dev) -> tuple[int, int]:
     if arrival is None:
         if arrival_block:
@@ -471,106 +214,13 @@ class L2Result:
 
 
 # ---------------------------------------------------------------------------------------------
-# Compiled kernels and cached launches
+# Launches (their kernels, caches and per-device state: megamoe.runtime)
 # ---------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """A loaded specialisation and how it is launched, as the cubin itself says (its shared memory
-    layout size, threads and stages are __constant__s of the module)."""
-
-    spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec
-    fn: object
-    smem_bytes: int
-    threads: int
-    stages: int
-    num_sms: int
-
-
-_KERNELS: dict[tuple[jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec, int], Kernel] = {}
-_LAUNCHES: dict[tuple, driver.Launch] = {}
-_MAX_CACHED_LAUNCHES = 512
-
-
-def kernel(spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec, dev: int) -> Kernel:
-    key = (spec, dev)
-    if key not in _KERNELS:
-        mod = driver.load_module(jb.build(spec).cubin, dev)
-        smem = driver.module_constant(mod, "megamoe_smem_bytes")
-        threads = driver.module_constant(mod, "megamoe_threads")
-        if threads != spec.threads:
-            raise RuntimeError(f"{spec.name}: the cubin has {threads} threads, the spec {spec.threads}")
-        _KERNELS[key] = Kernel(
-            spec,
-            driver.get_function(mod, spec.kernel, smem),
-            smem,
-            threads,
-            driver.module_constant(mod, "megamoe_stages"),
-            driver.num_sms(dev),
-        )
-    return _KERNELS[key]
-
-
-# Repeated calls with the same tensors and arguments skip straight to the cached launch: the key
-# holds every tensor's address, dtype, shape and strides, so what passed the checks once passes again.
-_CALLS: dict[tuple, driver.Launch] = {}
-
-
+# A tensor's (or another argument's) part of an entry point's cache key (runtime.cached_call).
 def _tkey(t):
     if isinstance(t, torch.Tensor):
         return (t.data_ptr(), t.dtype, t.shape, t.stride())
     return t if t is None or isinstance(t, (int, float, str)) else (type(t).__name__, id(t))
-
-
-def _layer_weights(kw: KernelWeights, layer: int) -> tuple[torch.Tensor, ...]:
-    """`layer`'s KernelWeights tensors (w{layer}{part} for each of _KW_PARTS)."""
-    return tuple(getattr(kw, f"w{layer}{part}") for part in _KW_PARTS)
-
-
-def _kw_key(kw, layer: int) -> tuple:
-    """The weights' part of a `layer` launch's key: every address the launch holds (_weight_fields)."""
-    if not isinstance(kw, KernelWeights):
-        return (id(kw),)
-    return tuple(t.data_ptr() for t in _layer_weights(kw, layer))
-
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _stream_of(dev: int) -> int:
-    """The current CUDA stream of device `dev` (torch's raw getter where it has one: ~10x cheaper)."""
-    if _raw_stream is not None:
-        return _raw_stream(dev)
-    return torch.cuda.current_stream(dev).cuda_stream
-
-
-def _stream(x: torch.Tensor) -> int:
-    """The current CUDA stream of x's device."""
-    return _stream_of(x.device.index)
-
-
-def _cached_call(key, stream, plan, args: dict, cached_result):
-    """An entry point's call: the launch cached under `key` (None: a call that is not cached) on
-    `stream`, returning cached_result(); else plan(**args) checked, built, launched and cached."""
-    if key is not None:
-        launch = _CALLS.get(key)
-        if launch is not None:
-            launch(stream)
-            return cached_result()
-    call = plan(**args)
-    call()
-    if key is not None:
-        if len(_CALLS) >= _MAX_CACHED_LAUNCHES:
-            _CALLS.clear()
-        _CALLS[key] = call.run
-    return call.result
-
-
-def _keep_launch(key, launch: driver.Launch) -> driver.Launch:
-    """Caches a built launch under `key` (the cache is emptied when full)."""
-    if len(_LAUNCHES) >= _MAX_CACHED_LAUNCHES:
-        _LAUNCHES.clear()
-    _LAUNCHES[key] = launch
-    return launch
 
 
 def _gemm_launch(
@@ -584,9 +234,9 @@ def _gemm_launch(
 ) -> driver.Launch:
     """The launch of a GEMM on `stream` (not made here): its tensor maps and packed parameters are
     built once per distinct (spec, tensors, arguments) and reused."""
-    dev = _device_index(x.device)
+    dev = RT.device_index(x.device)
     P = x.shape[0]
-    # The swap-AB kernels' launch objects are per stream: each holds its own item counters (_item_counter).
+    # The swap-AB kernels' launch objects are per stream: each holds its own item counters (runtime.item_counter).
     key = (
         spec,
         dev,
@@ -598,11 +248,11 @@ def _gemm_launch(
         num_experts,
         *fields.values(),
     )
-    launch = _LAUNCHES.get(key)
+    launch = RT.cached_launch(key)
     if launch is None:
         if n_rows % spec.rows_per_cta:
             raise MegaMoEInputError(f"weight rows: expected a multiple of {spec.rows_per_cta}, got {n_rows}")
-        kern = kernel(spec, dev)
+        kern = RT.kernel(spec, dev)
         # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer
         # buffers, a fixed arrival count).
         fields = {
@@ -615,7 +265,7 @@ def _gemm_launch(
             "combine_rows": 0,
             "w_e4m3": 0,
             # The swap-AB kernels claim their items dynamically; the prefill kernel's order is static.
-            "item_counter": _item_counter(dev) if isinstance(spec, jb.GemmSpec) else 0,
+            "item_counter": RT.item_counter(dev) if isinstance(spec, jb.GemmSpec) else 0,
             **fields,
         }
         params = contract.pack_params(
@@ -625,25 +275,11 @@ def _gemm_launch(
             num_pool_rows=P,
             k=k,
             n_rows=n_rows,
-            err=_err_record(dev).data_ptr(),
+            err=RT.err_record(dev).data_ptr(),
             **fields,
         )
-        launch = _keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
+        launch = RT.keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
     return launch
-
-
-def _weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
-    """The weights' GemmParams fields; the exact mode reads the row and expert bases and the fold
-    flags on its prefill path only (the blocks it folds)."""
-    w, sf, lut, row_base, expert_base, fold = _layer_weights(kw, layer)
-    fast = promotion == "k128"
-    return dict(
-        w=w.data_ptr(),
-        w_sf=(lut if fast else sf).data_ptr(),
-        w_row_base=row_base.data_ptr(),
-        w_expert_base=expert_base.data_ptr(),
-        w_fold=0 if fast else fold.data_ptr(),
-    )
 
 
 class _Sequence:
@@ -655,31 +291,6 @@ class _Sequence:
     def __call__(self, stream: int) -> None:
         for launch in self.launches:
             launch(stream)
-
-
-class PreparedCall:
-    """A launch made ready for its tensors: calling it compares the current stream with the one it
-    was prepared on (another one is an input error: its launch holds that stream's item counters and
-    scratch buffer), launches, and returns `result`, the same object each time. The GEMMs'
-    (PreparedGemm) and the fused layer's (megamoe.moe.PreparedLayer)."""
-
-    what = "a prepared call"
-
-    def __init__(self, run, result, device: int, stream: int, tensors: tuple):
-        self.run, self.result = run, result
-        self.device, self.stream = device, stream
-        self._tensors = tensors
-
-    def __call__(self):
-        current = _stream_of(self.device)
-        if current != self.stream:
-            # Its launch holds item counters and a scratch buffer of that stream (_item_counter, _SCRATCH).
-            raise MegaMoEInputError(
-                f"{self.what} runs on the stream it was prepared on (0x{self.stream:x}); the current"
-                f" stream of cuda:{self.device} is 0x{current:x}: prepare one call per stream"
-            )
-        self.run(self.stream)
-        return self.result
 
 
 class PreparedGemm(PreparedCall):
@@ -708,53 +319,22 @@ class PreparedGemm(PreparedCall):
     what = "a prepared GEMM call"
 
 
-# The predecoded weights of a layer: one scratch buffer per (device, stream, layer, size), reused by
-# every call (launches on one stream run in order; eager calls on two streams get two buffers). A
-# buffer is E * K * R bytes, 9/8 of that in the exact mode (the DSV3 slice of 32 experts: 940 MB for
-# L1, 470 MB for L2; a process that runs both promotions keeps both) and lives until
-# release_prefill_buffers(), because the cached launches point into it (and past it while a prepared
-# call, PreparedGemm, that holds it lives). CUDA graphs: a graph
-# keeps the buffer of the stream it was captured on, so graphs captured on one stream share it and
-# must not be replayed at the same time on two streams.
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
-def prefill_scratch(dev: int, stream: int, layer: int, size: int) -> torch.Tensor:
-    """The scratch buffer of `size` bytes for a layer's predecoded weights on device `dev` and stream
-    `stream` (the standalone prefill path's and the fused layer's prefill engine's), made on first use."""
-    skey = (dev, stream, layer, size)
-    scratch = _SCRATCH.get(skey)
-    if scratch is None:
-        scratch = _SCRATCH[skey] = torch.empty(size, dtype=torch.uint8, device=f"cuda:{dev}")
-    return scratch
-
-
-def release_prefill_buffers() -> None:
-    """Frees the prefill path's scratch buffers (and forgets the cached launches that point into
-    them); the next prefill-path call allocates again. A prepared call (PreparedGemm) keeps its
-    buffer until it is itself dropped. Not while a captured graph that uses them may still be
-    replayed."""
-    _SCRATCH.clear()
-    _CALLS.clear()
-    _LAUNCHES.clear()
-
-
 def _predecode(
     kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int, promotion: str, stream: int
 ) -> tuple[driver.Launch, torch.Tensor]:
     """The predecode pass of `layer`'s weights (k x n_rows per expert) into the scratch buffer of
     `stream` ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R bytes,
     the exact mode 1/8 more for its fp32 scales): its launch (not made here) and the buffer."""
-    weights = _weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
-    dev = _device_index(x.device)
+    weights = weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
+    dev = RT.device_index(x.device)
     tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
     size = tiles * contract.PREFILL_TILE_BYTES[promotion]
-    scratch = prefill_scratch(dev, stream, layer, size)
+    scratch = RT.prefill_scratch(dev, stream, layer, size)
     spec = jb.PredecodeSpec(promotion)
     key = (spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
-    launch = _LAUNCHES.get(key)
+    launch = RT.cached_launch(key)
     if launch is None:
-        kern = kernel(spec, dev)
+        kern = RT.kernel(spec, dev)
         params = contract.pack_params(
             **{
                 **{f.name: (bytes(128) if f.kind == "tmap" else 0) for f in contract.PARAMS},
@@ -763,11 +343,11 @@ def _predecode(
                 "num_experts": kw.num_experts,
                 "k": k,
                 "n_rows": n_rows,
-                "err": _err_record(dev).data_ptr(),
+                "err": RT.err_record(dev).data_ptr(),
             }
         )
         groups = kw.num_experts * (k // BLOCK_K) * (n_rows // 16)
-        launch = _keep_launch(
+        launch = RT.keep_launch(
             key, driver.Launch(kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params)
         )
     return launch, scratch
@@ -828,7 +408,7 @@ def l1_gemm(
     max_tile / wgs)."""
     args = dict(locals())  # the arguments as given, for _plan_l1 (before any other local is bound)
     # (no stream for what is not a CUDA tensor: the checks below name it)
-    stream = _stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
+    stream = RT.stream(x_pool) if isinstance(x_pool, torch.Tensor) and x_pool.is_cuda else None
     key = (
         1,
         stream,  # the prefill path's scratch buffer is per stream
@@ -840,7 +420,7 @@ def l1_gemm(
         max_tile,
         wgs,
         arrival_block,
-        *_kw_key(kw, 1),
+        *kw_key(kw, 1),
         *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
     )
     cacheable = (
@@ -850,7 +430,7 @@ def l1_gemm(
         and promotion in PROMOTIONS
         and (promotion == "k32" or x_sf128 is not None)
     )
-    return _cached_call(key if cacheable else None, stream, _plan_l1, args, lambda: L1Result(out, out_sf, None))
+    return RT.cached_call(key if cacheable else None, stream, _plan_l1, args, lambda: L1Result(out, out_sf, None))
 
 
 def _plan_l1(
@@ -886,12 +466,12 @@ def _plan_l1(
     _check("w_route", w_route, (torch.float32,), (P,), dev)
     if kw.num_experts != E:
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
-    _check_weights_device(kw, dev)
-    _check_fast_spread(kw, promotion)
+    check_weights_device(kw, dev)
+    check_fast_spread(kw, promotion)
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
-    c, has_clamp = _clamp(activation_clamp)
-    if _prefill_path(1, prefill, max_tokens, P / max(E, 1), promotion, 2 * inter, arrival, max_tile, wgs):
+    c, has_clamp = clamp(activation_clamp)
+    if prefill_path(1, prefill, max_tokens, P / max(E, 1), promotion, 2 * inter, arrival, max_tile, wgs):
         spec = jb.PrefillSpec(1, bool(fast_math), debug, promotion)
     else:
         spec = spec_for(
@@ -914,7 +494,7 @@ def _plan_l1(
     _check_aligned("out", out)
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    stream = _stream(x_pool)
+    stream = RT.stream(x_pool)
     pre, w_e4m3 = (
         _predecode(kw, 1, x_pool, H, 2 * inter, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
     )
@@ -925,7 +505,7 @@ def _plan_l1(
         2 * inter,
         E,
         dict(
-            **_weight_fields(kw, 1, promotion),
+            **weight_fields(kw, 1, promotion),
             w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=x_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
@@ -947,7 +527,7 @@ def _plan_l1(
         L1Result(out, out_sf, acc1),
         dev.index,
         stream,
-        (x_pool, x_sf, expert_offsets, num_tokens, w_route, *_layer_weights(kw, 1), out, out_sf, acc1, arrival, w_e4m3),
+        (x_pool, x_sf, expert_offsets, num_tokens, w_route, *layer_weights(kw, 1), out, out_sf, acc1, arrival, w_e4m3),
     )
 
 
@@ -979,7 +559,7 @@ def l2_gemm(
     as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
     args = dict(locals())  # the arguments as given, for _plan_l2 (before any other local is bound)
     # (no stream for what is not a CUDA tensor: the checks below name it)
-    stream = _stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
+    stream = RT.stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
     key = (
         2,
         stream,  # the prefill path's scratch buffer is per stream
@@ -989,11 +569,11 @@ def l2_gemm(
         max_tile,
         wgs,
         arrival_block,
-        *_kw_key(kw, 2),
+        *kw_key(kw, 2),
         *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
     )
     cacheable = not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None)
-    return _cached_call(key if cacheable else None, stream, _plan_l2, args, lambda: L2Result(combine, None))
+    return RT.cached_call(key if cacheable else None, stream, _plan_l2, args, lambda: L2Result(combine, None))
 
 
 def _plan_l2(
@@ -1023,8 +603,8 @@ def _plan_l2(
         l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate", ("l2_acts", "l2_sf")
     )
     P, dev = l2_acts.shape[0], l2_acts.device
-    _check_weights_device(kw, dev)
-    _check_fast_spread(kw, promotion)
+    check_weights_device(kw, dev)
+    check_fast_spread(kw, promotion)
     _check("dst_rows", dst_rows, _I32, (P,), dev)
     if not isinstance(combine, torch.Tensor) or combine.dim() < 1 or combine.shape[-1] != H:
         raise MegaMoEInputError(f"argument 'combine': expected a bf16 tensor [..., {H}]")
@@ -1034,7 +614,7 @@ def _plan_l2(
         fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
-    if _prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
+    if prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
         spec = jb.PrefillSpec(2, True, debug, promotion)
     else:
         spec = spec_for(
@@ -1049,7 +629,7 @@ def _plan_l2(
         )
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
-    stream = _stream(l2_acts)
+    stream = RT.stream(l2_acts)
     pre, w_e4m3 = (
         _predecode(kw, 2, l2_acts, inter, H, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
     )
@@ -1060,7 +640,7 @@ def _plan_l2(
         H,
         E,
         dict(
-            **_weight_fields(kw, 2, promotion),
+            **weight_fields(kw, 2, promotion),
             w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=l2_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
@@ -1082,7 +662,7 @@ def _plan_l2(
         L2Result(combine, acc2),
         dev.index,
         stream,
-        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, *_layer_weights(kw, 2), combine, acc2, arrival, w_e4m3),
+        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, *layer_weights(kw, 2), combine, acc2, arrival, w_e4m3),
     )
 
 

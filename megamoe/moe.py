@@ -50,8 +50,10 @@ import weakref
 import torch
 
 from megamoe import gemm as G
+from megamoe import launch as LA
 from megamoe import reference as ref
 from megamoe import ranks
+from megamoe import runtime as RT
 from megamoe.reference.errors import check_int, check_type, fail
 from megamoe.reference.validate import _check_tensor, check_rank_inputs, check_weights
 
@@ -60,29 +62,11 @@ from .jit import contract as C
 from .jit import driver
 from .jit.layout import transform_weights
 
+# The engine choice is megamoe.heuristics'; named here too (megamoe.moe.choose_engine).
+from .heuristics import FUSED_PREFILL_MIN_ROWS as FUSED_PREFILL_MIN_ROWS
+from .heuristics import choose_engine, prefill_engine_fits
+
 PROMOTIONS = jb.PROMOTIONS
-
-# The prefill engine from this many expected pool rows per local expert (choose_engine), per
-# promotion. Measured on the DSV3 slice (bench/NOTES.md v21, one call, us, swap-AB / prefill
-# engine): fast mode 986 / 1338 at 128 rows (T = 512), 3466 / 2552 at 512; exact mode 845 / 1470 at
-# 16 rows, 2004 / 1841 at 128. Between the measured points: 256 (fast), 128 (exact).
-FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
-
-
-def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
-    """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
-    prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
-    (T R K / E: every rank's call as large as this one, routed uniformly) where the shape fits it."""
-    if engine != "auto":
-        return engine
-    rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
-    return "prefill" if prefill_engine_fits(cfg) and rows >= FUSED_PREFILL_MIN_ROWS[promotion] else "swapab"
-
-
-def prefill_engine_fits(cfg: ref.MoEConfig) -> bool:
-    """Whether the prefill engine runs this shape: its CTA tiles are 256 weight rows of both layers
-    (2I and H) and 128 intermediate channels."""
-    return cfg.hidden % C.PREFILL_ROWS == 0 and (2 * cfg.intermediate) % C.PREFILL_ROWS == 0
 
 
 _OFF = C.FUSED_PARAMS.offsets
@@ -189,7 +173,7 @@ class MegaMoE:
         if device is not None and not isinstance(device, int) and torch.device(device).type != "cuda":
             fail("device", "a CUDA device", device)
         check_type("weights", weights, ref.ExpertWeights)
-        G.require_cuda("weights", weights.w1)
+        LA.require_cuda("weights", weights.w1)
         dev = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index or 0)
         if isinstance(device, int):
             dev = torch.device("cuda", device)
@@ -235,7 +219,7 @@ class MegaMoE:
         fields = dict(
             tmap_x8=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, 8),
             tmap_x64=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, C.CHUNK_N),
-            **G._weight_fields(self.kw, layer, self.promotion),
+            **LA.weight_fields(self.kw, layer, self.promotion),
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),
             num_tokens=ws.ptr("recv_totals"),
@@ -251,7 +235,7 @@ class MegaMoE:
             rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
             rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
             item_counter=ws.ptr("item_counter"),  # the swap-AB engine's dynamic order (both layers')
-            err=G._err_record(self.device.index).data_ptr(),
+            err=RT.err_record(self.device.index).data_ptr(),
             num_experts=cfg.local_experts,
             num_pool_rows=P,
             k=k,
@@ -271,14 +255,14 @@ class MegaMoE:
         key = (fast_math, debug, clamp_arg, engine, stream)
         launch = self._launches.get(key)
         if launch is None:
-            clamp, has_clamp = G._clamp(clamp_arg)
+            clamp, has_clamp = LA.clamp(clamp_arg)
             if debug and self._debug_buffers is None:
                 P = self.dims["P"]
                 self._debug_buffers = (
                     torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
-            kern = G.kernel(jb.FusedSpec(fast_math, debug, self.promotion, engine), self.device.index)
+            kern = RT.kernel(jb.FusedSpec(fast_math, debug, self.promotion, engine), self.device.index)
             w_e4m3 = (0, 0)
             if engine == "prefill":
                 scratch = self._scratch[key] = tuple(self._prefill_scratch(layer, stream) for layer in (1, 2))
@@ -421,7 +405,7 @@ class MegaMoE:
         """SPEC §7 on this rank's call; raises MegaMoEInputError naming the argument."""
         cfg = self.cfg
         if clamp_arg is not None and (isinstance(clamp_arg, bool) or not isinstance(clamp_arg, (int, float))):
-            G._clamp(clamp_arg)  # raises MegaMoEInputError naming the argument
+            LA.clamp(clamp_arg)  # raises MegaMoEInputError naming the argument
         # The host path of a repeated call (same tensors, same mode) is a few dictionary lookups and
         # the pointer patches: what was checked once for these tensors' shapes, dtypes and devices,
         # and the mode's launch, are remembered.
@@ -457,19 +441,19 @@ class MegaMoE:
         cfg = self.cfg
         k, n_rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
         tiles = cfg.local_experts * (k // C.BLOCK_K) * (n_rows // C.PREFILL_ROWS)
-        return G.prefill_scratch(self.device.index, stream, layer, tiles * C.PREFILL_TILE_BYTES[self.promotion])
+        return RT.prefill_scratch(self.device.index, stream, layer, tiles * C.PREFILL_TILE_BYTES[self.promotion])
 
     def _stream(self) -> int:
         """The current CUDA stream of the layer's device (torch's raw getter where it has one)."""
-        if G._raw_stream is not None:
-            return G._raw_stream(self.device.index)
+        if RT.raw_stream is not None:
+            return RT.raw_stream(self.device.index)
         return torch.cuda.current_stream(self.device).cuda_stream
 
     def timeout_message(self) -> str | None:
         """After a call failed with a CUDA error: which wait of this rank's kernel timed out, in
         words ("rank 0, SM block 17 thread 0: waited for arrival counter of pool block 9: expected 64,
         observed 40"), or None when no wait of this device recorded one (SPEC §5)."""
-        msg = G.timeout_message(self.device.index)
+        msg = RT.timeout_message(self.device.index)
         return None if msg is None else f"rank {self.rank}, {msg}"
 
     @contextlib.contextmanager
@@ -604,7 +588,7 @@ def _check_shapes(cfg: ref.MoEConfig, inp: ref.RankInputs) -> None:
     _check_alignment("x_sf", inp.x_sf)
 
 
-class PreparedLayer(G.PreparedCall):
+class PreparedLayer(RT.PreparedCall):
     """One MegaMoE call made ready for its tensors (MegaMoE.prepare). Calling it launches the fused
     kernel on the stream it was prepared on and returns y (the same tensor each time, rewritten by
     every call). Like a CUDA graph and megamoe.gemm.PreparedGemm, it holds the tensors' addresses as

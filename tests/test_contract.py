@@ -87,8 +87,8 @@ def test_packed_parameters_put_each_field_at_its_offset():
 
 def test_the_trap_record_is_read_by_the_field_names_the_kernel_writes():
     """The kernel writes a TrapRecord by field (ptx.cuh report_trap); the host reads the same words by
-    the same names (contract.TRAP_RECORD), from a buffer of the record's size (gemm._err_record)."""
-    from megamoe import gemm
+    the same names (contract.TRAP_RECORD), from a buffer of the record's size (runtime.err_record)."""
+    from megamoe import runtime
 
     rec = contract.TRAP_RECORD
     assert rec.size == 32 and rec.offsets["state"] == 0
@@ -96,11 +96,11 @@ def test_the_trap_record_is_read_by_the_field_names_the_kernel_writes():
     values = dict(state=1, what=5, block=17, index=9, expected=64, observed=40, thread=3)
     for name, v in values.items():
         words[rec.offsets[name] // 4] = v
-    assert gemm._record_words(words) == (
+    assert runtime._record_words(words) == (
         "SM block 17 thread 3: waited for L1 completion counter of pool block 9: expected 64, observed 40"
     )
     words[rec.offsets["state"] // 4] = 2  # claimed, the completion flag not seen
-    assert gemm._record_words(words).endswith("(record claimed, completion flag not seen)")
+    assert runtime._record_words(words).endswith("(record claimed, completion flag not seen)")
     assert "struct TrapRecord {" in contract.header()
 
 

@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from megamoe import gemm as G
+from megamoe import heuristics
+from megamoe import launch as LA
+from megamoe import runtime
 from megamoe.jit import build as jb
 from megamoe.jit import layout as L
 from megamoe import reference as ref
@@ -81,7 +84,7 @@ def test_an_unknown_promotion_or_tile_is_refused():
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "1.5", True, [1.0]])
 def test_activation_clamp_must_be_a_positive_number(bad):
     with pytest.raises(MegaMoEInputError, match="activation_clamp"):
-        G._clamp(bad)
+        LA.clamp(bad)
 
 
 def test_activation_clamp_is_rounded_to_bf16_like_the_reference():
@@ -89,8 +92,8 @@ def test_activation_clamp_is_rounded_to_bf16_like_the_reference():
 
     for c in (1.0, 1.00390625, 1.0039, 7.3, 1e-3, 3e38):
         want = float(round_bf16(torch.tensor([c], dtype=torch.float32))[0])
-        assert G._clamp(c) == (want, 1)
-    assert G._clamp(None) == (0.0, 0)
+        assert LA.clamp(c) == (want, 1)
+    assert LA.clamp(None) == (0.0, 0)
 
 
 def test_the_largest_tile_holds_the_largest_expert_and_skewed_launches_take_64():
@@ -155,10 +158,10 @@ def test_the_prefill_path_is_taken_from_the_measured_crossovers_for_the_largest_
     assert not G.use_prefill(1, 4096, 4096.0, "k128", 4096 + 128)  # rows not a multiple of 256
     # Without a caller's choice: the automatic one, unless a gate or a forced specialisation says otherwise.
     auto = dict(max_tokens=600, rows_per_expert=600.0, promotion="k128", n_rows=4096)
-    assert G._prefill_path(1, None, arrival=None, max_tile=None, wgs=None, **auto)
-    assert not G._prefill_path(1, None, arrival=object(), max_tile=None, wgs=None, **auto)
-    assert not G._prefill_path(1, None, arrival=None, max_tile=64, wgs=None, **auto)
-    assert not G._prefill_path(1, False, arrival=None, max_tile=None, wgs=None, **auto)
+    assert heuristics.prefill_path(1, None, arrival=None, max_tile=None, wgs=None, **auto)
+    assert not heuristics.prefill_path(1, None, arrival=object(), max_tile=None, wgs=None, **auto)
+    assert not heuristics.prefill_path(1, None, arrival=None, max_tile=64, wgs=None, **auto)
+    assert not heuristics.prefill_path(1, False, arrival=None, max_tile=None, wgs=None, **auto)
 
 
 @pytest.mark.parametrize(
@@ -175,7 +178,7 @@ def test_a_forced_prefill_path_the_launch_cannot_take_is_an_input_error(change, 
         max_tokens=600, rows_per_expert=600.0, promotion="k128", n_rows=4096, arrival=None, max_tile=None, wgs=None
     )
     with pytest.raises(MegaMoEInputError, match=match):
-        G._prefill_path(1, True, **{**args, **change})
+        heuristics.prefill_path(1, True, **{**args, **change})
 
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
@@ -192,7 +195,7 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     cfg = ref.MoEConfig(hidden=512, intermediate=512, num_experts=2, top_k=1, num_ranks=1, max_tokens_per_rank=8)
     *_, kw = _small_call_args()
     monkeypatch.setattr(driver, "tma_2d_u8", lambda *a: bytes(128))
-    monkeypatch.setattr(G, "_err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
+    monkeypatch.setattr(runtime, "err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
     layout, total = C.workspace_layout(cfg)
     layer = object.__new__(M.MegaMoE)
     layer.cfg, layer.kw, layer.promotion, layer._debug_buffers = cfg, kw, promotion, None
@@ -208,8 +211,8 @@ def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_we
     stale address; one the device check leaves out could fault the kernel."""
     kw = _small_call_args()[5]
     tensors = {f.name for f in dataclasses.fields(kw) if isinstance(getattr(kw, f.name), torch.Tensor)}
-    assert tensors == set(G._KW_TENSORS)
-    assert sum(len(G._kw_key(kw, layer)) for layer in (1, 2)) == len(tensors)
+    assert tensors == set(LA.KW_TENSORS)
+    assert sum(len(LA.kw_key(kw, layer)) for layer in (1, 2)) == len(tensors)
 
 
 def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest():
@@ -220,8 +223,8 @@ def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest(
     w.w2_sf[1, 7] = 254  # one L2 row of expert 1 at 2^127
     kw = G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
     assert kw.row_spread > ref.quantize.FAST_ROW_SPREAD
-    G._check_fast_spread(kw, "k32")
+    LA.check_fast_spread(kw, "k32")
     with pytest.raises(ref.MegaMoEInputError, match="argument 'kw': expected for promotion 'k128'"):
-        G._check_fast_spread(kw, "k128")
+        LA.check_fast_spread(kw, "k128")
     w.w2_sf[1, 7] = row
-    G._check_fast_spread(G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf), "k128")
+    LA.check_fast_spread(G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf), "k128")

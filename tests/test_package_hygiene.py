@@ -97,7 +97,17 @@ LAYERS = {
     "bench": ("reference", "dump format", "checkers", "runtime", "tools"),
 }
 DUMP_FORMAT = {"megamoe.conformance", "megamoe.conformance.dump"}  # the package's __init__ is lazy
-RUNTIME = ("megamoe.moe", "megamoe.gemm", "megamoe.ops", "megamoe.ranks", "megamoe.multirank", "megamoe.jit")
+RUNTIME = (
+    "megamoe.moe",
+    "megamoe.gemm",
+    "megamoe.runtime",
+    "megamoe.heuristics",
+    "megamoe.launch",
+    "megamoe.ops",
+    "megamoe.ranks",
+    "megamoe.multirank",
+    "megamoe.jit",
+)
 
 
 def _layer(name: str) -> str:

@@ -228,7 +228,7 @@ class Struct:
 
 GEMM_PARAMS = Struct("GemmParams", PARAMS)
 
-# The trap record (GemmParams.err: pinned host memory, megamoe.gemm._err_record): written by the
+# The trap record (GemmParams.err: pinned host memory, megamoe.runtime.err_record): written by the
 # first waiter whose wait expires (kernel/common/ptx.cuh report_trap), read by the host after the
 # trap (megamoe.gemm.timeout_message).
 TRAP_RECORD = Struct(

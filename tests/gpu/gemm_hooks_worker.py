@@ -287,14 +287,14 @@ def load_filler_kernels(stream, plan, dst, src, counters, outs, snaps) -> None:
 def record_after_trap(dev: int) -> dict:
     """The trap record, read once the driver has reported the failure on the device as a whole
     (the failing call may be another stream's launch)."""
-    from megamoe import gemm as G
+    from megamoe import runtime
 
     try:
         torch.cuda.synchronize()
     except Exception:  # noqa: BLE001 (the context is gone: this only waits for the driver to say so)
         pass
-    rec = G._ERR.get(dev)
-    return dict(timeout_message=G.timeout_message(dev), record=rec.tolist() if rec is not None else None)
+    rec = runtime._ERR.get(dev)
+    return dict(timeout_message=runtime.timeout_message(dev), record=rec.tolist() if rec is not None else None)
 
 
 def _rows_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:

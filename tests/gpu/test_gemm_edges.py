@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from megamoe import gemm as G
+from megamoe import runtime
 from megamoe import reference as ref
 from megamoe.jit import layout as L
 
@@ -359,8 +360,8 @@ DYNAMIC_POOLS = [(40, 512, 1024), (2, 512, 512), (40, 256, 128)]
 
 
 def _item_counters() -> list[torch.Tensor]:
-    """This device's chunks of item counter pairs (megamoe.gemm._item_counter)."""
-    return G._ITEM_COUNTERS[torch.cuda.current_device()]
+    """This device's chunks of item counter pairs (megamoe.runtime.item_counter)."""
+    return runtime._ITEM_COUNTERS[torch.cuda.current_device()]
 
 
 def _counters_zero() -> bool:

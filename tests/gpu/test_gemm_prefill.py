@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from megamoe import gemm as G
+from megamoe import runtime
 from megamoe.jit import build as jb
 from megamoe.jit import contract
 from megamoe.jit import layout as L
@@ -146,7 +147,7 @@ def test_prefill_production_build_matches_debug(promotion):
 def _scratch(layer: int, promotion: str, tiles: int) -> torch.Tensor:
     """The prefill path's scratch buffer of `layer` with `tiles` weight tiles, [tiles, tile bytes]."""
     size = contract.PREFILL_TILE_BYTES[promotion]
-    (buf,) = [b for (_, _, lay, n), b in G._SCRATCH.items() if lay == layer and n == tiles * size]
+    (buf,) = [b for (_, _, lay, n), b in runtime._SCRATCH.items() if lay == layer and n == tiles * size]
     return buf.view(tiles, size)
 
 

@@ -1,0 +1,88 @@
+"""What a GEMM launch's parameters take from its arguments, shared by the standalone GEMMs
+(megamoe.gemm) and the fused layer (megamoe.moe): the kernel weights' GemmParams fields
+(weight_fields), their part of a launch's cache key (kw_key) and their checks (the device, the fast
+mode's weight domain), and the argument checks both make (require_cuda, the activation clamp).
+Every check raises MegaMoEInputError naming the argument (SPEC §7), before any launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megamoe.reference.errors import fail
+from megamoe.reference import quantize as Q
+from megamoe.reference.formats import round_bf16
+
+from .jit.layout import KernelWeights
+
+
+# A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses that layer's launch holds
+# (weight_fields) and its key's weights part names (kw_key); both layers' are the device check's.
+_KW_PARTS = ("", "_sf", "_lut", "_row_base", "_expert_base", "_fold")
+KW_TENSORS = tuple(f"w{layer}{part}" for layer in (1, 2) for part in _KW_PARTS)
+
+
+def check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
+    """The weights on the activations' device: the kernel dereferences them (on another device, or
+    on the CPU, the launch would fault and end the context)."""
+    for name in KW_TENSORS:
+        t = getattr(kw, name)
+        if t.device != dev:
+            fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
+
+
+def check_fast_spread(kw: KernelWeights, promotion: str) -> None:
+    """The fast mode's weight domain (SPEC §2, megamoe.reference.quantize.FAST_ROW_SPREAD)."""
+    if promotion == "k128" and kw.row_spread > Q.FAST_ROW_SPREAD:
+        fail(
+            "kw",
+            f"for promotion 'k128', every row's largest scale byte at most {Q.FAST_ROW_SPREAD} under its "
+            "expert's largest (else promotion 'k32')",
+            f"a row {kw.row_spread} under",
+        )
+
+
+def require_cuda(name: str, t: torch.Tensor) -> None:
+    """The kernels run on a CUDA GPU: a tensor elsewhere is refused naming its argument, saying so
+    when torch sees no GPU at all (the one check of the entry points and of the fused layer)."""
+    if t.device.type != "cuda":
+        why = "" if torch.cuda.is_available() else " (torch sees no CUDA GPU on this machine)"
+        fail(name, "a CUDA tensor", f"device {t.device}{why}")
+
+
+def clamp(activation_clamp) -> tuple[float, int]:
+    """SPEC §2: c > 0, rounded to fp32 and then to bf16 (the reference's round_bf16)."""
+    if activation_clamp is None:
+        return 0.0, 0
+    if isinstance(activation_clamp, bool) or not isinstance(activation_clamp, (int, float)):
+        fail("activation_clamp", "None or a number > 0", repr(activation_clamp))
+    c = float(round_bf16(torch.tensor([float(activation_clamp)], dtype=torch.float32))[0])
+    if not c > 0:  # also NaN
+        fail("activation_clamp", "a number > 0", repr(activation_clamp))
+    return c, 1
+
+
+def layer_weights(kw: KernelWeights, layer: int) -> tuple[torch.Tensor, ...]:
+    """`layer`'s KernelWeights tensors (w{layer}{part} for each of _KW_PARTS)."""
+    return tuple(getattr(kw, f"w{layer}{part}") for part in _KW_PARTS)
+
+
+def kw_key(kw, layer: int) -> tuple:
+    """The weights' part of a `layer` launch's key: every address the launch holds (weight_fields)."""
+    if not isinstance(kw, KernelWeights):
+        return (id(kw),)
+    return tuple(t.data_ptr() for t in layer_weights(kw, layer))
+
+
+def weight_fields(kw: KernelWeights, layer: int, promotion: str) -> dict:
+    """The weights' GemmParams fields; the exact mode reads the row and expert bases and the fold
+    flags on its prefill path only (the blocks it folds)."""
+    w, sf, lut, row_base, expert_base, fold = layer_weights(kw, layer)
+    fast = promotion == "k128"
+    return dict(
+        w=w.data_ptr(),
+        w_sf=(lut if fast else sf).data_ptr(),
+        w_row_base=row_base.data_ptr(),
+        w_expert_base=expert_base.data_ptr(),
+        w_fold=0 if fast else fold.data_ptr(),
+    )
