@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             per, generic = cost if cost else (float("nan"), -1)
             print(f"{promotion:9} {tile:4d} {wgs:3d} {per:28.1f} {generic:22d}")
     # The prefill kernel (128 tokens x 256 weight rows per CTA: twice a swap-AB stage's MACs at tile 128)
-    cost = stage_cost(jb.build(jb.PrefillSpec(1)).cubin, 128, False, prefill=True, disasm=disasm)
+    cost = stage_cost(
+        jb.build(jb.PrefillSpec(layer=1, promotion="k128")).cubin, 128, False, prefill=True, disasm=disasm
+    )
     per, generic = cost if cost else (float("nan"), -1)
     print(f"{'prefill':9} {128:4d} {2:3d} {per:28.1f} {generic:22d}")
     return 0

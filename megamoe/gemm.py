@@ -330,7 +330,7 @@ def _predecode(
     tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
     size = tiles * contract.PREFILL_TILE_BYTES[promotion]
     scratch = RT.prefill_scratch(dev, stream, layer, size)
-    spec = jb.PredecodeSpec(promotion)
+    spec = jb.PredecodeSpec(promotion=promotion)
     key = (spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
     launch = RT.cached_launch(key)
     if launch is None:
@@ -472,7 +472,7 @@ def _plan_l1(
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = clamp(activation_clamp)
     if prefill_path(1, prefill, max_tokens, P / max(E, 1), promotion, 2 * inter, arrival, max_tile, wgs):
-        spec = jb.PrefillSpec(1, bool(fast_math), debug, promotion)
+        spec = jb.PrefillSpec(layer=1, fast_math=bool(fast_math), debug=debug, promotion=promotion)
     else:
         spec = spec_for(
             1,
@@ -615,7 +615,7 @@ def _plan_l2(
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
     if prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
-        spec = jb.PrefillSpec(2, True, debug, promotion)
+        spec = jb.PrefillSpec(layer=2, fast_math=True, debug=debug, promotion=promotion)
     else:
         spec = spec_for(
             2,

@@ -143,16 +143,22 @@ def used_specs() -> list[jb.GemmSpec]:
             for tile in (t for t in contract.TOKEN_TILES if t <= jb.max_tile_of(promotion)):
                 for wgs in (2, 4) if tile <= jb.max_wgs4_tile(promotion) else (2,):
                     for fast_math in (True, False):
-                        specs.append(jb.GemmSpec(1, tile, promotion, fast_math, debug, wgs))
-                    specs.append(jb.GemmSpec(2, tile, promotion, True, debug, wgs))
+                        specs.append(
+                            jb.GemmSpec(
+                                layer=1, max_tile=tile, promotion=promotion, fast_math=fast_math, debug=debug, wgs=wgs
+                            )
+                        )
+                    specs.append(
+                        jb.GemmSpec(layer=2, max_tile=tile, promotion=promotion, fast_math=True, debug=debug, wgs=wgs)
+                    )
     for promotion in PROMOTIONS:
         for debug in (False, True):
             specs += [
-                jb.PrefillSpec(1, True, debug, promotion),
-                jb.PrefillSpec(1, False, debug, promotion),
-                jb.PrefillSpec(2, True, debug, promotion),
+                jb.PrefillSpec(layer=1, fast_math=True, debug=debug, promotion=promotion),
+                jb.PrefillSpec(layer=1, fast_math=False, debug=debug, promotion=promotion),
+                jb.PrefillSpec(layer=2, fast_math=True, debug=debug, promotion=promotion),
             ]
-    return specs + [jb.PredecodeSpec(promotion) for promotion in PROMOTIONS]
+    return specs + [jb.PredecodeSpec(promotion=promotion) for promotion in PROMOTIONS]
 
 
 # The prefill engine from this many expected pool rows per local expert (choose_engine), per

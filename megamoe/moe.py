@@ -262,7 +262,10 @@ class MegaMoE:
                     torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
-            kern = RT.kernel(jb.FusedSpec(fast_math, debug, self.promotion, engine), self.device.index)
+            kern = RT.kernel(
+                jb.FusedSpec(fast_math=fast_math, debug=debug, promotion=self.promotion, engine=engine),
+                self.device.index,
+            )
             w_e4m3 = (0, 0)
             if engine == "prefill":
                 scratch = self._scratch[key] = tuple(self._prefill_scratch(layer, stream) for layer in (1, 2))
@@ -549,7 +552,9 @@ class MegaMoE:
             self.weights,
             [points],
             kernel_mode=f"sm90-fused-{self.promotion}",
-            build_id=jb.FusedSpec(fast_math, True, self.promotion, self.engine_for(y.shape[0])).name,
+            build_id=jb.FusedSpec(
+                fast_math=fast_math, debug=True, promotion=self.promotion, engine=self.engine_for(y.shape[0])
+            ).name,
             tau=self.tau,
             recv_stats_before=[stats_before],
             recv_stats_recorded=recorded,

@@ -86,14 +86,14 @@ def test_compile_error_is_a_readable_python_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(jb.GemmSpec, "source", lambda self: '#error "planted compile error"\n')
     with pytest.raises(jb.CompileError, match=r"nvcc failed[\s\S]*planted compile error"):
-        jb.build(jb.GemmSpec(layer=1, max_tile=16))
+        jb.build(jb.GemmSpec(layer=1, max_tile=16, promotion="k32"))
 
 
 def test_spec_rejects_a_token_tile_the_kernel_cannot_have():
     with pytest.raises(ValueError, match="max_tile"):
-        jb.GemmSpec(layer=1, max_tile=12)
+        jb.GemmSpec(layer=1, max_tile=12, promotion="k32")
     with pytest.raises(ValueError, match="wgs"):
-        jb.GemmSpec(layer=1, max_tile=64, wgs=4)  # the exact mode: 4 warpgroups at 8 tokens only
+        jb.GemmSpec(layer=1, max_tile=64, promotion="k32", wgs=4)  # the exact mode: 4 warpgroups at 8 tokens only
     with pytest.raises(ValueError, match="wgs"):
         jb.GemmSpec(layer=1, max_tile=128, promotion="k128", wgs=4)
     assert jb.GemmSpec(layer=1, max_tile=64, promotion="k128", wgs=4).threads == 640
@@ -113,7 +113,7 @@ def test_registers_are_the_launch_allocation(built):
 
 def fused_specs() -> list[jb.FusedSpec]:
     return [
-        jb.FusedSpec(fm, dbg, promotion, engine)
+        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine)
         for promotion in jb.PROMOTIONS
         for engine in jb.FUSED_ENGINES
         for fm in (True, False)

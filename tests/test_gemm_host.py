@@ -123,7 +123,7 @@ def test_concurrent_builds_of_one_specialisation_compile_it_once(tmp_path, monke
         return jb.Built(out, "log", False)
 
     monkeypatch.setattr(jb, "_compile", fake_compile)
-    spec = jb.GemmSpec(layer=1, max_tile=16)
+    spec = jb.GemmSpec(layer=1, max_tile=16, promotion="k32")
     results = []
     threads = [threading.Thread(target=lambda: results.append(jb.build(spec))) for _ in range(3)]
     for t in threads:

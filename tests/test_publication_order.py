@@ -27,7 +27,11 @@ from megamoe.kernel import KERNEL_DIR
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found (the PTX is nvcc's)")
 
-SPECS = [jb.FusedSpec(True, False, promotion, engine) for promotion in jb.PROMOTIONS for engine in jb.FUSED_ENGINES]
+SPECS = [
+    jb.FusedSpec(fast_math=True, debug=False, promotion=promotion, engine=engine)
+    for promotion in jb.PROMOTIONS
+    for engine in jb.FUSED_ENGINES
+]
 
 
 # Fences a release needs right before it (the text of the line, within three lines above the site,
@@ -237,7 +241,7 @@ def test_every_publication_releases_and_every_wait_acquires_at_its_scope(spec):
     ids=lambda m: m[1].replace(" ", ""),
 )
 def test_the_check_catches_a_weakened_release_fence_or_acquire(mutation):
-    spec = jb.FusedSpec(True, False, "k128", "swapab")
+    spec = jb.FusedSpec(fast_math=True, debug=False, promotion="k128", engine="swapab")
     ptx = ptx_of(spec)
     assert mutation[0] in ptx
     assert check(spec, ptx.replace(*mutation)), f"{mutation}: not caught"

@@ -68,7 +68,7 @@ def max_wgs4_tile(promotion: str) -> int:
     return contract.MAX_WGS4_TILE[promotion]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GemmSpec:
     """One compiled specialisation of the grouped GEMM (kernel/gemm/gemm_sm90.cuh): the knobs have
     the same names from the Python API to the kernel's template (promotion -> kPerK32, fast_math ->
@@ -76,7 +76,7 @@ class GemmSpec:
 
     layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     max_tile: int  # the largest token tile (contract.TOKEN_TILES); items of <= 8 rows run at 8
-    promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode): how often products are promoted
+    promotion: str  # "k32" (exact mode) or "k128" (fast mode): how often products are promoted
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # dump the fp32 accumulators (D5 / D7)
     wgs: int = 2  # consumer warpgroups (64 weight rows each): 2, or 4 up to max_wgs4_tile
@@ -135,7 +135,7 @@ class GemmSpec:
 FUSED_ENGINES = ("swapab", "prefill")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FusedSpec:
     """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh) and its GEMM
     engine: "swapab" at token tile contract.FUSED_MAX_TILE with four consumer warpgroups in the fast
@@ -145,7 +145,7 @@ class FusedSpec:
 
     fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
-    promotion: str = "k32"  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
+    promotion: str  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
     engine: str = "swapab"  # FUSED_ENGINES
     kernel = "megamoe_fused"  # the cubin's entry point
 
@@ -183,7 +183,7 @@ class FusedSpec:
         return tmpl
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PrefillSpec:
     """One compiled specialisation of the prefill GEMM (kernel/gemm/gemm_sm90_prefill.cuh: tokens as
     wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass of the same promotion): 128 tokens x
@@ -192,7 +192,7 @@ class PrefillSpec:
     layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # dump the fp32 accumulators (D5 / D7)
-    promotion: str = "k128"  # "k128" (fast mode) or "k32" (exact mode)
+    promotion: str  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
     kernel = "megamoe_prefill"
 
     def __post_init__(self):
@@ -226,12 +226,12 @@ class PrefillSpec:
         return tmpl
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PredecodeSpec:
     """The predecode pass (kernel/gemm/predecode.cuh): a layer's FP4 weights to the prefill
     kernel's tiles of the same promotion (contract.PREFILL_TILE_BYTES each), once per call."""
 
-    promotion: str = "k128"
+    promotion: str  # as GemmSpec.promotion
     kernel = "megamoe_predecode"
     threads = 256
     debug = False

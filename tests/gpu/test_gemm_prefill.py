@@ -222,7 +222,7 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
             prefill=True,
             max_tile=64,
         )
-    assert jb.PrefillSpec(1).rows_per_cta == G.PREFILL_ROWS == 256
+    assert jb.PrefillSpec(layer=1, promotion="k128").rows_per_cta == G.PREFILL_ROWS == 256
     with pytest.raises(MegaMoEInputError, match="prefill"):
         pool_l1(pool, kw, promotion="k32", prefill=True, wgs=2)
 
