@@ -153,7 +153,7 @@ def slot_rows(
 
 @dataclasses.dataclass
 class TorchPool:
-    """The pool of SPEC D4 at its worst-case size: rows [expert_offsets[e], + num_tokens[e]) hold
+    """The pool of SPEC D4 at its worst-case size: rows [expert_offsets[e], + expert_rows[e]) hold
     expert e's slots; dst_rows[p] = k * T_max + t of the slot in row p, -1 on every other row.
     Padding rows of x / x_sf / weights keep what the last call left (the GEMMs never read them)."""
 
@@ -162,7 +162,7 @@ class TorchPool:
     weights: torch.Tensor  # fp32 [P]
     dst_rows: torch.Tensor  # int32 [P]
     expert_offsets: torch.Tensor  # int32 [E + 1]
-    num_tokens: torch.Tensor  # int32 [E]
+    expert_rows: torch.Tensor  # int32 [E]
 
 
 class PoolDispatch:
@@ -203,7 +203,7 @@ class PoolDispatch:
         self._dst.fill_(-1)
         self._dst.index_copy_(0, rows, ((slot % k) * self.t_max + token).to(torch.int32))
         self.pool.expert_offsets.copy_(offsets)
-        self.pool.num_tokens.copy_(counts)
+        self.pool.expert_rows.copy_(counts)
         return self.pool
 
 
@@ -265,7 +265,7 @@ class UnfusedLayer:
             x1,
             pool.x_sf,
             pool.expert_offsets,
-            pool.num_tokens,
+            pool.expert_rows,
             pool.weights,
             self.kw,
             fast_math=self.cfg.fast_math,
@@ -282,7 +282,7 @@ class UnfusedLayer:
             x2,
             self.l1_sf,
             pool.expert_offsets,
-            pool.num_tokens,
+            pool.expert_rows,
             pool.dst_rows,
             self.kw,
             self.combine,

@@ -2,11 +2,11 @@
 L2 with the bf16 combine epilogue), built and launched through megamoe.jit.
 
 Pool (SPEC D4): pool rows are grouped expert-major; expert e owns rows
-[expert_offsets[e], expert_offsets[e] + num_tokens[e]) (its start BLOCK_M aligned; rows up to the
+[expert_offsets[e], expert_offsets[e] + expert_rows[e]) (its start BLOCK_M aligned; rows up to the
 next expert's start are padding, never read into any valid output and never written).
 
-    l1 = l1_gemm(x_pool, x_sf, expert_offsets, num_tokens, w_route, kw, ...)
-    l2 = l2_gemm(l1.l2_acts, l1.l2_sf, expert_offsets, num_tokens, dst_rows, kw, combine, ...)
+    l1 = l1_gemm(x_pool, x_sf, expert_offsets, expert_rows, w_route, kw, ...)
+    l2 = l2_gemm(l1.l2_acts, l1.l2_sf, expert_offsets, expert_rows, dst_rows, kw, combine, ...)
 
 `kw` is megamoe.jit.layout.KernelWeights (from transform_weights).
 
@@ -145,7 +145,7 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype != torch.uint8 else t
 
 
-def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_name: str, names: tuple) -> int:
+def _pool_checks(x, x_sf, expert_offsets, expert_rows, k: int, sf_group: int, k_name: str, names: tuple) -> int:
     """The pool operand x [P, K] and its scales; `names`: their parameters' names in the caller's
     signature (x_pool / l2_acts, x_sf / l2_sf / x_sf128)."""
     x_name, sf_name = names
@@ -156,13 +156,13 @@ def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_n
     P = x.shape[0]
     _check(x_name, x, _E4M3, (P, k), dev)
     _check(sf_name, x_sf, _U8, (P, k // sf_group), dev)
-    _check("num_tokens", num_tokens, _I32, None, dev)
-    if num_tokens.dim() != 1:
-        fail("num_tokens", "a 1-D tensor [E]", f"shape {tuple(num_tokens.shape)}")
-    E = num_tokens.shape[0]
+    _check("expert_rows", expert_rows, _I32, None, dev)
+    if expert_rows.dim() != 1:
+        fail("expert_rows", "a 1-D tensor [E]", f"shape {tuple(expert_rows.shape)}")
+    E = expert_rows.shape[0]
     _check("expert_offsets", expert_offsets, _I32, (E + 1,), dev)
     if E > MAX_EXPERTS:
-        raise MegaMoEInputError(f"argument 'num_tokens': expected at most {MAX_EXPERTS} local experts, got {E}")
+        raise MegaMoEInputError(f"argument 'expert_rows': expected at most {MAX_EXPERTS} local experts, got {E}")
     if k % BLOCK_K:
         fail(k_name, f"a multiple of {BLOCK_K}", k)
     _check_aligned(x_name, x)
@@ -170,7 +170,7 @@ def _pool_checks(x, x_sf, expert_offsets, num_tokens, k: int, sf_group: int, k_n
     return E
 
 
-def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, promotion: str, k_name: str, names):
+def _activation_operand(x, x_sf, x_sf128, expert_offsets, expert_rows, k: int, promotion: str, k_name: str, names):
     """The GEMM's activation operand, checked: per-32 scales (k32) or, for k128, the payload and
     scales rebased per K128 (computed here unless the caller passes x_sf128 with an already rebased
     x). `names`: the caller's parameters for x and x_sf. Returns (x, scales, number of experts)."""
@@ -180,10 +180,10 @@ def _activation_operand(x, x_sf, x_sf128, expert_offsets, num_tokens, k: int, pr
         if k % 512:
             raise MegaMoEInputError(f"argument '{k_name}': promotion 'k128' needs a multiple of 512, got {k}")
         if x_sf128 is None:
-            _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 32, k_name, names)
+            _pool_checks(x, x_sf, expert_offsets, expert_rows, k, 32, k_name, names)
             x, x_sf128 = rebase_k128(x, x_sf)
         x_sf, names = x_sf128, (names[0], "x_sf128")
-    E = _pool_checks(x, x_sf, expert_offsets, num_tokens, k, 128 if promotion == "k128" else 32, k_name, names)
+    E = _pool_checks(x, x_sf, expert_offsets, expert_rows, k, 128 if promotion == "k128" else 32, k_name, names)
     return x, x_sf, E
 
 
@@ -357,7 +357,7 @@ def l1_gemm(
     x_pool: torch.Tensor,
     x_sf: torch.Tensor,
     expert_offsets: torch.Tensor,
-    num_tokens: torch.Tensor,
+    expert_rows: torch.Tensor,
     w_route: torch.Tensor,
     kw: KernelWeights,
     *,
@@ -376,7 +376,7 @@ def l1_gemm(
     prefill: bool | None = None,
 ) -> L1Result:
     """L1 grouped GEMM + fused D6 epilogue. x_pool [P, H] e4m3, x_sf [P, H/32] UE8M0,
-    expert_offsets int32 [E+1], num_tokens int32 [E], w_route fp32 [P].
+    expert_offsets int32 [E+1], expert_rows int32 [E], w_route fp32 [P].
     Returns l2_acts [P, I] (e4m3), l2_sf [P, I/32] and, with debug=True, acc1 [P, 2I] fp32
     (canonical: gate channels then up channels). Rows of padding are left as they were.
 
@@ -393,7 +393,7 @@ def l1_gemm(
     each work item, until every pool block under the item's token block has counter >= its number
     of valid rows. So another stream or GPU may write the pool rows (x_pool, their scales x_sf /
     x_sf128, w_route) while the GEMM runs and publish them by raising the counters (release order:
-    rows first); expert_offsets and num_tokens must be in place at the launch. Every pool block must
+    rows first); expert_offsets and expert_rows must be in place at the launch. Every pool block must
     lie inside one expert (arrival_block divides the pool alignment of expert_offsets; not checked:
     that would need a device sync). A counter that never fills makes the kernel trap after its spin
     timeout (~10 s) with a record readable by timeout_message(). With promotion "k128" pass the
@@ -421,7 +421,7 @@ def l1_gemm(
         wgs,
         arrival_block,
         *kw_key(kw, 1),
-        *map(_tkey, (x_pool, x_sf, expert_offsets, num_tokens, w_route, out, out_sf, x_sf128, arrival)),
+        *map(_tkey, (x_pool, x_sf, expert_offsets, expert_rows, w_route, out, out_sf, x_sf128, arrival)),
     )
     cacheable = (
         not debug
@@ -437,7 +437,7 @@ def _plan_l1(
     x_pool,
     x_sf,
     expert_offsets,
-    num_tokens,
+    expert_rows,
     w_route,
     kw,
     *,
@@ -460,12 +460,12 @@ def _plan_l1(
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
     x_pool, x_sf, E = _activation_operand(
-        x_pool, x_sf, x_sf128, expert_offsets, num_tokens, H, promotion, "hidden", ("x_pool", "x_sf")
+        x_pool, x_sf, x_sf128, expert_offsets, expert_rows, H, promotion, "hidden", ("x_pool", "x_sf")
     )
     P, dev = x_pool.shape[0], x_pool.device
     _check("w_route", w_route, (torch.float32,), (P,), dev)
     if kw.num_experts != E:
-        fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
+        fail("kw", f"{E} experts (len(expert_rows))", kw.num_experts)
     check_weights_device(kw, dev)
     check_fast_spread(kw, promotion)
     if (2 * inter) % ROWS_PER_CTA:
@@ -509,7 +509,7 @@ def _plan_l1(
             w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=x_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
-            num_tokens=num_tokens.data_ptr(),
+            expert_rows=expert_rows.data_ptr(),
             w_route=w_route.data_ptr(),
             out=out.data_ptr(),
             out_sf=out_sf.data_ptr(),
@@ -527,7 +527,7 @@ def _plan_l1(
         L1Result(out, out_sf, acc1),
         dev.index,
         stream,
-        (x_pool, x_sf, expert_offsets, num_tokens, w_route, *layer_weights(kw, 1), out, out_sf, acc1, arrival, w_e4m3),
+        (x_pool, x_sf, expert_offsets, expert_rows, w_route, *layer_weights(kw, 1), out, out_sf, acc1, arrival, w_e4m3),
     )
 
 
@@ -535,7 +535,7 @@ def l2_gemm(
     l2_acts: torch.Tensor,
     l2_sf: torch.Tensor,
     expert_offsets: torch.Tensor,
-    num_tokens: torch.Tensor,
+    expert_rows: torch.Tensor,
     dst_rows: torch.Tensor,
     kw: KernelWeights,
     combine: torch.Tensor,
@@ -556,7 +556,7 @@ def l2_gemm(
     peer's, through a pointer offset): rows no valid pool row maps to are left as they were.
 
     max_tokens / max_tile / wgs, arrival / arrival_block and prefill (its scratch: E * I * H bytes):
-    as in l1_gemm; dst_rows, expert_offsets and num_tokens must be in place at the launch."""
+    as in l1_gemm; dst_rows, expert_offsets and expert_rows must be in place at the launch."""
     args = dict(locals())  # the arguments as given, for _plan_l2 (before any other local is bound)
     # (no stream for what is not a CUDA tensor: the checks below name it)
     stream = RT.stream(l2_acts) if isinstance(l2_acts, torch.Tensor) and l2_acts.is_cuda else None
@@ -570,7 +570,7 @@ def l2_gemm(
         wgs,
         arrival_block,
         *kw_key(kw, 2),
-        *map(_tkey, (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, combine, x_sf128, arrival)),
+        *map(_tkey, (l2_acts, l2_sf, expert_offsets, expert_rows, dst_rows, combine, x_sf128, arrival)),
     )
     cacheable = not debug and promotion in PROMOTIONS and (promotion == "k32" or x_sf128 is not None)
     return RT.cached_call(key if cacheable else None, stream, _plan_l2, args, lambda: L2Result(combine, None))
@@ -580,7 +580,7 @@ def _plan_l2(
     l2_acts,
     l2_sf,
     expert_offsets,
-    num_tokens,
+    expert_rows,
     dst_rows,
     kw,
     combine,
@@ -600,7 +600,7 @@ def _plan_l2(
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
     l2_acts, l2_sf, E = _activation_operand(
-        l2_acts, l2_sf, x_sf128, expert_offsets, num_tokens, inter, promotion, "intermediate", ("l2_acts", "l2_sf")
+        l2_acts, l2_sf, x_sf128, expert_offsets, expert_rows, inter, promotion, "intermediate", ("l2_acts", "l2_sf")
     )
     P, dev = l2_acts.shape[0], l2_acts.device
     check_weights_device(kw, dev)
@@ -611,7 +611,7 @@ def _plan_l2(
     _check("combine", combine, (torch.bfloat16,), None, dev)
     _check_aligned("combine", combine)
     if kw.num_experts != E:
-        fail("kw", f"{E} experts (len(num_tokens))", kw.num_experts)
+        fail("kw", f"{E} experts (len(expert_rows))", kw.num_experts)
     if H % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': hidden must be a multiple of {ROWS_PER_CTA}, got {H}")
     if prefill_path(2, prefill, max_tokens, P / max(E, 1), promotion, H, arrival, max_tile, wgs):
@@ -644,7 +644,7 @@ def _plan_l2(
             w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=l2_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
-            num_tokens=num_tokens.data_ptr(),
+            expert_rows=expert_rows.data_ptr(),
             w_route=0,
             out=combine.data_ptr(),
             out_sf=0,
@@ -662,7 +662,7 @@ def _plan_l2(
         L2Result(combine, acc2),
         dev.index,
         stream,
-        (l2_acts, l2_sf, expert_offsets, num_tokens, dst_rows, *layer_weights(kw, 2), combine, acc2, arrival, w_e4m3),
+        (l2_acts, l2_sf, expert_offsets, expert_rows, dst_rows, *layer_weights(kw, 2), combine, acc2, arrival, w_e4m3),
     )
 
 

@@ -222,7 +222,7 @@ class MegaMoE:
             **LA.weight_fields(self.kw, layer, self.promotion),
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),
-            num_tokens=ws.ptr("recv_totals"),
+            expert_rows=ws.ptr("recv_totals"),
             w_route=ws.ptr("pool_weights") if layer == 1 else 0,
             out=ws.ptr("l2_acts") if layer == 1 else ws.ptr("combine"),
             out_sf=ws.ptr("l2_sf") if layer == 1 else 0,

@@ -98,7 +98,7 @@ def test_the_torch_dispatch_builds_the_reference_pool(seed, masked_ratio):
     p = want.num_rows
     assert got.x.shape[0] == contract.pool_rows(40, 3, 8, 1, 64) >= p  # the fused layer's P
     assert torch.equal(got.expert_offsets, want.expert_offsets)
-    assert torch.equal(got.num_tokens, ref.send_counts(inp.topk_idx, CFG.num_experts))
+    assert torch.equal(got.expert_rows, ref.send_counts(inp.topk_idx, CFG.num_experts))
     valid = want.valid
     meta = want.meta[valid].long()
     # Every valid reference row holds the same slot (by its metadata) and the same bytes ...

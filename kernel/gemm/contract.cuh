@@ -78,7 +78,7 @@ struct GemmParams {
   uint8_t* w_e4m3;  // prefill: the weights decoded to E4M3, [E, K/128, R/256] tiles of PREFILL_TILE_BYTES: [256][128] bytes with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by the prefill kernel)
   const uint8_t* x_sf;  // activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)
   const int* expert_offsets;  // [E + 1] first pool row of each expert
-  const int* num_tokens;  // [E] valid pool rows of each expert
+  const int* expert_rows;  // [E] valid pool rows of each expert
   const float* w_route;  // L1: [P] routing weight of each pool row
   void* out;  // L1: l2_acts e4m3 [P, I]; L2: combine rows bf16 [*, H]
   uint8_t* out_sf;  // L1: l2_sf [P, I/32]
@@ -113,7 +113,7 @@ static_assert(offsetof(GemmParams, w_fold) == 288, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_e4m3) == 296, "GemmParams layout");
 static_assert(offsetof(GemmParams, x_sf) == 304, "GemmParams layout");
 static_assert(offsetof(GemmParams, expert_offsets) == 312, "GemmParams layout");
-static_assert(offsetof(GemmParams, num_tokens) == 320, "GemmParams layout");
+static_assert(offsetof(GemmParams, expert_rows) == 320, "GemmParams layout");
 static_assert(offsetof(GemmParams, w_route) == 328, "GemmParams layout");
 static_assert(offsetof(GemmParams, out) == 336, "GemmParams layout");
 static_assert(offsetof(GemmParams, out_sf) == 344, "GemmParams layout");

@@ -255,7 +255,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   if (threadIdx.x < 32)
     build_schedule<kMaxN>(
         *GemmSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
-        [&](int e) { return __ldg(p.num_tokens + e); });
+        [&](int e) { return __ldg(p.expert_rows + e); });
   __syncthreads();
 
   // Each role reads what it needs after its setmaxnreg: a value held across it is spilled.

@@ -492,7 +492,7 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
   if (threadIdx.x < 32)
     build_schedule<kPrefillTokens>(
         *PrefillSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
-        [&](int e) { return __ldg(p.num_tokens + e); });
+        [&](int e) { return __ldg(p.expert_rows + e); });
   __syncthreads();
   prefill_roles<Cfg, kFastMath, kDebug, kExact, kLayer>(p, p);
 }

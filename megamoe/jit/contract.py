@@ -109,7 +109,7 @@ PARAMS = (
     ),
     Field("x_sf", "ptr", "const uint8_t*", "activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)"),
     Field("expert_offsets", "ptr", "const int*", "[E + 1] first pool row of each expert"),
-    Field("num_tokens", "ptr", "const int*", "[E] valid pool rows of each expert"),
+    Field("expert_rows", "ptr", "const int*", "[E] valid pool rows of each expert"),
     Field("w_route", "ptr", "const float*", "L1: [P] routing weight of each pool row"),
     Field("out", "ptr", "void*", "L1: l2_acts e4m3 [P, I]; L2: combine rows bf16 [*, H]"),
     Field("out_sf", "ptr", "uint8_t*", "L1: l2_sf [P, I/32]"),

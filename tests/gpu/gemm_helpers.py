@@ -41,7 +41,7 @@ class Pool:
         offs = ref.pool_offsets(self.counts, align).tolist()
         self.P = offs[-1] + align  # one trailing padding block (also keeps P > 0)
         self.offsets = torch.tensor(offs, dtype=torch.int32, device=device)
-        self.num_tokens = torch.tensor(counts, dtype=torch.int32, device=device)
+        self.expert_rows = torch.tensor(counts, dtype=torch.int32, device=device)
         P = self.P
         if grid:
             vals = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0])
@@ -195,10 +195,10 @@ def pool_arrivals(pool: Pool, block: int) -> torch.Tensor:
 
 
 def pool_l1(pool: Pool, kw, **kwargs):
-    """l1_gemm on a pool's operands (x, sf, offsets, num_tokens, w_route) and the weights `kw`."""
-    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw, **kwargs)
+    """l1_gemm on a pool's operands (x, sf, offsets, expert_rows, w_route) and the weights `kw`."""
+    return G.l1_gemm(pool.x, pool.sf, pool.offsets, pool.expert_rows, pool.w_route, kw, **kwargs)
 
 
 def pool_l2(pool: Pool, dst, kw, combine, **kwargs):
     """l2_gemm on a pool's operands (x and sf as the L2 activations) into `combine` at rows `dst`."""
-    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.num_tokens, dst, kw, combine, **kwargs)
+    return G.l2_gemm(pool.x, pool.sf, pool.offsets, pool.expert_rows, dst, kw, combine, **kwargs)

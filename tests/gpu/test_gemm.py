@@ -92,7 +92,7 @@ def test_gemm_exact_grid(H, inter):
     comb = torch.zeros(sum(counts), H, dtype=torch.bfloat16, device="cuda")
     dst = torch.full((pool2.P,), -1, dtype=torch.int32, device="cuda")
     dst[pool2.valid] = torch.arange(sum(counts), dtype=torch.int32, device="cuda")
-    res2 = G.l2_gemm(pool2.x, pool2.sf, pool2.offsets, pool2.num_tokens, dst, kw, comb, debug=True)
+    res2 = G.l2_gemm(pool2.x, pool2.sf, pool2.offsets, pool2.expert_rows, dst, kw, comb, debug=True)
     torch.cuda.synchronize()
     for e, (exact, _) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():
         got = res.acc1[pool.rows(e)]
@@ -144,7 +144,7 @@ def test_chain_large_shapes(H, inter):
     acts[~pool.valid] = 0
     sfs = l1.l2_sf.clone()
     sfs[~pool.valid] = 127
-    l2 = G.l2_gemm(acts, sfs, pool.offsets, pool.num_tokens, dst, kw, comb, debug=True)
+    l2 = G.l2_gemm(acts, sfs, pool.offsets, pool.expert_rows, dst, kw, comb, debug=True)
     torch.cuda.synchronize()
     w1r, w2r = 0.0, 0.0
     for e, (exact, bound) in reference_acc(pool, pool.x, pool.sf, w1, s1).items():

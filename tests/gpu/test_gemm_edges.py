@@ -240,7 +240,7 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
             x128,
             pool.sf,
             pool.offsets,
-            pool.num_tokens,
+            pool.expert_rows,
             pool.w_route,
             kw,
             promotion="k128",
@@ -249,7 +249,7 @@ def test_cached_launch_replays_from_a_cuda_graph_with_the_eager_bits():
             out_sf=out_sf,
             max_tokens=130,
         )
-        G.l2_gemm(out, out_sf, pool.offsets, pool.num_tokens, dst, kw, comb, promotion="k32", max_tokens=130)
+        G.l2_gemm(out, out_sf, pool.offsets, pool.expert_rows, dst, kw, comb, promotion="k32", max_tokens=130)
 
     call()
     torch.cuda.synchronize()
@@ -292,8 +292,8 @@ def test_a_prepared_call_writes_the_entry_points_bits_again_from_a_graph_and_pas
     out = torch.empty(pool.P, inter, dtype=torch.uint8, device="cuda")
     out_sf = torch.empty(pool.P, inter // 32, dtype=torch.uint8, device="cuda")
     comb, dst = combine_rows(pool, H)
-    l1_args = (pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route, kw)
-    l2_args = (out, out_sf, pool.offsets, pool.num_tokens, dst, kw, comb)
+    l1_args = (pool.x, pool.sf, pool.offsets, pool.expert_rows, pool.w_route, kw)
+    l2_args = (out, out_sf, pool.offsets, pool.expert_rows, dst, kw, comb)
     opts = dict(promotion="k32", prefill=prefill, max_tokens=130)
     G.l1_gemm(*l1_args, **opts, out=out, out_sf=out_sf)
     G.l2_gemm(*l2_args, **opts)
@@ -459,5 +459,5 @@ def test_weights_on_another_device_than_the_activations_are_an_input_error_namin
     x2 = torch.zeros(pool.P, 512, dtype=torch.uint8, device="cuda")
     sf2 = torch.full((pool.P, 16), 127, dtype=torch.uint8, device="cuda")
     with pytest.raises(MegaMoEInputError, match="'kw'.*weights on cuda"):
-        G.l2_gemm(x2, sf2, pool.offsets, pool.num_tokens, dst, kw_cpu, comb)
+        G.l2_gemm(x2, sf2, pool.offsets, pool.expert_rows, dst, kw_cpu, comb)
     torch.cuda.synchronize()  # nothing was launched: the context is intact

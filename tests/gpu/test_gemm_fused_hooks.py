@@ -149,7 +149,7 @@ def test_arrival_arguments_checked():
             pool.x[:, :inter].contiguous(),
             pool.sf[:, : inter // 32].contiguous(),
             pool.offsets,
-            pool.num_tokens,
+            pool.expert_rows,
             dst,
             kw,
             comb,

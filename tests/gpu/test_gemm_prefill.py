@@ -247,7 +247,7 @@ def test_prefill_cached_replays_and_the_automatic_choice_agree_with_a_fresh_laun
             x,
             x128 if promotion == "k128" else pool.sf,
             pool.offsets,
-            pool.num_tokens,
+            pool.expert_rows,
             pool.w_route,
             kw,
             promotion=promotion,
@@ -273,7 +273,7 @@ def test_two_weight_sets_share_a_stream_and_its_scratch_in_order():
     H, inter = 512, 512
     pool, _, kw_a = setup_l1(H, inter, [300, 5], seed=41)
     _, _, kw_b = setup_l1(H, inter, [300, 5], seed=42)
-    args = (pool.x, pool.sf, pool.offsets, pool.num_tokens, pool.w_route)
+    args = (pool.x, pool.sf, pool.offsets, pool.expert_rows, pool.w_route)
     alone = []
     for kw in (kw_a, kw_b):
         res = G.l1_gemm(*args, kw, promotion="k128", prefill=True)
