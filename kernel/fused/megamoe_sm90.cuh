@@ -95,9 +95,9 @@ struct SwapAbEngine {
 // (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch), then the prefill kernel's roles over
 // 128-token blocks (two pool blocks) in the static order; its epilogue warps count each pool block's
 // L1 tiles (prefill_l1_out).
-template <bool kExact, bool kFastMath, bool kDebug>
+template <bool kPerK32, bool kFastMath, bool kDebug>
 struct PrefillEngine {
-  using Cfg = PrefillConfig<0, kExact>;
+  using Cfg = PrefillConfig<0, kPerK32>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kPrefillTokens;
   static constexpr bool kPredecode = true;
@@ -113,7 +113,7 @@ struct PrefillEngine {
     return *PrefillSmem<Cfg>().sched;
   }
   __device__ static bool run(const FusedParams& fp) {
-    if (!prefill_roles<Cfg, kFastMath, kDebug, kExact, 1, 2>(fp.l1, fp.l2)) return false;
+    if (!prefill_roles<Cfg, kFastMath, kDebug, kPerK32, 1, 2>(fp.l1, fp.l2)) return false;
     ptx::named_barrier(kTailBarrier, kTailThreads);   // the epilogue warps wrote the CTA's last item
     return true;
   }
@@ -125,7 +125,7 @@ struct PrefillEngine {
 // waits for every CTA's. smem: 2 KB per warp and the scaled tables, free until the GEMM starts.
 constexpr int kPredecodeAhead = 4;
 
-template <bool kExact>
+template <bool kPerK32>
 __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t* smem) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -138,7 +138,7 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t g0 = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
   auto load = [&](int64_t g) {
-    return g < g1 ? predecode_load<kExact>(fp.l1, g, lane) : predecode_load<kExact>(fp.l2, g - g1, lane);
+    return g < g1 ? predecode_load<kPerK32>(fp.l1, g, lane) : predecode_load<kPerK32>(fp.l2, g - g1, lane);
   };
   PredecodeIn in[kPredecodeAhead];
 #pragma unroll
@@ -152,9 +152,9 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
       const PredecodeIn cur = in[j];
       if (gj + kPredecodeAhead * nwarps < total) in[j] = load(gj + kPredecodeAhead * nwarps);
       if (gj < g1)
-        predecode_store<kExact>(fp.l1, gj, cur, mine, lut, lane);
+        predecode_store<kPerK32>(fp.l1, gj, cur, mine, lut, lane);
       else
-        predecode_store<kExact>(fp.l2, gj - g1, cur, mine, lut, lane);
+        predecode_store<kPerK32>(fp.l2, gj - g1, cur, mine, lut, lane);
     }
   }
   __syncthreads();

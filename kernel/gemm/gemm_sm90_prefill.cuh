@@ -74,15 +74,15 @@ constexpr int kPrefillHalf = 128;
 // consumers read as 2^-127); the consumers promote all 128 rows, so rows past that tile take
 // whatever an earlier stage left there: their accumulators are never written out (the epilogues
 // store valid rows only).
-template <bool kExact>
+template <bool kPerK32>
 struct PrefillRing {
   static constexpr int kX = kPrefillTokens * kBlockK;
-  static constexpr int kW = kExact ? kPrefillTileExact : kPrefillTileFast;
+  static constexpr int kW = kPerK32 ? kPrefillTileExact : kPrefillTileFast;
   static constexpr int kSxWords = kPrefillTokens;
   static constexpr int kStage = kX + kW + kSxWords * 4;
   static constexpr int kScaleWarps = 1;   // warps 2-3 are the epilogue warps
   static constexpr int kFullArrivals = 1 + kScaleWarps;
-  static constexpr bool kRawScaleWords = kExact;   // stage_token_scales: the k32 bytes unconverted
+  static constexpr bool kRawScaleWords = kPerK32;   // stage_token_scales: the k32 bytes unconverted
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }
@@ -96,7 +96,7 @@ struct PrefillRing {
   __device__ __forceinline__ float* fold_scales(int stage) const {
     return reinterpret_cast<float*>(w + stage * kW + kPrefillTileFast);
   }
-  static_assert(!kExact || kW - kPrefillTileFast >= 4 * kPrefillTokens * 4, "the folded scales fit the slot");
+  static_assert(!kPerK32 || kW - kPrefillTileFast >= 4 * kPrefillTokens * 4, "the folded scales fit the slot");
 
   uint8_t* x;
   uint8_t* w;
@@ -107,9 +107,9 @@ struct PrefillRing {
 
 constexpr int kPrefillEpilogueWarps = 2;   // warps 2-3 of the producer warpgroup
 
-template <int kLayer, bool kExact>
+template <int kLayer, bool kPerK32>
 struct PrefillConfig {
-  using Ring = PrefillRing<kExact>;
+  using Ring = PrefillRing<kPerK32>;
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
   // The staging buffer and its two barriers (epi_full, epi_empty) beside the ring.
@@ -152,10 +152,10 @@ struct PrefillSmem {
 };
 
 // The predecoded tile of (expert, K block, block of 256 rows).
-template <bool kExact>
+template <bool kPerK32>
 __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& p, int expert, int kb, int n_block) {
   const int64_t tiles = (static_cast<int64_t>(expert) * (p.k / kBlockK) + kb) * (p.n_rows / kPrefillRows) + n_block;
-  return p.w_e4m3 + tiles * PrefillRing<kExact>::kW;
+  return p.w_e4m3 + tiles * PrefillRing<kPerK32>::kW;
 }
 
 // One item of one consumer warpgroup (tokens 64 wg .. 64 wg + 63 of the tile, all 256 rows):
@@ -347,7 +347,7 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
 // trap record (pa's, the same in both: a constant) and nothing else of the layer, which is found
 // again after it from the schedule: the layer's parameters, or its number, held across the exact
 // mode's two-scale mainloop made ptxas spill there (664, then 336 bytes).
-template <typename Cfg, bool kDebug, bool kExact, bool kScaled, int kLayerA, int kLayerB>
+template <typename Cfg, bool kDebug, bool kPerK32, bool kScaled, int kLayerA, int kLayerB>
 __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmParams& pb, int item,
                                              const PrefillSmem<Cfg>& sm, RingCursor& cur, const WorkItem& wi, int wg,
                                              int sx0, uint32_t phase) {
@@ -361,7 +361,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
     const bool second = kTwo && item >= layer_items<kPrefillRows>(*sm.sched, pa);
     const int num_kb = (second ? pb.k : pa.k) / kBlockK;
     if constexpr (kScaled) {
-      prefill_mainloop_scaled<Cfg, kExact>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
+      prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
     } else {
       prefill_mainloop_k32<Cfg>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
     }
@@ -396,7 +396,7 @@ __device__ __forceinline__ void prefill_setup(int* err) {
 // consumers, which have nothing after their loop (setmaxnreg: run_consumer in gemm_sm90.cuh says
 // why), and true in the producer warpgroup once each of its roles is done: its epilogue warps have
 // written the CTA's last item when the caller's barrier over the warpgroup passes.
-template <typename Cfg, bool kFastMath, bool kDebug, bool kExact, int kLayerA, int kLayerB = 0>
+template <typename Cfg, bool kFastMath, bool kDebug, bool kPerK32, int kLayerA, int kLayerB = 0>
 __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmParams& pb) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
@@ -419,7 +419,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
         wait_token_block(p, wi);   // the fused kernel's gates; standalone, it returns at once
         // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
-        const int w_bytes = kExact && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
+        const int w_bytes = kPerK32 && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
         for (int kb = 0; kb < num_kb; ++kb) {
           const int s = cur.stage;
           ptx::mbar_wait(&sm.ring.empty[s], cur.phase ^ 1, kWaitEmpty, s, p.err);
@@ -429,14 +429,14 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
           for (int b = 0; b < 2; ++b)
             ptx::tma_load_2d(sm.ring.x + s * Ring::kX + b * kChunkN * kBlockK, &p.tmap_x64, kb * kBlockK,
                              wi.row0 + b * kChunkN, &sm.ring.full[s]);
-          ptx::bulk_g2s(sm.ring.w + s * Ring::kW, prefill_weight_tile<kExact>(p, wi.expert, kb, wi.n_block), w_bytes,
+          ptx::bulk_g2s(sm.ring.w + s * Ring::kW, prefill_weight_tile<kPerK32>(p, wi.expert, kb, wi.n_block), w_bytes,
                         &sm.ring.full[s]);
           cur.advance<S>();
         }
       }
     } else if (warp == 1) {
-      stage_token_scales<kPrefillTokens, kPrefillRows, S, kExact, Ring, false, kTwo>(pa, pb, sm.ring, *sm.sched, cur,
-                                                                                     warp, lane);
+      stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, false, kTwo>(pa, pb, sm.ring, *sm.sched, cur,
+                                                                                      warp, lane);
     } else if (warp >= 2) {
       const uint32_t staging = ptx::smem_addr(sm.staging);
       uint32_t phase = 0;
@@ -447,7 +447,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
         ptx::mbar_wait(sm.epi_full, phase, kWaitFull, -1, p.err);
         if ((second ? kLayerB : kLayerA) == 1)
-          prefill_l1_out<kFastMath, kFused, kFused && !kExact>(p, wi, staging, warp - 2, lane);
+          prefill_l1_out<kFastMath, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
         else
           prefill_l2_out(p, wi, staging, warp - 2, lane);
         ptx::mbar_arrive(sm.epi_empty);
@@ -472,7 +472,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
     const GemmParams& p = second ? pb : pa;
     const WorkItem wi =
         decode_item<kPrefillTokens, kPrefillRows>(second ? item - na : item, *sm.sched, p.n_rows / kPrefillRows);
-    if constexpr (!kExact)
+    if constexpr (!kPerK32)
       prefill_item<Cfg, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     else if (Ring::folded(p, wi))
       prefill_item<Cfg, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
@@ -485,16 +485,16 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
 
 // The standalone kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C"
 // __global__.
-template <int kLayer, bool kFastMath, bool kDebug, bool kExact>
+template <int kLayer, bool kFastMath, bool kDebug, bool kPerK32>
 __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
-  using Cfg = PrefillConfig<kLayer, kExact>;
+  using Cfg = PrefillConfig<kLayer, kPerK32>;
   prefill_setup<Cfg>(p.err);
   if (threadIdx.x < 32)
     build_schedule<kPrefillTokens>(
         *PrefillSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
         [&](int e) { return __ldg(p.expert_rows + e); });
   __syncthreads();
-  prefill_roles<Cfg, kFastMath, kDebug, kExact, kLayer>(p, p);
+  prefill_roles<Cfg, kFastMath, kDebug, kPerK32, kLayer>(p, p);
 }
 
 }  // namespace megamoe

@@ -63,7 +63,7 @@ struct PredecodeIn {
 // One warp's loads of row group `grp` of the layer ((expert, K block) major, then the 16-row groups
 // of R; the kernel layout keeps a K block's groups contiguous, 1024 bytes each, and the tiles do
 // too, 2048 bytes each).
-template <bool kExact>
+template <bool kPerK32>
 __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64_t grp, int lane) {
   const int64_t row0 = grp * 16 % p.n_rows;    // first row of the group within R
   const int64_t ekb = grp * 16 / p.n_rows;     // expert * K/128 + kb
@@ -77,9 +77,9 @@ __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64
   in.hi = *reinterpret_cast<const uint4*>(w_frag + 512 + lane * 16);
   // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
   // fast mode (fold_offsets); else the plain table.
-  in.fold = kExact && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
+  in.fold = kPerK32 && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
   in.scale_bytes = 0;
-  if (!kExact) {
+  if (!kPerK32) {
     in.off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
     in.off_b = __ldg(reinterpret_cast<const uint32_t*>(offs + (row_a + 8) * 4));
   } else if (in.fold) {
@@ -96,10 +96,10 @@ __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64
 
 // One warp: row group `grp` decoded from its loads, staged in `mine` (2048 bytes of shared memory)
 // through the tables at `lut`, and written out as its tile's 2 KB.
-template <bool kExact>
+template <bool kPerK32>
 __device__ __forceinline__ void predecode_store(const GemmParams& p, int64_t grp, const PredecodeIn& in, uint8_t* mine,
                                                 const uint8_t* lut, int lane) {
-  constexpr int kTile = kExact ? kPrefillTileExact : kPrefillTileFast;
+  constexpr int kTile = kPerK32 ? kPrefillTileExact : kPrefillTileFast;
   const int64_t row0 = grp * 16 % p.n_rows;
   const int64_t ekb = grp * 16 / p.n_rows;
   decode_rows16_sw128(in.lo, in.hi, lane, in.off_a, in.off_b, lut, ptx::smem_addr(mine));
@@ -108,7 +108,7 @@ __device__ __forceinline__ void predecode_store(const GemmParams& p, int64_t grp
   uint8_t* tile = p.w_e4m3 + (ekb * (p.n_rows / kPrefillRows) + row0 / kPrefillRows) * kTile;
   uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
-  if (kExact && !in.fold) {
+  if (kPerK32 && !in.fold) {
     const int n = static_cast<int>(row0 % kPrefillRows) + lane / 2;
     const int ks = 2 * (lane % 2);
     float* wsf = reinterpret_cast<float*>(tile + kPrefillRows * kBlockK);
@@ -126,7 +126,7 @@ __device__ __forceinline__ void stage_scaled_luts(uint8_t* lut) {
 
 // The pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0,
 // so it divides).
-template <bool kExact>
+template <bool kPerK32>
 __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* stage = smem;                              // [warps][2048]
@@ -136,7 +136,7 @@ __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t grp = static_cast<int64_t>(blockIdx.x) * kPredecodeWarps + warp;
-  predecode_store<kExact>(p, grp, predecode_load<kExact>(p, grp, lane), stage + warp * 2048, lut, lane);
+  predecode_store<kPerK32>(p, grp, predecode_load<kPerK32>(p, grp, lane), stage + warp * 2048, lut, lane);
 }
 
 }  // namespace megamoe

@@ -219,7 +219,7 @@ class PrefillSpec:
             "LAYER": str(self.layer),
             "FAST_MATH": b(self.fast_math),
             "DEBUG": b(self.debug),
-            "EXACT": b(self.promotion == "k32"),
+            "PER_K32": b(self.promotion == "k32"),
         }
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
@@ -245,7 +245,7 @@ class PredecodeSpec:
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate_predecode.cu.in").read_text()
-        return tmpl.replace("@EXACT@", "true" if self.promotion == "k32" else "false")
+        return tmpl.replace("@PER_K32@", "true" if self.promotion == "k32" else "false")
 
 
 @dataclasses.dataclass
