@@ -77,7 +77,16 @@ from . import runtime as RT
 from .jit import build as jb
 from .jit import contract, driver
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
-from .launch import check_fast_spread, check_weights_device, clamp, kw_key, layer_weights, require_cuda, weight_fields
+from .launch import (
+    check_fast_spread,
+    check_weights_device,
+    clamp,
+    gemm_params,
+    kw_key,
+    layer_weights,
+    require_cuda,
+    weight_fields,
+)
 
 # Defined in megamoe.heuristics and megamoe.runtime, named here too: megamoe.gemm is where users
 # and the docs reach them (megamoe.gemm.use_prefill, megamoe.gemm.timeout_message, ...).
@@ -268,16 +277,7 @@ def _gemm_launch(
             "item_counter": RT.item_counter(dev) if isinstance(spec, jb.GemmSpec) else 0,
             **fields,
         }
-        params = contract.pack_params(
-            tmap_x8=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, 8),
-            tmap_x64=driver.tma_2d_u8(x.data_ptr(), k, P, k, BLOCK_K, contract.CHUNK_N),
-            num_experts=num_experts,
-            num_pool_rows=P,
-            k=k,
-            n_rows=n_rows,
-            err=RT.err_record(dev).data_ptr(),
-            **fields,
-        )
+        params = gemm_params(x.data_ptr(), k, P, n_rows, num_experts, RT.err_record(dev).data_ptr(), **fields)
         launch = RT.keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
     return launch
 
@@ -335,17 +335,11 @@ def _predecode(
     launch = RT.cached_launch(key)
     if launch is None:
         kern = RT.kernel(spec, dev)
-        params = contract.pack_params(
-            **{
-                **{f.name: (bytes(128) if f.kind == "tmap" else 0) for f in contract.PARAMS},
-                **weights,
-                "w_e4m3": scratch.data_ptr(),
-                "num_experts": kw.num_experts,
-                "k": k,
-                "n_rows": n_rows,
-                "err": RT.err_record(dev).data_ptr(),
-            }
-        )
+        # Every other field 0: the pass reads the weights and writes the scratch, nothing else.
+        shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
+        rest = {f.name: 0 for f in contract.PARAMS if f.name not in shape}
+        rest.update(weights, w_e4m3=scratch.data_ptr())
+        params = gemm_params(0, k, 0, n_rows, kw.num_experts, RT.err_record(dev).data_ptr(), **rest)
         groups = kw.num_experts * (k // BLOCK_K) * (n_rows // 16)
         launch = RT.keep_launch(
             key, driver.Launch(kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params)

@@ -1,6 +1,6 @@
 """What a GEMM launch's parameters take from its arguments, shared by the standalone GEMMs
-(megamoe.gemm) and the fused layer (megamoe.moe): the kernel weights' GemmParams fields
-(weight_fields), their part of a launch's cache key (kw_key) and their checks (the device, the fast
+(megamoe.gemm) and the fused layer (megamoe.moe): GemmParams' one builder (gemm_params), the
+kernel weights' fields (weight_fields), their part of a launch's cache key (kw_key) and their checks (the device, the fast
 mode's weight domain), and the argument checks both make (require_cuda, the activation clamp).
 Every check raises MegaMoEInputError naming the argument (SPEC §7), before any launch.
 """
@@ -13,7 +13,26 @@ from megamoe.reference.errors import fail
 from megamoe.reference import quantize as Q
 from megamoe.reference.formats import round_bf16
 
+from .jit import contract, driver
 from .jit.layout import KernelWeights
+
+
+def gemm_params(x: int, k: int, rows: int, n_rows: int, num_experts: int, err: int, **fields) -> bytes:
+    """GemmParams' bytes, built here for every launch that takes them (the standalone GEMMs, their
+    predecode pass, the fused layer's two layers): the activations' two tensor maps over `rows` x
+    `k` bytes at address `x` (boxes of 8 and CHUNK_N rows; x = 0: none, for the predecode pass,
+    which reads no activations), the shape, the trap record `err`, and every other field by name
+    (contract.pack_params refuses a missing or unknown one)."""
+    if x:
+        maps = dict(
+            tmap_x8=driver.tma_2d_u8(x, k, rows, k, contract.BLOCK_K, 8),
+            tmap_x64=driver.tma_2d_u8(x, k, rows, k, contract.BLOCK_K, contract.CHUNK_N),
+        )
+    else:
+        maps = dict(tmap_x8=bytes(128), tmap_x64=bytes(128))
+    return contract.pack_params(
+        **maps, num_experts=num_experts, num_pool_rows=rows, k=k, n_rows=n_rows, err=err, **fields
+    )
 
 
 # A layer's KernelWeights tensors (w{layer}{part}), each of whose addresses that layer's launch holds

@@ -216,9 +216,13 @@ class MegaMoE:
         x_ptr = ws.ptr(("pool_x128" if fast else "pool_x") if layer == 1 else ("l2_x128" if fast else "l2_acts"))
         x_sf = ws.ptr(("pool_sf128" if fast else "pool_x_sf") if layer == 1 else ("l2_sf128" if fast else "l2_sf"))
         acc = self._debug_buffers[layer - 1].data_ptr() if debug else 0
-        fields = dict(
-            tmap_x8=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, 8),
-            tmap_x64=driver.tma_2d_u8(x_ptr, k, P, k, C.BLOCK_K, C.CHUNK_N),
+        return LA.gemm_params(
+            x_ptr,
+            k,
+            P,
+            n_rows,
+            cfg.local_experts,
+            RT.err_record(self.device.index).data_ptr(),
             **LA.weight_fields(self.kw, layer, self.promotion),
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),
@@ -235,11 +239,6 @@ class MegaMoE:
             rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
             rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
             item_counter=ws.ptr("item_counter"),  # the swap-AB engine's dynamic order (both layers')
-            err=RT.err_record(self.device.index).data_ptr(),
-            num_experts=cfg.local_experts,
-            num_pool_rows=P,
-            k=k,
-            n_rows=n_rows,
             arrival_block=cfg.block_m,
             arrival_need=0 if layer == 1 else inter // 32,
             combine_rows=cfg.top_k * cfg.max_tokens_per_rank,
@@ -247,7 +246,6 @@ class MegaMoE:
             clamp_value=clamp if layer == 1 else 0.0,
             w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
         )
-        return C.GEMM_PARAMS.pack(**fields)
 
     def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str) -> driver.Launch:
         # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path).

@@ -228,3 +228,38 @@ def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest(
         LA.check_fast_spread(kw, "k128")
     w.w2_sf[1, 7] = row
     LA.check_fast_spread(G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf), "k128")
+
+
+def test_gemm_params_packs_the_activation_maps_the_shape_and_the_trap_record_with_every_other_field(monkeypatch):
+    """megamoe.launch.gemm_params, GemmParams' one builder: the two tensor maps over the activations
+    (8- and CHUNK_N-row boxes; none for x = 0), the shape and `err` at their contract offsets."""
+    from megamoe import launch as LA
+    from megamoe.jit import contract
+
+    calls = []
+
+    def fake_map(ptr, k, rows, stride, box_k, box_rows):
+        calls.append((ptr, k, rows, stride, box_k, box_rows))
+        return bytes([box_rows % 256]) * 128
+
+    monkeypatch.setattr(LA.driver, "tma_2d_u8", fake_map)
+    shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
+    rest = {f.name: 0 for f in contract.PARAMS if f.name not in shape}
+    b = LA.gemm_params(4096, 512, 192, 1024, 3, 77, **rest)
+    off = contract.GEMM_PARAMS.offsets
+    assert calls == [
+        (4096, 512, 192, 512, contract.BLOCK_K, 8),
+        (4096, 512, 192, 512, contract.BLOCK_K, contract.CHUNK_N),
+    ]
+    assert b[off["tmap_x8"] : off["tmap_x8"] + 128] == bytes([8]) * 128
+    assert b[off["tmap_x64"] : off["tmap_x64"] + 128] == bytes([contract.CHUNK_N]) * 128
+    words = {
+        n: int.from_bytes(b[off[n] : off[n] + 4], "little") for n in ("num_experts", "num_pool_rows", "k", "n_rows")
+    }
+    assert words == dict(num_experts=3, num_pool_rows=192, k=512, n_rows=1024)
+    assert int.from_bytes(b[off["err"] : off["err"] + 8], "little") == 77
+    calls.clear()
+    none = LA.gemm_params(0, 512, 0, 1024, 3, 77, **rest)
+    assert not calls and none[off["tmap_x8"] : off["tmap_x8"] + 256] == bytes(256)
+    with pytest.raises(Exception, match="w_sf"):
+        LA.gemm_params(4096, 512, 192, 1024, 3, 77, **{k: v for k, v in rest.items() if k != "w_sf"})
