@@ -29,13 +29,20 @@ class ExpertWeights:
     w1_sf: torch.Tensor
     w2: torch.Tensor
     w2_sf: torch.Tensor
+    # SPEC §8's optional biases (bf16, canonical order: b1 rows [0, I) gate, [I, 2I) up). Only the
+    # checkpoint loader (megamoe.checkpoints) gives them so far; no stage reads them yet.
+    b1: torch.Tensor | None = None  # [E, 2I]
+    b2: torch.Tensor | None = None  # [E, H]
+
+    def _tensors(self):
+        return (self.w1, self.w1_sf, self.w2, self.w2_sf, self.b1, self.b2)
 
     def to(self, device) -> "ExpertWeights":
-        return ExpertWeights(*(t.to(device) for t in (self.w1, self.w1_sf, self.w2, self.w2_sf)))
+        return ExpertWeights(*(None if t is None else t.to(device) for t in self._tensors()))
 
     def slice(self, start: int, stop: int) -> "ExpertWeights":
         """Experts [start, stop): the local weights of one rank from a global set."""
-        return ExpertWeights(self.w1[start:stop], self.w1_sf[start:stop], self.w2[start:stop], self.w2_sf[start:stop])
+        return ExpertWeights(*(None if t is None else t[start:stop] for t in self._tensors()))
 
 
 def _check_gate_up_rows(rows) -> None:
