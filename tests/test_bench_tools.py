@@ -123,3 +123,13 @@ def test_the_sanitizer_table_names_an_unknown_tool_or_target_and_needs_compute_s
     monkeypatch.setattr(sanitize.shutil, "which", lambda _: None)
     assert sanitize.main(["--targets", "gemm-wide-tile"]) == 2
     assert "needs compute-sanitizer" in capsys.readouterr().err
+
+
+def test_the_sass_fingerprint_ignores_addresses_and_labels_and_sees_an_immediate():
+    from bench.sass_identity import fingerprint
+
+    a = "        /*0040*/                   IADD3 R1, R1, -0x7e, RZ ;\n        /*0050*/  BRA `(.L_x_12) ;\n"
+    moved = "        /*0080*/                   IADD3 R1, R1, -0x7e, RZ ;\n        /*0090*/  BRA `(.L_x_3) ;\n"
+    other = "        /*0040*/                   IADD3 R1, R1, -0x7d, RZ ;\n        /*0050*/  BRA `(.L_x_12) ;\n"
+    assert fingerprint(a) == fingerprint(moved)
+    assert fingerprint(a)[0] != fingerprint(other)[0]
