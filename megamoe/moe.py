@@ -411,7 +411,7 @@ class MegaMoE:
         # the pointer patches: what was checked once for these tensors' shapes, dtypes and devices,
         # and the mode's launch, are remembered.
         if check_inputs and not torch.cuda.is_current_stream_capturing():
-            check_rank_inputs(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights), self.rank)
+            check_rank_inputs(cfg, ref.RankInputs(x, x_sf, topk_idx, topk_weights), self.rank, self.device)
         # The same tensor objects at the same addresses as the last call: nothing to look up.
         last = self._last
         same = (
