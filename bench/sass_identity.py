@@ -5,7 +5,7 @@
     python -m bench.sass_identity compare before.json  # the specs whose SASS differs; exit 1 if any
 
 No GPU: nvcc builds every specialisation the tests and benchmarks launch (megamoe.heuristics.used_specs
-and the 16 fused kernels; cached builds are reused) and nvdisasm reads them. A fingerprint is the
+and fused_specs; cached builds are reused) and nvdisasm reads them. A fingerprint is the
 sha256 of the SASS without its instruction addresses and branch labels, which move when code does
 not change; every instruction, immediate and parameter offset counts.
 A restructuring whose SASS is identical needs no new GPU run to show it is as fast."""
@@ -30,16 +30,8 @@ _NORMALISE = [
 
 def specs() -> list:
     from megamoe import heuristics
-    from megamoe.jit import build as jb
 
-    fused = [
-        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=p, engine=e)
-        for p in jb.PROMOTIONS
-        for e in jb.FUSED_ENGINES
-        for fm in (True, False)
-        for dbg in (False, True)
-    ]
-    return list(heuristics.used_specs()) + fused
+    return heuristics.used_specs() + heuristics.fused_specs()
 
 
 def fingerprint(sass: str) -> tuple[str, int]:

@@ -163,7 +163,8 @@ def gemm_bound(
     locate: Locator | None,
     reach: torch.Tensor | None = None,
 ) -> CheckResult:
-    """|got - exact| <= τ Σ|a_k b_k| on the valid rows; both NaN counts as equal. reach: where an
+    """|got - exact| <= τ Σ|a_k b_k| on the valid rows; `accepted` are the elements that pass
+    whatever their error (both NaN, the infinities SPEC §4 allows). reach: where an
     element's fp32 partial sums can exceed the fp32 range (conformance.gemm.overflow_reach; default
     Σ|a_k b_k|), ±inf and NaN are allowed too (SPEC §4, the overflow domain)."""
     g = got.to(torch.float64)[rows]
@@ -171,21 +172,20 @@ def gemm_bound(
     # An exact sum beyond the fp32 range counts as the largest fp32 of its sign (a truncating
     # accumulator stays finite there) or its infinity...
     overflow = torch.isfinite(e) & (e.abs() > FP32_MAX)
-    both_nan = overflow & torch.isinf(g) & (torch.sign(g) == torch.sign(e))
+    accepted = overflow & torch.isinf(g) & (torch.sign(g) == torch.sign(e))
     e = torch.where(overflow, e.clamp(-FP32_MAX, FP32_MAX), e)
-    both_nan |= torch.isnan(g) & torch.isnan(e)
-    both_nan |= torch.isinf(e) & (g == e)
+    accepted |= torch.isinf(e) & (g == e)
     # ...and where the partial sums can leave the range, they may overflow in whatever order the
     # adds run, to either sign, or to NaN when both signs overflow: any non-finite result passes.
     reach = (abs_sum if reach is None else reach)[rows]
-    both_nan |= (reach > FP32_MAX) & ~torch.isfinite(g)
+    accepted |= (reach > FP32_MAX) & ~torch.isfinite(g)
     # A NaN expected from a NaN scale byte (255: only the kernel's own requantization of an
     # overflowed row makes one, SPEC §3 D6 step 5) is 2^128 = inf on the tensor core's scale path:
     # any non-finite result passes where NaN is expected.
-    both_nan |= torch.isnan(e) & ~torch.isfinite(g)
+    accepted |= torch.isnan(e) & ~torch.isfinite(g)
     err = (g - e).abs()
     bound = tau * abs_sum[rows]
-    bad = ~both_nan & ~(err <= bound)  # NaN on one side only is a violation
+    bad = ~accepted & ~(err <= bound)  # NaN on one side only is a violation
     finite = torch.isfinite(err) & (abs_sum[rows] > 0)
     ratio = float((err[finite] / (tau * abs_sum[rows][finite])).max()) if finite.any() else 0.0
     n = int(bad.sum())

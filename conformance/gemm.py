@@ -54,9 +54,8 @@ def overflow_reach(d: Dump, point: str, abs_sum: torch.Tensor) -> torch.Tensor:
     w_sf = d[GEMMS[point][4]]
     if w_sf.numel() == 0:
         return abs_sum
-    base = w_sf.amax(dim=-1).to(torch.float64)  # B_r [E_l, N]
-    spread = base.amax(dim=1, keepdim=True) - base
-    lift = torch.exp2(torch.where(spread <= ref.quantize.FAST_ROW_SPREAD, spread, 0.0))  # [E_l, N]
+    spread = ref.quantize.row_spreads(w_sf).to(torch.float64)  # [E_l, N]
+    lift = torch.exp2(torch.where(spread <= ref.quantize.FAST_ROW_SPREAD, spread, 0.0))
     offsets = d[P.D4_EXPERT_OFFSETS].to(torch.int64)
     rows = torch.arange(abs_sum.shape[0], device=offsets.device)
     expert = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=lift.shape[0] - 1)

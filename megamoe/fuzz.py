@@ -258,11 +258,12 @@ class Outcome:
     detail: str = ""  # the suite's first failure, or the error
 
 
-def check_dumps(dumps, weights: ref.ExpertWeights, *, plain: bool) -> tuple[bool, str]:
-    """The suite on one call's dumps (every rank); end to end only where it says something."""
+def check_dumps(dumps, *, plain: bool) -> tuple[bool, str]:
+    """The suite on one call's dumps (every rank, each with its weights); end to end only where it
+    says something."""
     from megamoe.conformance.suite import check
 
-    report = check(dumps, weights=weights, end_to_end=plain)
+    report = check(dumps, end_to_end=plain)
     return report.ok, "" if report.ok else report.text()
 
 
@@ -277,13 +278,18 @@ def run_cpu(case: Case, *, tamper=None) -> Outcome:
     start = time.monotonic()
     cfg, inputs, weights = case_tensors(case)
     dumps = reference_dumps(cfg, inputs, weights, tamper=tamper)
-    ok, detail = check_dumps(dumps, weights, plain=_plain(case))
+    ok, detail = check_dumps(dumps, plain=_plain(case))
     return Outcome(case.index, ok, time.monotonic() - start, detail)
 
 
+def _lost_context(e: Exception) -> bool:
+    """Whether an error is a CUDA error, after which this process runs nothing more on the GPU."""
+    return "CUDA" in str(e) or "AcceleratorError" in type(e).__name__
+
+
 def _gpu_call(case: Case, rank: int, group) -> tuple:
-    """One rank's part of a GPU case: the debug call's dumps (without weights) and whether the
-    release call gave the same y bits."""
+    """One rank's part of a GPU case: the debug call's dumps (with this rank's weights, which the
+    judge then needs not make again) and whether the release call gave the same y bits."""
     from megamoe.moe import MegaMoE
 
     cfg, inputs, weights = case_tensors(case, "cuda")
@@ -294,7 +300,7 @@ def _gpu_call(case: Case, rank: int, group) -> tuple:
         y2 = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
         same = torch.equal(y.view(torch.int16), y2.view(torch.int16))
     torch.cuda.synchronize()
-    return dumps[0].without_weights(), same
+    return dumps[0], same
 
 
 def _rank_cases(rank: int, ranks: int, cases: list[Case]) -> list:
@@ -310,7 +316,7 @@ def _rank_cases(rank: int, ranks: int, cases: list[Case]) -> list:
             out.append((case.index, *_gpu_call(case, rank, multirank.group()), None, time.monotonic() - start))
         except Exception as e:
             out.append((case.index, None, False, f"{type(e).__name__}: {e}", time.monotonic() - start))
-            if "CUDA" in str(e) or "AcceleratorError" in type(e).__name__:
+            if _lost_context(e):
                 break
     return out
 
@@ -330,9 +336,11 @@ def run_gpu(cases: list[Case], say) -> list[Outcome]:
                     outcomes.append(_judged(case, [dump], same, time.monotonic() - start))
                 except Exception as e:
                     outcomes.append(Outcome(case.index, False, time.monotonic() - start, f"{type(e).__name__}: {e}"))
+                    say(case, outcomes[-1])
+                    if _lost_context(e):
+                        return outcomes + _not_run(group[group.index(case) + 1 :], case)
+                    continue
                 say(case, outcomes[-1])
-                if not outcomes[-1].ok and "CUDA" in outcomes[-1].detail:
-                    return outcomes + _not_run(group[group.index(case) + 1 :], case)
             continue
         for chunk in range(0, len(group), SPAWN_CASES):
             outcomes += _spawned(ranks, group[chunk : chunk + SPAWN_CASES], say)
@@ -378,8 +386,7 @@ def _not_run(cases: list[Case], after: Case) -> list[Outcome]:
 
 def _judged(case: Case, dumps, same: bool, seconds: float) -> Outcome:
     start = time.monotonic()
-    _, _, weights = case_tensors(case)
-    ok, detail = check_dumps(dumps, weights, plain=_plain(case))
+    ok, detail = check_dumps(dumps, plain=_plain(case))
     if not same:
         ok, detail = False, (detail + "\n" if detail else "") + "the release call's y differs from the debug call's"
     return Outcome(case.index, ok, seconds + time.monotonic() - start, detail)

@@ -461,7 +461,7 @@ def _plan_l1(
     if kw.num_experts != E:
         fail("kw", f"{E} experts (len(expert_rows))", kw.num_experts)
     check_weights_device(kw, dev)
-    check_fast_spread(kw, promotion)
+    check_fast_spread("kw", kw.row_spread, promotion)
     if (2 * inter) % ROWS_PER_CTA:
         raise MegaMoEInputError(f"argument 'kw': 2I must be a multiple of {ROWS_PER_CTA}, got {2 * inter}")
     c, has_clamp = clamp(activation_clamp)
@@ -598,7 +598,7 @@ def _plan_l2(
     )
     P, dev = l2_acts.shape[0], l2_acts.device
     check_weights_device(kw, dev)
-    check_fast_spread(kw, promotion)
+    check_fast_spread("kw", kw.row_spread, promotion)
     _check("dst_rows", dst_rows, _I32, (P,), dev)
     if not isinstance(combine, torch.Tensor) or combine.dim() < 1 or combine.shape[-1] != H:
         raise MegaMoEInputError(f"argument 'combine': expected a bf16 tensor [..., {H}]")

@@ -161,6 +161,18 @@ def used_specs() -> list[jb.GemmSpec]:
     return specs + [jb.PredecodeSpec(promotion=promotion) for promotion in PROMOTIONS]
 
 
+def fused_specs() -> list[jb.FusedSpec]:
+    """Every specialisation of the fused layer's kernel (promotion, engine, SiLU table, debug): what
+    MegaMoE can launch (the CI compile gate builds these too)."""
+    return [
+        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine)
+        for promotion in PROMOTIONS
+        for engine in jb.FUSED_ENGINES
+        for fm in (True, False)
+        for dbg in (False, True)
+    ]
+
+
 # The prefill engine from this many expected pool rows per local expert (choose_engine), per
 # promotion. Measured on the DSV3 slice (bench/NOTES.md v21, one call, us, swap-AB / prefill
 # engine): fast mode 986 / 1338 at 128 rows (T = 512), 3466 / 2552 at 512; exact mode 845 / 1470 at

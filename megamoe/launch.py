@@ -50,14 +50,16 @@ def check_weights_device(kw: KernelWeights, dev: torch.device) -> None:
             fail("kw", f"weights on {dev} (transform_weights of tensors there)", f"{name} on {t.device}")
 
 
-def check_fast_spread(kw: KernelWeights, promotion: str) -> None:
-    """The fast mode's weight domain (SPEC §2, megamoe.reference.quantize.FAST_ROW_SPREAD)."""
-    if promotion == "k128" and kw.row_spread > Q.FAST_ROW_SPREAD:
+def check_fast_spread(name: str, spread: int, promotion: str) -> None:
+    """The fast mode's weight domain (SPEC §2, megamoe.reference.quantize.FAST_ROW_SPREAD): `spread`,
+    the weights' largest B_e - B_r (KernelWeights.row_spread, reference.quantize.weight_row_spread),
+    refused naming `name` in the fast mode when it is larger."""
+    if promotion == "k128" and spread > Q.FAST_ROW_SPREAD:
         fail(
-            "kw",
+            name,
             f"for promotion 'k128', every row's largest scale byte at most {Q.FAST_ROW_SPREAD} under its "
             "expert's largest (else promotion 'k32')",
-            f"a row {kw.row_spread} under",
+            f"a row {spread} under",
         )
 
 

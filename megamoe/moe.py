@@ -188,14 +188,7 @@ class MegaMoE:
             fail("weights", f"tensors on {dev}", local.w1.device)
         if promotion == "k128":
             for name, sf in (("w1_sf", local.w1_sf), ("w2_sf", local.w2_sf)):
-                spread = ref.quantize.weight_row_spread(sf)
-                if spread > ref.quantize.FAST_ROW_SPREAD:
-                    fail(
-                        f"weights.{name}",
-                        f"for promotion 'k128', every row's largest scale byte at most {ref.quantize.FAST_ROW_SPREAD} under "
-                        "its expert's largest (else promotion 'k32')",
-                        f"a row {spread} under",
-                    )
+                LA.check_fast_spread(f"weights.{name}", ref.quantize.weight_row_spread(sf), promotion)
         self.weights = local  # canonical, for the dumps
 
     # -----------------------------------------------------------------------------------------

@@ -195,12 +195,16 @@ def scaled_fp4_lut(device="cpu") -> torch.Tensor:
 FAST_ROW_SPREAD = 32
 
 
+def row_spreads(sf: torch.Tensor) -> torch.Tensor:
+    """int32 [E, R]: B_e - B_r of every weight row, from canonical scale bytes [E, R, K/32] (B_r the
+    row's largest byte, B_e its expert's largest B_r)."""
+    base = sf.amax(dim=-1).to(torch.int32)
+    return base.amax(dim=1, keepdim=True) - base
+
+
 def weight_row_spread(sf: torch.Tensor) -> int:
-    """max over experts and rows of B_e - B_r: canonical scale bytes [E, R, K/32]."""
-    if sf.numel() == 0:
-        return 0
-    base = sf.amax(dim=-1).to(torch.int32)  # B_r [E, R]
-    return int((base.amax(dim=1, keepdim=True) - base).max())
+    """The largest of row_spreads (0 for no rows): what FAST_ROW_SPREAD bounds."""
+    return int(row_spreads(sf).max()) if sf.numel() else 0
 
 
 class FastWeightScales(NamedTuple):

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from megamoe import gemm as G
+from megamoe import heuristics
 from megamoe.jit import build as jb
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -111,16 +112,6 @@ def test_registers_are_the_launch_allocation(built):
     assert not bad, "\n".join(bad)
 
 
-def fused_specs() -> list[jb.FusedSpec]:
-    return [
-        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine)
-        for promotion in jb.PROMOTIONS
-        for engine in jb.FUSED_ENGINES
-        for fm in (True, False)
-        for dbg in (False, True)
-    ]
-
-
 # Measured (ptxas -v, nvcc 13.0, NOTES v22): the fast mode's swap-AB engine (four warpgroups, 104
 # registers a consumer) 344 bytes: accumulators of the 64-token group around each stage's promotion,
 # and words of the 40-register producer roles; the prefill engine 304-312 (fast, the producer
@@ -136,7 +127,7 @@ def test_the_fused_kernels_compile_with_at_most_a_few_spilled_words():
     spills a kilobyte (measured before the tail moved to the producer warpgroup), and so did the
     exact prefill engine with a mainloop instantiated per layer."""
     with ThreadPoolExecutor(max_workers=2) as ex:
-        specs = fused_specs()
+        specs = heuristics.fused_specs()
         results = list(ex.map(jb.build, specs))
     bad = [
         f"{s.name}: {b.spill_bytes} spill bytes" for s, b in zip(specs, results) if b.spill_bytes > FUSED_SPILL_BYTES

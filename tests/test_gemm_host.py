@@ -223,11 +223,13 @@ def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest(
     w.w2_sf[1, 7] = 254  # one L2 row of expert 1 at 2^127
     kw = G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
     assert kw.row_spread > ref.quantize.FAST_ROW_SPREAD
-    LA.check_fast_spread(kw, "k32")
+    # the kernel layout's row bases and the canonical scale bytes say the same
+    assert kw.row_spread == max(ref.quantize.weight_row_spread(sf) for sf in (w.w1_sf, w.w2_sf))
+    LA.check_fast_spread("kw", kw.row_spread, "k32")
     with pytest.raises(ref.MegaMoEInputError, match="argument 'kw': expected for promotion 'k128'"):
-        LA.check_fast_spread(kw, "k128")
+        LA.check_fast_spread("kw", kw.row_spread, "k128")
     w.w2_sf[1, 7] = row
-    LA.check_fast_spread(G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf), "k128")
+    LA.check_fast_spread("kw", G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf).row_spread, "k128")
 
 
 def test_gemm_params_packs_the_activation_maps_the_shape_and_the_trap_record_with_every_other_field(monkeypatch):
