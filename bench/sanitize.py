@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 SHAPE = dict(hidden=512, intermediate=512, num_experts=4, top_k=2, max_tokens_per_rank=32)
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -92,8 +93,9 @@ TARGETS = {
 _SUMMARY = re.compile(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)")
 
 
-def sanitize(tool: str, target: str, timeout: float) -> tuple[str, float]:
+def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None) -> tuple[str, float]:
     cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all", "--print-limit", "20"]
+    cmd += ["--racecheck-report", "all"] if tool == "racecheck" else []
     cmd += [sys.executable, "-m", "bench.sanitize", "--run", target]
     start = time.monotonic()
     try:
@@ -101,6 +103,9 @@ def sanitize(tool: str, target: str, timeout: float) -> tuple[str, float]:
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:.0f} s", time.monotonic() - start
     out = run.stdout + run.stderr
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{tool}-{target}.log").write_text(out)
     found = _SUMMARY.findall(out)
     summary = "; ".join(found) if found else f"no summary (exit {run.returncode}): {out.strip()[-200:]}"
     if run.returncode and "0 errors" in summary:
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)}")
     p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     p.add_argument("--timeout", type=float, default=300, help="seconds per (tool, target) (default 300)")
+    p.add_argument("--log-dir", type=Path, help="keep each run's whole output in DIR/TOOL-TARGET.log")
     p.add_argument("--run", choices=list(TARGETS), help="run one target's workload (what the tool runs)")
     args = p.parse_args(argv)
     if args.run:
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     clean = True
     for tool in tools:
         for target in targets:
-            summary, seconds = sanitize(tool, target, args.timeout)
+            summary, seconds = sanitize(tool, target, args.timeout, args.log_dir)
             clean &= summary.startswith(("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards"))
             print(f"| {tool} | {target} | {summary} | {seconds:.0f} |", flush=True)
     return 0 if clean else 1

@@ -347,7 +347,9 @@ def run_gpu(cases: list[Case], say) -> list[Outcome]:
     return outcomes
 
 
-SPAWN_CASES = 6  # cases per spawn of several ranks (its results come back when its last case is done)
+# Cases per spawn of several ranks: a spawn starts in about 5 s, and its results come back when its
+# last case is done.
+SPAWN_CASES = 24
 
 
 def _spawned(ranks: int, group: list[Case], say) -> list[Outcome]:
@@ -496,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="processes at once (default 1; on the GPU the cases of several ranks run after them, one at a time)",
     )
+    p.add_argument(
+        "--ranks",
+        help="only the drawn cases of these R, comma-separated (e.g. 1, or 2,4: a run in two parts)",
+    )
     p.add_argument("--indices", help=argparse.SUPPRESS)  # a shard's cases (--jobs)
     p.add_argument("--json", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -513,6 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         indices = list(range(args.first, args.first + args.cases))
     cases = [draw(args.seed, i, small=small) for i in indices]
+    if args.ranks:
+        try:
+            keep = {int(r) for r in args.ranks.split(",")}
+        except ValueError:
+            p.error(f"--ranks: comma-separated rank counts, got {args.ranks!r}")
+        cases = [c for c in cases if c.ranks in keep]
+        if not cases:
+            p.error(f"--ranks {args.ranks}: none of the drawn cases has that R")
     if args.jobs > 1 and len(cases) > 1 and not args.indices:
         outcomes = _sharded(args, cases)
     else:

@@ -208,7 +208,8 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   if (tid == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
-    wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err);
+    wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err,
+                       ptx::kLastWaitTimeoutCycles);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);
   combine_tokens<kTailThreads>(fp, tid, Engine::scratch());

@@ -39,12 +39,13 @@ __device__ __forceinline__ void signal_all_ranks(const FusedParams& fp, int* sig
 // or record the wait and trap (SPEC §5). kSys: a counter every rank's CTAs raise (system scope),
 // else one that only this rank's raise (gpu scope).
 template <bool kSys>
-__device__ __forceinline__ void wait_counter(const int* counter, int need, int what, int index, int* err) {
+__device__ __forceinline__ void wait_counter(const int* counter, int need, int what, int index, int* err,
+                                             long long timeout = ptx::kSpinTimeoutCycles) {
   auto relaxed = [&] { return kSys ? ptx::ld_relaxed_sys(counter) : ptx::ld_relaxed_gpu(counter); };
   if (relaxed() < need) {
     const long long start = clock64();
     while (relaxed() < need) {
-      if (clock64() - start > ptx::kSpinTimeoutCycles) ptx::report_trap(err, what, index, need, relaxed());
+      if (clock64() - start > timeout) ptx::report_trap(err, what, index, need, relaxed());
     }
   }
   (void)(kSys ? ptx::ld_acquire_sys(counter) : ptx::ld_acquire_gpu(counter));
