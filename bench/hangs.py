@@ -12,6 +12,7 @@ tests/gpu/test_hangs.py asserts the records; the table is for the times (bench/N
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -95,13 +96,20 @@ def run_site(wait: str, ranks: int, on_rank: int, engine: str, timeout: float = 
     return run.stdout + run.stderr
 
 
+_SECONDS = re.compile(r"RuntimeError: after ([0-9.]+) s:")
+_RECORD = re.compile(r"\[the kernel trapped: ([^\]]+)\]")
+
+
 def _row(site, out: str) -> str:
+    """A site's table row from its process's output. The seconds and the record are searched in
+    the whole output: the record follows CUDA's several-line message, and a traceback also shows
+    the source line that formats "after ... s:" (read literally, that is no time)."""
     wait, ranks, on_rank, engine = site
-    line = next((ln for ln in out.splitlines() if "after " in ln and " s: " in ln), "")
-    seconds = line.split("after ", 1)[1].split(" s:", 1)[0] if line else "-"
+    seconds = _SECONDS.search(out)
+    record = _RECORD.search(out)
     failed = next((ln.split()[1] for ln in out.splitlines() if ln.startswith("RANKFAILED")), "-")
-    record = line.split("[the kernel trapped: ", 1)[1].rstrip("]") if "[the kernel trapped: " in line else ""
-    return f"| {wait} | {ranks} | {on_rank} | {engine} | {failed} | {seconds} | {record or out.strip()[-160:]} |"
+    what = record.group(1) if record else " ".join(out.split())[-160:]
+    return f"| {wait} | {ranks} | {on_rank} | {engine} | {failed} | {seconds.group(1) if seconds else '-'} | {what} |"
 
 
 def main() -> None:

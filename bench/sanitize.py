@@ -19,10 +19,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 SHAPE = dict(hidden=512, intermediate=512, num_experts=4, top_k=2, max_tokens_per_rank=32)
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+HAZARDS: dict[str, Counter] = {}  # racecheck's hazards of each target, by site (hazard_sites)
 
 
 def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0) -> None:
@@ -91,11 +93,35 @@ TARGETS = {
 }
 
 _SUMMARY = re.compile(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)")
+_HAZARD = re.compile(r"Potential (\w+) hazard detected")
+_ACCESS = re.compile(r"(Write|Read) Thread \((\d+),\d+,\d+\) at (?:void )?([\w:]+).* in (\S+:\d+)")
+
+
+def hazard_sites(out: str) -> Counter:
+    """racecheck's hazards by (kind, first access's site, second access's site), each site the
+    function and file:line; the count of hazards, and, because a warp's lane 0 often publishes for
+    its warp, of those whose first access was by a thread other than its warp's lane 0."""
+    sites: Counter = Counter()
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        kind = _HAZARD.search(line)
+        if not kind:
+            continue
+        acc = [m for m in (_ACCESS.search(x) for x in lines[i + 1 : i + 3]) if m]
+        if len(acc) < 2:
+            continue
+        key = (kind.group(1), *(f"{m.group(1)} {m.group(3)} {m.group(4)}" for m in acc))
+        sites[key] += 1
+        sites[key + ("first access not by lane 0",)] += int(acc[0].group(2)) % 32 != 0
+    return sites
 
 
 def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None) -> tuple[str, float]:
     cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all", "--print-limit", "20"]
-    cmd += ["--racecheck-report", "all"] if tool == "racecheck" else []
+    # racecheck: every hazard (not the first 20), without backtraces, for the grouping by site below
+    cmd += (
+        ["--racecheck-report", "hazard", "--print-limit", "0", "--show-backtrace", "no"] if tool == "racecheck" else []
+    )
     cmd += [sys.executable, "-m", "bench.sanitize", "--run", target]
     start = time.monotonic()
     try:
@@ -106,6 +132,8 @@ def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{tool}-{target}.log").write_text(out)
+    if tool == "racecheck":
+        HAZARDS[target] = hazard_sites(out)
     found = _SUMMARY.findall(out)
     summary = "; ".join(found) if found else f"no summary (exit {run.returncode}): {out.strip()[-200:]}"
     if run.returncode and "0 errors" in summary:
@@ -139,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             summary, seconds = sanitize(tool, target, args.timeout, args.log_dir)
             clean &= summary.startswith(("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards"))
             print(f"| {tool} | {target} | {summary} | {seconds:.0f} |", flush=True)
+    if any(HAZARDS.values()):
+        print("\n| racecheck target | hazard | first access | second access | hazards | first access not by lane 0 |")
+        print("|---|---|---|---|---|---|")
+        for target, sites in HAZARDS.items():
+            for key, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+                if len(key) == 3:
+                    print(
+                        f"| {target} | {key[0]} | {key[1]} | {key[2]} | {n} | {sites[key + ('first access not by lane 0',)]} |"
+                    )
     return 0 if clean else 1
 
 

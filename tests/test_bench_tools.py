@@ -133,3 +133,53 @@ def test_the_sass_fingerprint_ignores_addresses_and_labels_and_sees_an_immediate
     other = "        /*0040*/                   IADD3 R1, R1, -0x7d, RZ ;\n        /*0050*/  BRA `(.L_x_12) ;\n"
     assert fingerprint(a) == fingerprint(moved)
     assert fingerprint(a)[0] != fingerprint(other)[0]
+
+
+# The end of a one-rank site's output on the H200 (bench.hangs, withheld arrival): CUDA's message
+# spans lines, the record follows it, and the traceback quotes the line that formats the seconds.
+_HANG_OUT = """  File "/work/main/bench/hangs.py", line 67, in withheld_call
+    raise RuntimeError(f"after {time.monotonic() - start:.1f} s: {exc}") from exc
+RuntimeError: after 10.5 s: CUDA error: unspecified launch failure
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+ [the kernel trapped: rank 0, SM block 0 thread 32: waited for arrival counter of pool block 0: expected 36, observed 35]
+"""
+
+
+def test_the_hang_tables_row_reads_the_seconds_and_the_record_not_the_quoted_source_line():
+    from bench import hangs
+
+    row = hangs._row(("arrival", 1, 0, "swapab"), _HANG_OUT)
+    assert row == (
+        "| arrival | 1 | 0 | swapab | - | 10.5 | rank 0, SM block 0 thread 32: waited for arrival counter of pool"
+        " block 0: expected 36, observed 35 |"
+    )
+    two = hangs._row(("dispatch", 2, 1, "swapab"), "RANKFAILED 1\nrank 1 failed: " + _HANG_OUT.splitlines()[2])
+    assert two.startswith("| dispatch | 2 | 1 | swapab | 1 | 10.5 | ")
+
+
+# Two of racecheck's hazard reports on the H200 (fused swap-AB k32), the second edited to a lane 0
+# writer and another reading line, as --racecheck-report hazard --show-backtrace no prints them.
+_RACE_OUT = """========= Error: Potential RAW hazard detected at __shared__ 0x2da04 in block (26,0,0) :
+=========     Write Thread (33,0,0) at void megamoe::stage_token_scales<(int)64, (int)128>(const megamoe::GemmParams &)+0xca00 in producer.cuh:163
+=========     Read Thread (160,0,0) at void megamoe::load_token_scales<(int)8, (int)0, (int)1>(const float *, int)+0x1fdb0 in promotion.cuh:20
+=========     Current Value : 0
+========= Error: Potential RAW hazard detected at __shared__ 0x2da04 in block (7,0,0) :
+=========     Write Thread (32,0,0) at void megamoe::stage_token_scales<(int)64, (int)128>(const megamoe::GemmParams &)+0xca00 in producer.cuh:163
+=========     Read Thread (160,0,0) at void megamoe::load_token_scales<(int)64, (int)0, (int)4>(const float *, int)+0x24c70 in promotion.cuh:26
+=========     Current Value : 0
+"""  # noqa: E501
+
+
+def test_racechecks_hazards_are_grouped_by_their_two_sites_and_the_first_accesss_lane():
+    from bench.sanitize import hazard_sites
+
+    sites = hazard_sites(_RACE_OUT)
+    first = (
+        "RAW",
+        "Write megamoe::stage_token_scales producer.cuh:163",
+        "Read megamoe::load_token_scales promotion.cuh:20",
+    )
+    second = first[:2] + ("Read megamoe::load_token_scales promotion.cuh:26",)
+    assert sites[first] == 1 and sites[first + ("first access not by lane 0",)] == 1
+    assert sites[second] == 1 and sites[second + ("first access not by lane 0",)] == 0
+    assert sum(n for k, n in sites.items() if len(k) == 3) == 2

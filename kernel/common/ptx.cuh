@@ -108,14 +108,16 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // memory, still readable by the host after the trap), writes its fields, marks it complete and
 // traps; only the first waiter to expire writes, so the record is never a mix of two. The wait
 // that is the root cause when a count never comes (dispatch, arrival, L1 completion, predecode)
-// expires first; the waits behind it, which start at about the same time, wait longer: the
-// pipeline's mbarriers twice as long, and the L2 completion wait, which a CTA without tiles enters
-// before the working CTAs reach their first arrival wait (measured: with a withheld arrival it
-// expired first at equal timeouts), three times. No printf: a call inside the consumer loop would
-// make ptxas serialise the wgmma pipeline and save registers around it.
+// expires first; the waits behind it wait longer: the L2 completion wait, which a CTA without
+// tiles enters before the working CTAs reach their first arrival wait (H200: with equal timeouts
+// it expired first and was reported for a withheld arrival), ~3 s longer, so that a hang on one
+// rank still ends within 15 s; the pipeline's mbarriers twice as long (a barrier that never
+// completes is no input's doing: in the fused kernel the L2 completion wait then names it). No
+// printf: a call inside the consumer loop would make ptxas serialise the wgmma pipeline and save
+// registers around it.
 constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // counters: ~10 s at 2 GHz
+constexpr long long kLastWaitTimeoutCycles = kSpinTimeoutCycles + 6ll * 1000 * 1000 * 1000;  // L2 completion
 constexpr long long kBarrierTimeoutCycles = 2 * kSpinTimeoutCycles;  // mbarriers of the pipeline
-constexpr long long kLastWaitTimeoutCycles = 3 * kSpinTimeoutCycles;  // the L2 completion wait
 // What a record names (`what`) is one of the codes of kernel/gemm/contract.cuh (WaitKind).
 
 constexpr long long kRecordGraceCycles = 20ll * 1000 * 1000;  // ~10 ms: the claimant writes, fences, traps
