@@ -94,7 +94,8 @@ class Dump:
 
     def weights(self) -> ref.ExpertWeights:
         t = self.tensors
-        return ref.ExpertWeights(t["weights.w1"], t["weights.w1_sf"], t["weights.w2"], t["weights.w2_sf"])
+        biases = {n: t.get(f"weights.{n}") for n in BIAS_NAMES}  # SPEC §8's, where the layer has them
+        return ref.ExpertWeights(t["weights.w1"], t["weights.w1_sf"], t["weights.w2"], t["weights.w2_sf"], **biases)
 
     @property
     def has_weights(self) -> bool:
@@ -169,16 +170,23 @@ def _what_it_is(path: Path) -> str:
 def global_weights(dumps: list[Dump]) -> ref.ExpertWeights:
     """All E experts' weights, from the local weights in the dumps of every rank (rank order)."""
     ordered = sorted(dumps, key=lambda d: d.rank)
-    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in WEIGHT_NAMES))
+    biases = {
+        n: torch.cat([d[f"weights.{n}"] for d in ordered])
+        for n in BIAS_NAMES
+        if all(f"weights.{n}" in d.tensors for d in ordered)
+    }
+    return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in WEIGHT_NAMES), **biases)
 
 
 WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
+BIAS_NAMES = ("b1", "b2")  # optional (SPEC §8): a dump of a layer with biases carries them too
 
 
 def weights_digest(w: ref.ExpertWeights) -> str:
     """SHA-256 of canonical weights: every tensor's dtype, shape and bytes, in SPEC order."""
     h = hashlib.sha256()
-    for name in WEIGHT_NAMES:
+    # The biases only where present: the digest of weights without them is what it always was.
+    for name in WEIGHT_NAMES + tuple(n for n in BIAS_NAMES if getattr(w, n) is not None):
         t = getattr(w, name).detach().cpu().contiguous()
         h.update(f"{name} {t.dtype} {list(t.shape)};".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -224,7 +232,8 @@ def with_weights(
                 f"rank {d.rank}: the weights given are not the ones this dump was made with "
                 f"(SHA-256 {digest[:12]}..., the dump names {d.meta['weights']['sha256'][:12]}...)"
             )
-        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in WEIGHT_NAMES}), d.meta, d.source))
+        names = WEIGHT_NAMES + tuple(n for n in BIAS_NAMES if getattr(local, n) is not None)
+        out.append(Dump(dict(d.tensors, **{f"weights.{n}": getattr(local, n) for n in names}), d.meta, d.source))
     return out
 
 
@@ -312,6 +321,7 @@ def make_dumps(
             "weights.w1_sf": local.w1_sf.cpu(),
             "weights.w2": local.w2.cpu(),
             "weights.w2_sf": local.w2_sf.cpu(),
+            **{f"weights.{n}": getattr(local, n).cpu() for n in BIAS_NAMES if getattr(local, n) is not None},
         }
         meta = {
             "config": cfg.to_dict(),

@@ -19,7 +19,8 @@ def check_d7(dumps: list[Dump], rank: int) -> list[CheckResult]:
 
 def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     """The combine buffer of source rank `rank`: every valid slot holds bf16(acc2) of the pool row
-    (on whichever owner) whose metadata names it; rows are given by every owner's dump."""
+    (on whichever owner) whose metadata names it, with the owner's routing-weighted b2 added first
+    where the layer has it (SPEC §8 D8); rows are given by every owner's dump."""
     d = dumps[rank]
     buf = d[P.D8_COMBINE]
     want = buf.clone()
@@ -31,7 +32,11 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
         rows = (valid & in_range & (meta[:, 0] == rank)).nonzero().flatten()
         if rows.numel():
             k, t = meta[rows, 2], meta[rows, 1]
-            want[k, t] = ref.bf16_tensor(ref.encode_bf16(owner[P.D7_ACC2][rows]))
+            acc2 = owner[P.D7_ACC2]
+            bias = ref.l2_bias_args(owner.tensors, owner.tensors.get("weights.b2"))  # SPEC §8's b2
+            if bias:
+                acc2 = ref.add_l2_bias(acc2, **bias)
+            want[k, t] = ref.bf16_tensor(ref.encode_bf16(acc2[rows]))
             written[k, t] = True
     idx = d["inputs.topk_idx"]
     slots = torch.zeros_like(written)

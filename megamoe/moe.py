@@ -148,6 +148,10 @@ class MegaMoE:
         check_type("cfg", cfg, ref.MoEConfig)
         if cfg.num_ranks != size:
             fail("cfg.num_ranks", f"{size}, the size of the process group (1 for group=None)", cfg.num_ranks)
+        if cfg.activation != "swiglu":
+            fail(
+                "cfg.activation", "'swiglu' (the fused kernel does not run SPEC §8's variant yet)", repr(cfg.activation)
+            )
         if cfg.block_m != C.FUSED_BLOCK_M:
             fail("cfg.block_m", f"{C.FUSED_BLOCK_M} (the fused kernel's token tile)", cfg.block_m)
         if cfg.local_experts > C.MAX_EXPERTS:

@@ -108,7 +108,8 @@ def tolerance_report(
         add("D5", dump[P.D5_ACC1][v], orc.acc1[v])
         deq = ref.dequantize_e4m3(dump[P.D6_L2_ACTS], dump[P.D6_L2_SF])
         scale_exp = (dump[P.D6_L2_SF].to(torch.int64) - 127).repeat_interleave(32, dim=1)
-        local_act = ref.swiglu_f64(dump[P.D5_ACC1], dump[P.D4_POOL_WEIGHTS], v, cfg.activation_clamp)
+        b1 = None if local.b1 is None else ref.bias_rows(local.b1, dump[P.D4_EXPERT_OFFSETS], v.numel())
+        local_act = ref.swiglu_f64(dump[P.D5_ACC1], dump[P.D4_POOL_WEIGHTS], v, cfg.activation_clamp, cfg=cfg, b1=b1)
         add("D6 local", deq[v], local_act[v], scale_exp[v])
         add("D6", deq[v], orc.activation[v])
         local_acc2 = ref.grouped_gemm(

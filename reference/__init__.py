@@ -4,7 +4,7 @@ Runs on CPU or CUDA tensors alike. Stages, in the project's vocabulary:
     dispatch (D1-D3)  send_counts, receive_counts, source_lists
     pool (D4)         build_pool, Pool
     L1 (D5)           l1_gemm
-    SwiGLU/requant    l1_epilogue, swiglu, l1_done (D6)
+    SwiGLU/requant    l1_epilogue, swiglu, l1_done (D6); bias_rows (SPEC §8's biases per pool row)
     L2 (D7, D8)       l2_gemm, l2_epilogue
     combine (D9)      combine
     cleanup (D10)     updated_recv_stats
@@ -14,7 +14,7 @@ every dump tensor's name, stage, dtype, shape and check class, and `check_dump_t
 
 from .cleanup import updated_recv_stats
 from .combine import combine
-from .config import DEFAULT_CONFIG, MoEConfig, check_config
+from .config import ACTIVATIONS, DEFAULT_CONFIG, GPT_OSS_ALPHA, GPT_OSS_LIMIT, MoEConfig, check_config
 from .dispatch import Pool, align_up, build_pool, pool_offsets, receive_counts, region_valid, send_counts, source_lists
 from .errors import MegaMoEInputError
 from .formats import (
@@ -39,9 +39,9 @@ from .formats import (
 from .gemm import block_scaled_gemm, block_scaled_gemm_f64, fast_gemm_f64, grouped_gemm
 from .inputs import RankInputs, make_inputs, split_global_batch
 from .l1 import l1_gemm
-from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
+from .l2 import add_l2_bias, empty_combine_buffer, l2_epilogue, l2_gemm
 from .oracle import OracleRank, calc_diff, combine_f64, run_oracle, swiglu_f64
-from .pipeline import POINTS, ReferenceResult, StageContext, run_reference, valid_rows
+from .pipeline import POINTS, ReferenceResult, StageContext, activation_args, l2_bias_args, run_reference, valid_rows
 from . import points
 from .points import DumpPoint, DumpTensor, check_dump_tensors, dump_dims, dump_problems
 from .quantize import (
@@ -54,8 +54,8 @@ from .quantize import (
     requantize_intermediate,
 )
 from .routing import DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk, stable_topk, tie_free_logits
-from .silu_tables import silu_table
-from .swiglu import L1Output, l1_done, l1_epilogue, swiglu
+from .silu_tables import glu_table, silu_table
+from .swiglu import L1Output, bias_rows, l1_done, l1_epilogue, swiglu
 from .threads import limit_torch_threads as _limit_torch_threads
 from .validate import check_call, check_rank_inputs, check_weights
 from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_weights
@@ -68,7 +68,10 @@ _limit_torch_threads()
 __all__ = [
     "updated_recv_stats",
     "combine",
+    "ACTIVATIONS",
     "DEFAULT_CONFIG",
+    "GPT_OSS_ALPHA",
+    "GPT_OSS_LIMIT",
     "MoEConfig",
     "check_config",
     "Pool",
@@ -106,6 +109,7 @@ __all__ = [
     "l1_gemm",
     "empty_combine_buffer",
     "l2_epilogue",
+    "add_l2_bias",
     "l2_gemm",
     "OracleRank",
     "calc_diff",
@@ -122,6 +126,8 @@ __all__ = [
     "ReferenceResult",
     "StageContext",
     "run_reference",
+    "activation_args",
+    "l2_bias_args",
     "valid_rows",
     "Quantized",
     "dequantize_e4m3",
@@ -138,9 +144,11 @@ __all__ = [
     "stable_topk",
     "tie_free_logits",
     "silu_table",
+    "glu_table",
     "L1Output",
     "l1_done",
     "l1_epilogue",
+    "bias_rows",
     "swiglu",
     "MegaMoEInputError",
     "check_call",

@@ -9,6 +9,13 @@ from .errors import check_bool, check_int, check_type, fail
 HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
 INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
 
+# The expert MLP's activation (SPEC §3 D6, and §8's gpt-oss variant).
+ACTIVATIONS = ("swiglu", "swiglu_oai")
+# §8's parameters as gpt-oss sets them. The glu factor's tables (reference/silu_tables.py) are made
+# for one alpha, so this is the only alpha a layer takes (a project choice: docs/SPEC.md §8).
+GPT_OSS_ALPHA = 1.702
+GPT_OSS_LIMIT = 7.0
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -20,7 +27,10 @@ class MoEConfig:
     max_tokens_per_rank: int = 256  # T_max
     block_m: int = 64  # pool rows per block; every expert starts on a multiple of it
     activation_clamp: float | None = None  # c; None = no clamp
-    fast_math: bool = True  # selects the SiLU table (SPEC §3 D6 step 3)
+    fast_math: bool = True  # selects the SiLU table (SPEC §3 D6 step 3), or the glu table (§8)
+    activation: str = "swiglu"  # "swiglu" (SPEC §3) or "swiglu_oai" (gpt-oss, §8)
+    alpha: float = GPT_OSS_ALPHA  # §8's alpha; read only by "swiglu_oai"
+    limit: float = GPT_OSS_LIMIT  # §8's clamp bound L; read only by "swiglu_oai"
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -46,6 +56,24 @@ def check_activation_clamp(c, arg: str = "activation_clamp") -> None:
         fail(arg, "None or a positive number", repr(c))
 
 
+def check_activation(activation, alpha, limit, activation_clamp) -> None:
+    """SPEC §8: the activation's name and, for "swiglu_oai", its alpha and limit (which "swiglu"
+    leaves at their defaults: a layer that sets them is not the one it thinks it is)."""
+    if activation not in ACTIVATIONS:
+        fail("activation", f"one of {', '.join(map(repr, ACTIVATIONS))}", repr(activation))
+    if activation == "swiglu":
+        for arg, value, default in (("alpha", alpha, GPT_OSS_ALPHA), ("limit", limit, GPT_OSS_LIMIT)):
+            if value != default:
+                fail(arg, f"its default {default} with activation 'swiglu' (only 'swiglu_oai' reads it)", repr(value))
+        return
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha != GPT_OSS_ALPHA:
+        fail("alpha", f"{GPT_OSS_ALPHA} (the alpha the glu tables are made for)", repr(alpha))
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
+        fail("limit", "a positive finite number", repr(limit))
+    if activation_clamp is not None:
+        fail("activation_clamp", "None with activation 'swiglu_oai' (its limit clamps)", repr(activation_clamp))
+
+
 def check_config(cfg: MoEConfig) -> None:
     """The shape and mode fields (SPEC §7); MoEConfig runs it on every construction."""
     check_type("cfg", cfg, MoEConfig)
@@ -53,6 +81,7 @@ def check_config(cfg: MoEConfig) -> None:
         check_int(name, getattr(cfg, name), minimum=None)
     check_bool("fast_math", cfg.fast_math)
     check_activation_clamp(cfg.activation_clamp)
+    check_activation(cfg.activation, cfg.alpha, cfg.limit, cfg.activation_clamp)
     if cfg.hidden <= 0 or cfg.hidden % HIDDEN_MULTIPLE:
         fail("hidden", f"a positive multiple of {HIDDEN_MULTIPLE}", cfg.hidden)
     if cfg.intermediate <= 0 or cfg.intermediate % INTERMEDIATE_MULTIPLE:

@@ -34,14 +34,36 @@ def empty_combine_buffer(top_k: int, max_tokens: int, hidden: int, device="cpu")
     return torch.full((top_k, max_tokens, hidden), float("nan"), dtype=torch.bfloat16, device=device)
 
 
+def add_l2_bias(acc2: torch.Tensor, *, b2: torch.Tensor, route_weights: torch.Tensor) -> torch.Tensor:
+    """SPEC §8 D8's o = acc2 + fp32(w_route · float(b2)), fp32 [P, H]: the product and the sum each
+    one fp32 RN operation (two torch ops: no FMA). b2 bf16 [P, H] (`bias_rows`), w_route fp32 [P]."""
+    check_tensor("acc2", acc2, torch.float32, (None, None))
+    check_tensor("b2", b2, torch.bfloat16, tuple(acc2.shape), acc2.device)
+    check_tensor("route_weights", route_weights, torch.float32, (acc2.shape[0],), acc2.device)
+    return acc2 + route_weights[:, None] * b2.to(torch.float32)
+
+
 def l2_epilogue(
-    acc2: torch.Tensor, meta: torch.Tensor, valid: torch.Tensor, combine_buffers: list[torch.Tensor]
+    acc2: torch.Tensor,
+    meta: torch.Tensor,
+    valid: torch.Tensor,
+    combine_buffers: list[torch.Tensor],
+    *,
+    b2: torch.Tensor | None = None,
+    route_weights: torch.Tensor | None = None,
 ) -> None:
-    """D8: write bf16(acc2) (RNE) of every valid pool row to combine_s[k][t] of its source rank s."""
+    """D8: write bf16(acc2) (RNE) of every valid pool row to combine_s[k][t] of its source rank s.
+    With b2 (SPEC §8: each pool row's expert bias, bf16 [P, H], `bias_rows`) the row is first
+    o = acc2 + fp32(w_route · float(b2)), the product and the sum each one fp32 RN operation, w_route
+    the pool row's routing weight (fp32 [P], D4)."""
     check_tensor("acc2", acc2, torch.float32, (None, None))
     p, h, device = *acc2.shape, acc2.device
     check_tensor("meta", meta, torch.int32, (p, 3), device)
     check_tensor("valid", valid, torch.bool, (p,), device)
+    if b2 is not None:
+        acc2 = add_l2_bias(acc2, b2=b2, route_weights=route_weights)
+    elif route_weights is not None:
+        fail("route_weights", "None without b2 (only the bias is scaled by it)", "a tensor")
     check_list("combine_buffers", combine_buffers, None, "combine buffers [K, T_max, H], one per source rank")
     shape = (None, None, h)
     for s, buf in enumerate(combine_buffers):

@@ -17,7 +17,7 @@ from .errors import FLOATING, check_tensor
 from .gemm import block_scaled_gemm_f64, grouped_gemm
 from .inputs import RankInputs
 from .quantize import dequantize_fp4
-from .swiglu import check_swiglu_args
+from .swiglu import bias_rows, check_swiglu_args
 from .validate import check_call
 from .weights import ExpertWeights
 
@@ -44,7 +44,8 @@ def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights)
         acc1 = grouped_gemm(
             pool.x, pool.x_sf, pool.expert_offsets, local.w1, local.w1_sf, valid=pool.valid, fn=block_scaled_gemm_f64
         )
-        act = swiglu_f64(acc1, pool.weights, pool.valid, cfg.activation_clamp)
+        b1 = None if local.b1 is None else bias_rows(local.b1, pool.expert_offsets, pool.num_rows)
+        act = swiglu_f64(acc1, pool.weights, pool.valid, cfg.activation_clamp, cfg=cfg, b1=b1)
         acc2 = torch.zeros(pool.num_rows, cfg.hidden, dtype=torch.float64, device=device)
         w2 = dequantize_fp4(local.w2, local.w2_sf)
         for le in range(e_l):
@@ -52,9 +53,13 @@ def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights)
             acc2[rows] = act[rows] @ w2[le].T
         meta = pool.meta.long()
         valid = pool.valid
+        out = acc2  # what each row adds to its token's y: with b2 (SPEC §8 D8) w · b2 more
+        if local.b2 is not None:
+            b2 = bias_rows(local.b2, pool.expert_offsets, pool.num_rows).to(torch.float64)
+            out = acc2 + pool.weights.to(torch.float64)[:, None] * b2
         for s in range(cfg.num_ranks):
             sel = valid & (meta[:, 0] == s)
-            ys[s].index_add_(0, meta[sel, 1], acc2[sel])
+            ys[s].index_add_(0, meta[sel, 1], out[sel])
         ranks.append(OracleRank(acc1, act, acc2, None, valid))
     for rank, y in zip(ranks, ys):
         rank.y = y
@@ -62,18 +67,36 @@ def run_oracle(cfg: MoEConfig, inputs: list[RankInputs], weights: ExpertWeights)
 
 
 def swiglu_f64(
-    acc1: torch.Tensor, route_weights: torch.Tensor, valid: torch.Tensor, activation_clamp: float | None
+    acc1: torch.Tensor,
+    route_weights: torch.Tensor,
+    valid: torch.Tensor,
+    activation_clamp: float | None,
+    *,
+    cfg: MoEConfig | None = None,
+    b1: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """silu(g) · u · w in float64 with exact sigmoid and no rounding of g or u; padding rows 0."""
+    """silu(g) · u · w in float64 with exact sigmoid and no rounding of g or u; padding rows 0.
+    A "swiglu_oai" layer `cfg` (SPEC §8): g · sigmoid(alpha g) · (u + 1) · w, g and u with their
+    biases b1 (each pool row's, [P, 2I]) and clamped to the layer's limit."""
     check_swiglu_args(acc1, route_weights, activation_clamp, FLOATING)
     check_tensor("valid", valid, torch.bool, (acc1.shape[0],), acc1.device)
     acc1 = acc1.to(torch.float64)
     i = acc1.shape[1] // 2
     g, u = acc1[:, :i], acc1[:, i:]
-    if activation_clamp is not None:
-        c = float(activation_clamp)
-        g, u = g.clamp(max=c), u.clamp(-c, c)
-    act = g * torch.sigmoid(g) * u * route_weights.to(torch.float64)[:, None]
+    w = route_weights.to(torch.float64)[:, None]
+    if cfg is not None and cfg.activation == "swiglu_oai":
+        if b1 is not None:
+            check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
+            bias = b1.to(torch.float64)
+            g, u = g + bias[:, :i], u + bias[:, i:]
+        limit = float(cfg.limit)
+        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+        act = g * torch.sigmoid(cfg.alpha * g) * (u + 1.0) * w
+    else:
+        if activation_clamp is not None:
+            c = float(activation_clamp)
+            g, u = g.clamp(max=c), u.clamp(-c, c)
+        act = g * torch.sigmoid(g) * u * w
     return torch.where(valid[:, None], act, torch.zeros_like(act))
 
 

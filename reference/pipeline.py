@@ -20,12 +20,12 @@ from .cleanup import updated_recv_stats
 from .combine import combine
 from .config import MoEConfig
 from .dispatch import Pool, build_pool, receive_counts, region_valid, send_counts, source_lists
-from .errors import check_list, check_tensor, fail
+from .errors import check_list, check_tensor, check_type, fail
 from .inputs import RankInputs
 from .l1 import l1_gemm
 from .l2 import empty_combine_buffer, l2_epilogue, l2_gemm
 from . import points as P
-from .swiglu import l1_done, l1_epilogue
+from .swiglu import bias_rows, l1_done, l1_epilogue
 from .validate import check_call
 from .weights import ExpertWeights
 
@@ -63,6 +63,30 @@ def valid_rows(dump: dict[str, torch.Tensor]) -> torch.Tensor:
         fail("dump", f"the tensors {', '.join(needed)}", f"none named {', '.join(missing)}")
     check_tensor(P.D4_POOL_X, dump[P.D4_POOL_X], min_dim=1)
     return region_valid(dump[P.D4_EXPERT_OFFSETS], dump[P.D2_RECV_TOTALS], dump[P.D4_POOL_X].shape[0])
+
+
+def activation_args(cfg: MoEConfig, dump: dict, b1: torch.Tensor | None) -> dict:
+    """l1_epilogue's activation keywords for a layer `cfg`: its clamp and SiLU table, and for
+    "swiglu_oai" (SPEC §8) its limit and each pool row's b1 (from the dump's D4 expert offsets)."""
+    check_type("cfg", cfg, MoEConfig)
+    if not isinstance(dump, Mapping):
+        fail("dump", "a dict of dump tensors (Dump.tensors)", type(dump).__name__)
+    args = dict(activation_clamp=cfg.activation_clamp, fast_math=cfg.fast_math, activation=cfg.activation)
+    if cfg.activation == "swiglu_oai":
+        args["limit"] = cfg.limit
+        if b1 is not None:
+            args["b1"] = bias_rows(b1, dump[P.D4_EXPERT_OFFSETS], dump[P.D5_ACC1].shape[0])
+    return args
+
+
+def l2_bias_args(dump: dict, b2: torch.Tensor | None) -> dict:
+    """l2_epilogue's bias keywords (SPEC §8 D8): each pool row's b2 and routing weight, or none."""
+    if not isinstance(dump, Mapping):
+        fail("dump", "a dict of dump tensors (Dump.tensors)", type(dump).__name__)
+    if b2 is None:
+        return {}
+    rows = dump[P.D7_ACC2].shape[0]
+    return dict(b2=bias_rows(b2, dump[P.D4_EXPERT_OFFSETS], rows), route_weights=dump[P.D4_POOL_WEIGHTS])
 
 
 def run_reference(
@@ -106,9 +130,7 @@ def run_reference(
         d, local = dumps[rank], ctxs[rank].weights
         pool, valid = Pool.from_dump(d), valid_rows(d)
         stage(P.D5, rank, {P.D5_ACC1: l1_gemm(pool, local, valid)})
-        l1 = l1_epilogue(
-            d[P.D5_ACC1], d[P.D4_POOL_WEIGHTS], valid, activation_clamp=cfg.activation_clamp, fast_math=cfg.fast_math
-        )
+        l1 = l1_epilogue(d[P.D5_ACC1], d[P.D4_POOL_WEIGHTS], valid, **activation_args(cfg, d, local.b1))
         activations.append(l1.activation)
         stage(
             P.D6,
@@ -122,8 +144,8 @@ def run_reference(
         stage(P.D7, rank, {P.D7_ACC2: l2_gemm(d[P.D6_L2_ACTS], d[P.D6_L2_SF], pool, local, valid)})
     # L2 epilogue: every owner writes into the combine buffers of the source ranks
     buffers = [empty_combine_buffer(cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden, device) for _ in range(r)]
-    for d in dumps:
-        l2_epilogue(d[P.D7_ACC2], d[P.D4_POOL_META], valid_rows(d), buffers)
+    for d, ctx in zip(dumps, ctxs):
+        l2_epilogue(d[P.D7_ACC2], d[P.D4_POOL_META], valid_rows(d), buffers, **l2_bias_args(d, ctx.weights.b2))
     for rank in range(r):
         stage(P.D8, rank, {P.D8_COMBINE: buffers[rank]})
     ys = []

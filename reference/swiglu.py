@@ -8,6 +8,13 @@
 5. per 32 intermediate channels: RCEIL scale byte, no floor, no clamp; q = e4m3_satfinite(a·2^-e).
 6. l2_acts [P, I] e4m3 (natural channel order), l2_sf [P, I/32], and the L1-completion count
    per pool block (see `l1_done`).
+
+activation="swiglu_oai" (gpt-oss, SPEC §8) replaces steps 1-4:
+1. g = bf16(acc_gate + float(b1_gate)), u = bf16(acc_up + float(b1_up)): one fp32 RN add, then
+   RNE; without b1 the add is skipped (an accumulator of -0.0 keeps its sign).
+2. clamp in bf16 against L = bf16(fp32(limit)): g = min(g, L), u = min(max(u, -L), L).
+3. s = G(g), the glu table entry of g's bf16 bits (g * sigmoid(alpha g), fast or precise).
+4. a = ((u + 1) · s) · w_route: one fp32 RN add, then two RN multiplies, no FMA.
 """
 
 from __future__ import annotations
@@ -17,10 +24,10 @@ from typing import NamedTuple
 import torch
 
 from . import formats as F
-from .config import check_activation_clamp
+from .config import ACTIVATIONS, GPT_OSS_LIMIT, check_activation_clamp
 from .errors import INTEGER, check_bool, check_int, check_tensor, fail
 from .quantize import requantize_intermediate
-from .silu_tables import silu_from_bf16_bits
+from .silu_tables import glu_from_bf16_bits, silu_from_bf16_bits
 
 
 class L1Output(NamedTuple):
@@ -30,12 +37,32 @@ class L1Output(NamedTuple):
 
 
 def swiglu(
-    acc1: torch.Tensor, route_weights: torch.Tensor, *, activation_clamp: float | None, fast_math: bool
+    acc1: torch.Tensor,
+    route_weights: torch.Tensor,
+    *,
+    activation_clamp: float | None,
+    fast_math: bool,
+    activation: str = "swiglu",
+    limit: float = GPT_OSS_LIMIT,
+    b1: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Steps 1-4: fp32 [P, 2I] accumulators and fp32 [P] routing weights -> a, fp32 [P, I]."""
+    """Steps 1-4: fp32 [P, 2I] accumulators and fp32 [P] routing weights -> a, fp32 [P, I].
+    "swiglu_oai" reads `limit` and each pool row's bias `b1` (bf16 [P, 2I], `bias_rows`, or None)."""
     check_swiglu_args(acc1, route_weights, activation_clamp, torch.float32)
     check_bool("fast_math", fast_math)
+    check_activation_args(acc1, activation, limit, activation_clamp, b1)
     i = acc1.shape[1] // 2
+    w = route_weights.to(torch.float32)[:, None]
+    if activation == "swiglu_oai":
+        gate, up = acc1[:, :i], acc1[:, i:]
+        if b1 is not None:
+            bias = b1.to(torch.float32)  # bf16 -> fp32 is exact
+            gate, up = gate + bias[:, :i], up + bias[:, i:]
+        bound = F.round_bf16(torch.tensor([limit], dtype=torch.float32, device=acc1.device))
+        g = torch.minimum(F.round_bf16(gate), bound)
+        u = torch.minimum(torch.maximum(F.round_bf16(up), -bound), bound)
+        s = glu_from_bf16_bits(F.encode_bf16(g), fast_math)
+        return ((u + 1.0) * s) * w
     g = F.round_bf16(acc1[:, :i])
     u = F.round_bf16(acc1[:, i:])
     if activation_clamp is not None:
@@ -43,7 +70,38 @@ def swiglu(
         g = torch.minimum(g, c)
         u = torch.minimum(torch.maximum(u, -c), c)
     s = silu_from_bf16_bits(F.encode_bf16(g), fast_math)
-    return (s * u) * route_weights.to(torch.float32)[:, None]
+    return (s * u) * w
+
+
+def check_activation_args(acc1, activation, limit, activation_clamp, b1) -> None:
+    """The activation's own arguments (SPEC §8) beside acc1 [P, 2I]: biases only with "swiglu_oai"
+    (a project choice: the one published model with biases is gpt-oss), one bf16 row per pool row."""
+    if activation not in ACTIVATIONS:
+        fail("activation", f"one of {', '.join(map(repr, ACTIVATIONS))}", repr(activation))
+    if activation == "swiglu":
+        if b1 is not None:
+            fail("b1", "None with activation 'swiglu' (biases are the gpt-oss variant's, 'swiglu_oai')", "a tensor")
+        return
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
+        fail("limit", "a positive finite number", repr(limit))
+    if activation_clamp is not None:
+        fail("activation_clamp", "None with activation 'swiglu_oai' (its limit clamps)", repr(activation_clamp))
+    if b1 is not None:
+        check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
+
+
+def bias_rows(bias: torch.Tensor, expert_offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Each pool row's expert bias: bias [E_l, N] (bf16) -> [P, N], the rows of local expert e
+    (expert_offsets[e] up to expert_offsets[e + 1]) holding bias[e]. A row past every expert's
+    (P's padding at its end) gets zeros."""
+    check_tensor("bias", bias, torch.bfloat16, (None, None))
+    check_tensor("expert_offsets", expert_offsets, INTEGER, (bias.shape[0] + 1,), bias.device)
+    check_int("num_rows", num_rows, 0)
+    rows = torch.arange(num_rows, device=bias.device)
+    expert = torch.searchsorted(expert_offsets.to(torch.int64).contiguous(), rows, right=True) - 1
+    inside = (expert >= 0) & (expert < bias.shape[0])
+    out = bias[expert.clamp(0, max(bias.shape[0] - 1, 0))]
+    return torch.where(inside[:, None], out, torch.zeros_like(out))
 
 
 def check_swiglu_args(acc1, route_weights, activation_clamp, dtype, group: int = 1) -> None:
@@ -65,11 +123,22 @@ def l1_epilogue(
     *,
     activation_clamp: float | None,
     fast_math: bool,
+    activation: str = "swiglu",
+    limit: float = GPT_OSS_LIMIT,
+    b1: torch.Tensor | None = None,
 ) -> L1Output:
     """D6 for every pool row; padding rows (valid = False) give zero codes and scale bytes."""
     check_swiglu_args(acc1, route_weights, activation_clamp, torch.float32, group=32)  # step 5's groups
     check_tensor("valid", valid, torch.bool, (acc1.shape[0],), acc1.device)
-    a = swiglu(acc1, route_weights, activation_clamp=activation_clamp, fast_math=fast_math)
+    a = swiglu(
+        acc1,
+        route_weights,
+        activation_clamp=activation_clamp,
+        fast_math=fast_math,
+        activation=activation,
+        limit=limit,
+        b1=b1,
+    )
     a = torch.where(valid[:, None], a, torch.zeros_like(a))
     q = requantize_intermediate(a)
     return L1Output(q.codes, q.scales, a)

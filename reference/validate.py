@@ -96,6 +96,13 @@ def check_weights(
     _check_tensor("w2_sf", w.w2_sf, torch.uint8, (e, h, i // 32), device)
     _check_scales("w1_sf", w.w1_sf)
     _check_scales("w2_sf", w.w2_sf)
+    # SPEC §8's biases: only a "swiglu_oai" layer reads them (a project choice, docs/SPEC.md §8)
+    for name, bias, n in (("b1", w.b1, 2 * i), ("b2", w.b2, h)):
+        if bias is None:
+            continue
+        if cfg.activation != "swiglu_oai":
+            fail(name, f"None with activation {cfg.activation!r} (biases are the gpt-oss variant's)", "a tensor")
+        _check_tensor(name, bias, torch.bfloat16, (e, n), device)
 
 
 def check_all_inputs(cfg: MoEConfig, inputs: list[RankInputs], arg: str = "inputs") -> torch.device:

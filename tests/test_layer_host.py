@@ -40,6 +40,12 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
         MegaMoE(CFG.to_dict(), weights)
 
 
+def test_a_layer_of_the_gpt_oss_variant_is_refused_until_the_kernel_runs_it():
+    cfg = ref.MoEConfig(**dict(CFG.to_dict(), block_m=64, activation="swiglu_oai"))
+    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg.activation': expected 'swiglu' \(the fused kernel"):
+        MegaMoE(cfg, ref.random_weights(4, 256, 128))
+
+
 def test_the_gemm_entry_points_name_their_own_activation_parameters():
     x, sf, offsets, counts, wr, kw = _small_call_args()
     with pytest.raises(MegaMoEInputError, match=r"argument 'x_pool': expected a CUDA tensor, got device cpu") as e:

@@ -350,6 +350,21 @@ BAD_INPUTS = [
     ("make_routing", lambda: ref.make_routing(4, 8, 2, masked_ratio="0.5"), r"'masked_ratio': expected a fraction"),
     ("tie_free_logits", lambda: ref.tie_free_logits(4, 8, generator=None), r"'generator': expected Generator"),
     ("silu_table", lambda: ref.silu_table("false"), r"'fast_math': expected a bool, got 'false'"),
+    ("glu_table", lambda: ref.glu_table(1), r"'fast_math': expected a bool, got 1"),
+    (
+        "bias_rows",
+        lambda: ref.bias_rows(torch.zeros(3, 4), torch.zeros(4, dtype=torch.int32), 5),
+        r"'bias': expected dtype torch.bfloat16",
+    ),
+    (
+        "add_l2_bias",
+        lambda: ref.add_l2_bias(
+            torch.zeros(2, 4), b2=torch.zeros(2, 4, dtype=torch.bfloat16), route_weights=torch.ones(3)
+        ),
+        r"'route_weights': expected shape \[2\], got \[3\]",
+    ),
+    ("activation_args", lambda: ref.activation_args(ref.DEFAULT_CONFIG.to_dict(), {}, None), r"'cfg': expected MoE"),
+    ("l2_bias_args", lambda: ref.l2_bias_args([], None), r"'dump': expected a dict of dump tensors"),
     ("interleave_gate_up", lambda: ref.interleave_gate_up(_CODES), r"'rows': expected shape \[\*, \*, \*\]"),
     ("deinterleave_gate_up", lambda: ref.deinterleave_gate_up(_CODES[None, :24]), r"'rows': expected \[E, 2I, X\]"),
 ]

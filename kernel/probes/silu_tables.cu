@@ -1,24 +1,30 @@
-// Writes the two 65 536-entry SiLU tables of SPEC §3 D6 step 3 by running the kernel's own
-// device function (kernel/epilogue/silu.cuh) on every bf16 bit pattern.
+// Writes the 65 536-entry activation tables by running the kernel's own device functions
+// (kernel/epilogue/silu.cuh) on every bf16 bit pattern: SiLU (SPEC §3 D6 step 3) and gpt-oss's glu
+// factor at one alpha (§8 D6 step 3), each fast and precise.
 //
-//   silu_tables <fast.bin> <precise.bin>
+//   silu_tables <silu_fast.bin> <silu_precise.bin> <alpha: fp32 bits, hex> <glu_fast.bin> <glu_precise.bin>
 //
-// Each file is 65 536 little-endian fp32 values; entry i is silu(bf16 bits i).
-// Built by megamoe.silu_probe with the kernel's own nvcc flags (megamoe/jit/flags.py), so the probe
-// rounds exactly as the kernel does.
-#include <cstdio>
+// Each file is 65 536 little-endian fp32 values; entry i is f(bf16 bits i). Built by
+// megamoe.silu_probe with the kernel's own nvcc flags (megamoe/jit/flags.py), so the probe rounds
+// exactly as the kernel does.
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../epilogue/silu.cuh"
 
-__global__ void silu_tables_kernel(float* fast, float* precise) {
+constexpr int kN = 65536;
+
+__global__ void tables_kernel(float* out, float alpha) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= 65536u) return;
+  if (i >= static_cast<uint32_t>(kN)) return;
   const float g = __uint_as_float(i << 16);  // bf16 -> fp32 is exact: the bits move up
-  fast[i] = megamoe::silu<true>(g);
-  precise[i] = megamoe::silu<false>(g);
+  out[0 * kN + i] = megamoe::silu<true>(g);
+  out[1 * kN + i] = megamoe::silu<false>(g);
+  out[2 * kN + i] = megamoe::glu_oai<true>(g, alpha);
+  out[3 * kN + i] = megamoe::glu_oai<false>(g, alpha);
 }
 
 static void check(cudaError_t err, const char* what) {
@@ -28,9 +34,9 @@ static void check(cudaError_t err, const char* what) {
   }
 }
 
-static void write_table(const char* path, const std::vector<float>& table) {
+static void write_table(const char* path, const float* table) {
   FILE* f = std::fopen(path, "wb");
-  if (f == nullptr || std::fwrite(table.data(), sizeof(float), table.size(), f) != table.size()) {
+  if (f == nullptr || std::fwrite(table, sizeof(float), kN, f) != static_cast<size_t>(kN)) {
     std::fprintf(stderr, "silu_tables: cannot write %s\n", path);
     std::exit(1);
   }
@@ -38,23 +44,28 @@ static void write_table(const char* path, const std::vector<float>& table) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s <fast.bin> <precise.bin>\n", argv[0]);
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s <silu_fast.bin> <silu_precise.bin> <alpha bits> <glu_fast.bin> <glu_precise.bin>\n",
+                 argv[0]);
     return 2;
   }
-  constexpr int kN = 65536;
-  float* d_fast = nullptr;
-  float* d_precise = nullptr;
-  check(cudaMalloc(&d_fast, kN * sizeof(float)), "cudaMalloc");
-  check(cudaMalloc(&d_precise, kN * sizeof(float)), "cudaMalloc");
-  silu_tables_kernel<<<kN / 256, 256>>>(d_fast, d_precise);
+  char* end = nullptr;
+  const uint32_t bits = static_cast<uint32_t>(std::strtoul(argv[3], &end, 16));
+  if (end == argv[3] || *end != '\0') {
+    std::fprintf(stderr, "silu_tables: alpha must be fp32 bits in hex, got %s\n", argv[3]);
+    return 2;
+  }
+  float alpha;
+  std::memcpy(&alpha, &bits, sizeof alpha);
+  float* d_out = nullptr;
+  check(cudaMalloc(&d_out, 4 * kN * sizeof(float)), "cudaMalloc");
+  tables_kernel<<<kN / 256, 256>>>(d_out, alpha);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernel");
-  std::vector<float> fast(kN), precise(kN);
-  check(cudaMemcpy(fast.data(), d_fast, kN * sizeof(float), cudaMemcpyDeviceToHost), "copy");
-  check(cudaMemcpy(precise.data(), d_precise, kN * sizeof(float), cudaMemcpyDeviceToHost), "copy");
-  write_table(argv[1], fast);
-  write_table(argv[2], precise);
-  std::printf("silu_tables: wrote %s and %s\n", argv[1], argv[2]);
+  std::vector<float> out(4 * kN);
+  check(cudaMemcpy(out.data(), d_out, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy");
+  const char* paths[4] = {argv[1], argv[2], argv[4], argv[5]};
+  for (int t = 0; t < 4; ++t) write_table(paths[t], out.data() + t * kN);
+  std::printf("silu_tables: wrote %s, %s, %s and %s\n", paths[0], paths[1], paths[2], paths[3]);
   return 0;
 }
