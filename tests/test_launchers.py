@@ -15,6 +15,7 @@ import torch
 from megamoe import gemm as G
 from megamoe import heuristics
 from megamoe import launch as LA
+from megamoe import launchers as LN
 from megamoe import reference as ref
 from megamoe import runtime
 from megamoe.jit import build as jb
@@ -310,3 +311,18 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
     # The grid: one CTA per SM of the layer's SM count, at most the device's.
     assert device.launches == [_expected(device, spec, min(100, SMS), params, cooperative=True)]
     assert set(device.fns) == {spec}
+
+
+def test_every_spec_the_library_builds_has_the_launcher_of_its_kind_and_only_the_fused_one_is_cooperative():
+    kinds = {
+        jb.GemmSpec: LN.GemmLauncher,
+        jb.PrefillSpec: LN.PrefillLauncher,
+        jb.PredecodeSpec: LN.PredecodeLauncher,
+        jb.FusedSpec: LN.FusedLauncher,
+    }
+    specs = heuristics.used_specs() + heuristics.fused_specs()
+    assert {type(spec) for spec in specs} == set(kinds)
+    for spec in specs:
+        launcher = LN.launcher(spec)
+        assert type(launcher) is kinds[type(spec)] and launcher.spec is spec
+        assert launcher.cooperative == isinstance(spec, jb.FusedSpec)
