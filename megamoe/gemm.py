@@ -10,12 +10,13 @@ next expert's start are padding, never read into any valid output and never writ
 
 `kw` is megamoe.jit.layout.KernelWeights (from transform_weights).
 
-What the entry points launch through lives beside this module: the per-device runtime (trap
-records, item counters, loaded kernels, launch caches, prefill scratch buffers) in megamoe.runtime,
-the choices of path and specialisation (use_prefill, pick_max_tile, pick_wgs, spec_for) in
-megamoe.heuristics, the weights' parameter fields and the argument checks the fused layer makes
-too in megamoe.launch. The names users reach here (megamoe.gemm.use_prefill,
-megamoe.gemm.timeout_message, ...) are still named here.
+What the entry points launch through lives beside this module: the launcher of each kernel kind
+(its spec, launch configuration, parameters and launch) in megamoe.launchers, the per-device
+runtime (trap records, item counters, loaded kernels, launch caches, prefill scratch buffers) in
+megamoe.runtime, the choices of path and specialisation (use_prefill, pick_max_tile, pick_wgs,
+spec_for) in megamoe.heuristics, GemmParams' builder, the weights' parameter fields and the
+argument checks the fused layer makes too in megamoe.launch. The names users reach here
+(megamoe.gemm.use_prefill, megamoe.gemm.timeout_message, ...) are still named here.
 
 The `promotion` knob (GemmSpec.promotion, the kernel's kPerK32) says how often the tensor core's
 products are promoted into fp32 with their scales:
@@ -75,24 +76,24 @@ from megamoe.reference.quantize import rebase_k128 as ref_rebase_k128
 
 from . import runtime as RT
 from .jit import build as jb
-from .jit import contract, driver
+from .jit import contract
 from .jit.layout import KernelWeights, transform_weights, untransform_weights  # noqa: F401
 from .launch import (
     check_fast_spread,
     check_weights_device,
     clamp,
-    gemm_params,
     kw_key,
     layer_weights,
     require_cuda,
-    weight_fields,
 )
+from .launchers import launcher
 
 # Defined in megamoe.heuristics and megamoe.runtime, named here too: megamoe.gemm is where users
 # and the docs reach them (megamoe.gemm.use_prefill, megamoe.gemm.timeout_message, ...).
 from .heuristics import PREFILL_MIN_MEAN_ROWS as PREFILL_MIN_MEAN_ROWS
 from .heuristics import PREFILL_MIN_TOKENS as PREFILL_MIN_TOKENS
-from .heuristics import PREFILL_ROWS, prefill_path, spec_for
+from .heuristics import PREFILL_ROWS as PREFILL_ROWS
+from .heuristics import prefill_path, spec_for
 from .heuristics import pick_max_tile as pick_max_tile
 from .heuristics import pick_wgs as pick_wgs
 from .heuristics import use_prefill as use_prefill
@@ -223,74 +224,13 @@ class L2Result:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launches (their kernels, caches and per-device state: megamoe.runtime)
+# Launches (their launchers: megamoe.launchers; caches and per-device state: megamoe.runtime)
 # ---------------------------------------------------------------------------------------------
 # A tensor's (or another argument's) part of an entry point's cache key (runtime.cached_call).
 def _tkey(t):
     if isinstance(t, torch.Tensor):
         return (t.data_ptr(), t.dtype, t.shape, t.stride())
     return t if t is None or isinstance(t, (int, float, str)) else (type(t).__name__, id(t))
-
-
-def _gemm_launch(
-    spec: jb.GemmSpec | jb.PrefillSpec,
-    x: torch.Tensor,
-    k: int,
-    n_rows: int,
-    num_experts: int,
-    fields: dict,
-    stream: int,
-) -> driver.Launch:
-    """The launch of a GEMM on `stream` (not made here): its tensor maps and packed parameters are
-    built once per distinct (spec, tensors, arguments) and reused."""
-    dev = RT.device_index(x.device)
-    P = x.shape[0]
-    # The swap-AB kernels' launch objects are per stream: each holds its own item counters (runtime.item_counter).
-    key = (
-        spec,
-        dev,
-        stream if isinstance(spec, jb.GemmSpec) else None,
-        x.data_ptr(),
-        P,
-        k,
-        n_rows,
-        num_experts,
-        *fields.values(),
-    )
-    launch = RT.cached_launch(key)
-    if launch is None:
-        if n_rows % spec.rows_per_cta:
-            raise MegaMoEInputError(f"weight rows: expected a multiple of {spec.rows_per_cta}, got {n_rows}")
-        kern = RT.kernel(spec, dev)
-        # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer
-        # buffers, a fixed arrival count).
-        fields = {
-            "signal": 0,
-            "rebase_x": 0,
-            "rebase_sf": 0,
-            "rebase_count": 0,
-            "peer_offsets": 0,
-            "arrival_need": 0,
-            "combine_rows": 0,
-            "w_e4m3": 0,
-            # The swap-AB kernels claim their items dynamically; the prefill kernel's order is static.
-            "item_counter": RT.item_counter(dev) if isinstance(spec, jb.GemmSpec) else 0,
-            **fields,
-        }
-        params = gemm_params(x.data_ptr(), k, P, n_rows, num_experts, RT.err_record(dev).data_ptr(), **fields)
-        launch = RT.keep_launch(key, driver.Launch(kern.fn, kern.num_sms, kern.threads, kern.smem_bytes, params))
-    return launch
-
-
-class _Sequence:
-    """Launches called one after another on the same stream (the prefill path: predecode, GEMM)."""
-
-    def __init__(self, *launches):
-        self.launches = launches
-
-    def __call__(self, stream: int) -> None:
-        for launch in self.launches:
-            launch(stream)
 
 
 class PreparedGemm(PreparedCall):
@@ -317,34 +257,6 @@ class PreparedGemm(PreparedCall):
     must not be replayed while calls on `s` run."""
 
     what = "a prepared GEMM call"
-
-
-def _predecode(
-    kw: KernelWeights, layer: int, x: torch.Tensor, k: int, n_rows: int, promotion: str, stream: int
-) -> tuple[driver.Launch, torch.Tensor]:
-    """The predecode pass of `layer`'s weights (k x n_rows per expert) into the scratch buffer of
-    `stream` ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R bytes,
-    the exact mode 1/8 more for its fp32 scales): its launch (not made here) and the buffer."""
-    weights = weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
-    dev = RT.device_index(x.device)
-    tiles = kw.num_experts * (k // BLOCK_K) * (n_rows // PREFILL_ROWS)
-    size = tiles * contract.PREFILL_TILE_BYTES[promotion]
-    scratch = RT.prefill_scratch(dev, stream, layer, size)
-    spec = jb.PredecodeSpec(promotion=promotion)
-    key = (spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
-    launch = RT.cached_launch(key)
-    if launch is None:
-        kern = RT.kernel(spec, dev)
-        # Every other field 0: the pass reads the weights and writes the scratch, nothing else.
-        shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
-        rest = {f.name: 0 for f in contract.PARAMS if f.name not in shape}
-        rest.update(weights, w_e4m3=scratch.data_ptr())
-        params = gemm_params(0, k, 0, n_rows, kw.num_experts, RT.err_record(dev).data_ptr(), **rest)
-        groups = kw.num_experts * (k // BLOCK_K) * (n_rows // 16)
-        launch = RT.keep_launch(
-            key, driver.Launch(kern.fn, groups // (kern.threads // 32), kern.threads, kern.smem_bytes, params)
-        )
-    return launch, scratch
 
 
 def l1_gemm(
@@ -489,18 +401,13 @@ def _plan_l1(
     acc1 = torch.full((P, 2 * inter), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
     stream = RT.stream(x_pool)
-    pre, w_e4m3 = (
-        _predecode(kw, 1, x_pool, H, 2 * inter, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
-    )
-    launch = _gemm_launch(
-        spec,
+    run, w_e4m3 = launcher(spec).launch(
+        kw,
         _u8(x_pool),
         H,
         2 * inter,
         E,
         dict(
-            **weight_fields(kw, 1, promotion),
-            w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=x_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
             expert_rows=expert_rows.data_ptr(),
@@ -517,7 +424,7 @@ def _plan_l1(
         stream,
     )
     return PreparedGemm(
-        _Sequence(pre, launch) if pre is not None else launch,
+        run,
         L1Result(out, out_sf, acc1),
         dev.index,
         stream,
@@ -624,18 +531,13 @@ def _plan_l2(
     acc2 = torch.full((P, H), float("nan"), dtype=torch.float32, device=dev) if debug else None
     arrival_ptr, arrival_block = _arrival(arrival, arrival_block, P, dev)
     stream = RT.stream(l2_acts)
-    pre, w_e4m3 = (
-        _predecode(kw, 2, l2_acts, inter, H, promotion, stream) if isinstance(spec, jb.PrefillSpec) else (None, None)
-    )
-    launch = _gemm_launch(
-        spec,
+    run, w_e4m3 = launcher(spec).launch(
+        kw,
         _u8(l2_acts),
         inter,
         H,
         E,
         dict(
-            **weight_fields(kw, 2, promotion),
-            w_e4m3=w_e4m3.data_ptr() if w_e4m3 is not None else 0,
             x_sf=l2_sf.data_ptr(),
             expert_offsets=expert_offsets.data_ptr(),
             expert_rows=expert_rows.data_ptr(),
@@ -652,7 +554,7 @@ def _plan_l2(
         stream,
     )
     return PreparedGemm(
-        _Sequence(pre, launch) if pre is not None else launch,
+        run,
         L2Result(combine, acc2),
         dev.index,
         stream,

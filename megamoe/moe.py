@@ -61,17 +61,13 @@ from .jit import build as jb
 from .jit import contract as C
 from .jit import driver
 from .jit.layout import transform_weights
+from .launchers import FusedLauncher
 
 # The engine choice is megamoe.heuristics'; named here too (megamoe.moe.choose_engine).
 from .heuristics import FUSED_PREFILL_MIN_ROWS as FUSED_PREFILL_MIN_ROWS
 from .heuristics import choose_engine, prefill_engine_fits
 
 PROMOTIONS = jb.PROMOTIONS
-
-
-_OFF = C.FUSED_PARAMS.offsets
-assert [_OFF[n] - _OFF["x"] for n in ("x", "x_sf", "topk_idx", "topk_weights", "y")] == [0, 8, 16, 24, 32]
-_I32 = "<i"
 
 
 @dataclasses.dataclass
@@ -205,45 +201,6 @@ class MegaMoE:
         """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine)."""
         return choose_engine(self.cfg, self.promotion, tokens, self.engine)
 
-    def _gemm_fields(self, layer: int, clamp: float, has_clamp: int, debug: bool, w_e4m3: int) -> bytes:
-        cfg, d, ws = self.cfg, self.dims, self.ws
-        P, H, inter = d["P"], cfg.hidden, cfg.intermediate
-        k, n_rows = (H, 2 * inter) if layer == 1 else (inter, H)
-        fast = self.promotion == "k128"  # the GEMMs read the operands rebased per 128 channels
-        x_ptr = ws.ptr(("pool_x128" if fast else "pool_x") if layer == 1 else ("l2_x128" if fast else "l2_acts"))
-        x_sf = ws.ptr(("pool_sf128" if fast else "pool_x_sf") if layer == 1 else ("l2_sf128" if fast else "l2_sf"))
-        acc = self._debug_buffers[layer - 1].data_ptr() if debug else 0
-        return LA.gemm_params(
-            x_ptr,
-            k,
-            P,
-            n_rows,
-            cfg.local_experts,
-            RT.err_record(self.device.index).data_ptr(),
-            **LA.weight_fields(self.kw, layer, self.promotion),
-            x_sf=x_sf,
-            expert_offsets=ws.ptr("expert_offsets"),
-            expert_rows=ws.ptr("recv_totals"),
-            w_route=ws.ptr("pool_weights") if layer == 1 else 0,
-            out=ws.ptr("l2_acts") if layer == 1 else ws.ptr("combine"),
-            out_sf=ws.ptr("l2_sf") if layer == 1 else 0,
-            dst_rows=ws.ptr("dst_rows") if layer == 2 else 0,
-            peer_offsets=ws.ptr("peers") if layer == 2 else 0,
-            dump=acc,
-            arrival=ws.ptr("arrivals") if layer == 1 else ws.ptr("l1_done"),
-            signal=ws.ptr("l1_done") if layer == 1 else 0,
-            rebase_x=ws.ptr("l2_x128") if layer == 1 and fast else 0,
-            rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
-            rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
-            item_counter=ws.ptr("item_counter"),  # the swap-AB engine's dynamic order (both layers')
-            arrival_block=cfg.block_m,
-            arrival_need=0 if layer == 1 else inter // 32,
-            combine_rows=cfg.top_k * cfg.max_tokens_per_rank,
-            has_clamp=has_clamp if layer == 1 else 0,
-            clamp_value=clamp if layer == 1 else 0.0,
-            w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
-        )
-
     def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str) -> driver.Launch:
         # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path).
         stream = self._stream() if engine == "prefill" else None
@@ -257,41 +214,25 @@ class MegaMoE:
                     torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
-            kern = RT.kernel(
-                jb.FusedSpec(fast_math=fast_math, debug=debug, promotion=self.promotion, engine=engine),
-                self.device.index,
+            launcher = FusedLauncher(
+                jb.FusedSpec(fast_math=fast_math, debug=debug, promotion=self.promotion, engine=engine)
             )
-            w_e4m3 = (0, 0)
-            if engine == "prefill":
-                scratch = self._scratch[key] = tuple(self._prefill_scratch(layer, stream) for layer in (1, 2))
-                w_e4m3 = tuple(t.data_ptr() for t in scratch)
-            cfg, d = self.cfg, self.dims
-            params = C.FUSED_PARAMS.pack(
-                l1=self._gemm_fields(1, clamp, has_clamp, debug, w_e4m3[0]),
-                l2=self._gemm_fields(2, clamp, has_clamp, debug, w_e4m3[1]),
-                x=0,
-                x_sf=0,
-                topk_idx=0,
-                topk_weights=0,
-                y=0,
-                **{f"ws_{r.name}": self.ws.ptr(r.name) for r in C.WORKSPACE},
+            launch, scratch = launcher.launch(
+                cfg=self.cfg,
+                dims=self.dims,
+                ws=self.ws,
+                kw=self.kw,
                 rank=self.rank,
-                num_ranks=cfg.num_ranks,
-                num_tokens=0,
-                max_tokens=cfg.max_tokens_per_rank,
-                hidden=cfg.hidden,
-                intermediate=cfg.intermediate,
-                num_experts=cfg.num_experts,
-                local_experts=cfg.local_experts,
-                top_k=cfg.top_k,
-                block_m=cfg.block_m,
-                pool_rows=d["P"],
-                record_stats=0,
+                dev=self.device.index,
+                sms=self._sms,
+                clamp=clamp,
+                has_clamp=has_clamp,
+                dumps=self._debug_buffers,
+                stream=stream,
             )
-            grid = min(self._sms, kern.num_sms)
-            launch = self._launches[key] = driver.Launch(
-                kern.fn, grid, kern.threads, kern.smem_bytes, params, cooperative=True
-            )
+            if scratch:
+                self._scratch[key] = scratch
+            self._launches[key] = launch
         return launch
 
     # -----------------------------------------------------------------------------------------
@@ -391,12 +332,7 @@ class MegaMoE:
             ranks.agree(self._host, refused, ranks.call_options(**opts), tuple(opts))
         T = x.shape[0]
         y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device) if out is None else out
-        # The call's pointers are five consecutive fields (contract.FUSED_PARAMS; asserted at import).
-        launch.patch(
-            _OFF["x"], "<5Q", x.data_ptr(), x_sf.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), y.data_ptr()
-        )
-        launch.patch(_OFF["num_tokens"], _I32, T)
-        launch.patch(_OFF["record_stats"], _I32, int(record_stats))
+        FusedLauncher.patch_call(launch, x, x_sf, topk_idx, topk_weights, y, record_stats)
         return launch, y, dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm), x_sf
 
     def _check_call(self, x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs: bool, out) -> None:
@@ -431,15 +367,6 @@ class MegaMoE:
             self._last = (*map(weakref.ref, (x, x_sf, topk_idx, topk_weights)), x.data_ptr())
         if out is not None:
             _check_tensor("out", out, torch.bfloat16, (x.shape[0], cfg.hidden), self.device)
-
-    def _prefill_scratch(self, layer: int, stream: int) -> torch.Tensor:
-        """The prefill engine's predecoded weights of `layer` ([E_l, K/128, R/256] tiles of
-        contract.PREFILL_TILE_BYTES), the scratch buffer megamoe.gemm's prefill path uses for the same
-        size on this device and stream."""
-        cfg = self.cfg
-        k, n_rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
-        tiles = cfg.local_experts * (k // C.BLOCK_K) * (n_rows // C.PREFILL_ROWS)
-        return RT.prefill_scratch(self.device.index, stream, layer, tiles * C.PREFILL_TILE_BYTES[self.promotion])
 
     def _stream(self) -> int:
         """The current CUDA stream of the layer's device (torch's raw getter where it has one)."""

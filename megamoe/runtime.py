@@ -1,5 +1,5 @@
 """The GEMM core's runtime, per process and device: what the standalone GEMMs (megamoe.gemm) and the
-fused layer (megamoe.moe) launch through and share.
+fused layer (megamoe.moe) launch through (their launchers, megamoe.launchers) and share.
 
 * the trap record of each device (err_record: pinned host memory every launch's GemmParams.err
   points at) and its reading in words (timeout_message);
@@ -64,7 +64,7 @@ def err_record(dev: int | str | torch.device | None) -> torch.Tensor:
 # pair per launch object, never reused (a CUDA graph keeps the address of the pair it was captured
 # with for as long as it lives), from zeroed chunks of _ITEM_COUNTER_CHUNK pairs per device. Each
 # launch leaves its pair zero. Launch objects of these kernels are cached per stream
-# (megamoe.gemm._gemm_launch), so two streams never run one pair at once: two grids on one pair
+# (megamoe.launchers.GemmLauncher), so two streams never run one pair at once: two grids on one pair
 # could leave it non-zero, and every later launch on it would skip items. (A CUDA graph captured on a stream keeps that stream's pairs:
 # it must not be replayed while calls on that stream, eager, prepared or another replay, run.)
 _ITEM_COUNTERS: dict[int, list[torch.Tensor]] = {}

@@ -183,27 +183,28 @@ def test_a_forced_prefill_path_the_launch_cannot_take_is_an_input_error(change, 
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch, promotion):
-    # The fused layer packs its own GemmParams (moe.py); a field added to the contract for the
-    # standalone GEMMs must be given there too, or every fused call fails on the GPU (w_e4m3 once
-    # did, and only the GPU tests saw it). The GPU-only parts are stubbed: the tensor maps and the
-    # error record.
+    # The fused layer packs its own GemmParams (megamoe.launchers.FusedLauncher); a field added to
+    # the contract for the standalone GEMMs must be given there too, or every fused call fails on the
+    # GPU (w_e4m3 once did, and only the GPU tests saw it). The GPU-only parts are stubbed: the
+    # tensor maps and the error record.
     from megamoe import moe as M
     from megamoe import reference as ref
     from megamoe.jit import contract as C
     from megamoe.jit import driver
+    from megamoe.launchers import FusedLauncher
 
     cfg = ref.MoEConfig(hidden=512, intermediate=512, num_experts=2, top_k=1, num_ranks=1, max_tokens_per_rank=8)
     *_, kw = _small_call_args()
     monkeypatch.setattr(driver, "tma_2d_u8", lambda *a: bytes(128))
     monkeypatch.setattr(runtime, "err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
     layout, total = C.workspace_layout(cfg)
-    layer = object.__new__(M.MegaMoE)
-    layer.cfg, layer.kw, layer.promotion, layer._debug_buffers = cfg, kw, promotion, None
-    layer.dims, layer.device = C.workspace_dims(cfg), torch.device("cpu")
-    layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
-    for n in (1, 2):
-        for w_e4m3 in (0, 1 << 20):  # the swap-AB engine, the prefill engine (its scratch)
-            assert len(layer._gemm_fields(n, 0.0, 0, False, w_e4m3)) == C.GEMM_PARAMS.size
+    ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
+    layer = dict(cfg=cfg, dims=C.workspace_dims(cfg), ws=ws, kw=kw, dev=0, clamp=0.0, has_clamp=0, dump=None)
+    for engine in jb.FUSED_ENGINES:
+        launcher = FusedLauncher(jb.FusedSpec(promotion=promotion, engine=engine))
+        for n in (1, 2):
+            for w_e4m3 in (0, 1 << 20):  # the swap-AB engine, the prefill engine (its scratch)
+                assert len(launcher.gemm_params(n, **layer, w_e4m3=w_e4m3)) == C.GEMM_PARAMS.size
 
 
 def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_weights():

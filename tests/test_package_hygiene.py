@@ -103,6 +103,7 @@ RUNTIME = (
     "megamoe.runtime",
     "megamoe.heuristics",
     "megamoe.launch",
+    "megamoe.launchers",
     "megamoe.ops",
     "megamoe.ranks",
     "megamoe.multirank",
