@@ -148,6 +148,9 @@ class MegaMoE:
             fail(
                 "cfg.activation", "'swiglu' (the fused kernel does not run SPEC §8's variant yet)", repr(cfg.activation)
             )
+        for name, size in (("cfg.hidden", cfg.hidden), ("cfg.intermediate", cfg.intermediate)):
+            if size % C.BLOCK_K:  # the reference takes multiples of 32 (SPEC §8); the kernel's K block is 128
+                fail(name, f"a multiple of {C.BLOCK_K} (the fused kernel's K block)", size)
         if cfg.block_m != C.FUSED_BLOCK_M:
             fail("cfg.block_m", f"{C.FUSED_BLOCK_M} (the fused kernel's token tile)", cfg.block_m)
         if cfg.local_experts > C.MAX_EXPERTS:

@@ -53,7 +53,16 @@ from .quantize import (
     rebase_k128,
     requantize_intermediate,
 )
-from .routing import DISTRIBUTIONS, Routing, deepseek_v3_topk, make_routing, softmax_topk, stable_topk, tie_free_logits
+from .routing import (
+    DISTRIBUTIONS,
+    Routing,
+    deepseek_v3_topk,
+    gpt_oss_topk,
+    make_routing,
+    softmax_topk,
+    stable_topk,
+    tie_free_logits,
+)
 from .silu_tables import glu_table, silu_table
 from .swiglu import L1Output, bias_rows, l1_done, l1_epilogue, swiglu
 from .threads import limit_torch_threads as _limit_torch_threads
@@ -139,6 +148,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "Routing",
     "deepseek_v3_topk",
+    "gpt_oss_topk",
     "make_routing",
     "softmax_topk",
     "stable_topk",

@@ -6,8 +6,10 @@ from dataclasses import asdict, dataclass
 
 from .errors import check_bool, check_int, check_type, fail
 
-HIDDEN_MULTIPLE = 128  # H: packed int32 activation scales hold 4 groups of 32
-INTERMEDIATE_MULTIPLE = 128  # I: 4 scale groups per int32, and whole 8-row gate/up blocks
+# H and I: whole scale groups of 32 (SPEC §1, §8: gpt-oss's 2880 = 90 x 32). The fused kernel and
+# the GEMM entry points take multiples of 128 (their K block) and say so themselves.
+HIDDEN_MULTIPLE = 32
+INTERMEDIATE_MULTIPLE = 32
 
 # The expert MLP's activation (SPEC §3 D6, and §8's gpt-oss variant).
 ACTIVATIONS = ("swiglu", "swiglu_oai")

@@ -37,6 +37,14 @@ def softmax_topk(logits: torch.Tensor, k: int, *, renormalize: bool = True) -> R
     return Routing(idx.to(torch.int64), weights.to(torch.float32))
 
 
+def gpt_oss_topk(logits: torch.Tensor, k: int) -> Routing:
+    """gpt-oss: the top k of the router logits, then a softmax over those k, computed in the
+    logits' own dtype as gpt-oss's published models do (bf16 there), returned as fp32."""
+    check_tensor("logits", logits, FLOATING, min_dim=1)
+    values, idx = stable_topk(logits, k)
+    return Routing(idx.to(torch.int64), torch.softmax(values, dim=-1).to(torch.float32))
+
+
 def deepseek_v3_topk(
     logits: torch.Tensor,
     correction_bias: torch.Tensor,

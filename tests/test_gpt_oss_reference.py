@@ -272,3 +272,29 @@ def test_a_dump_of_a_layer_with_biases_carries_them_through_save_load_and_weight
     assert weights_digest(weights) != weights_digest(unbiased)
     with pytest.raises(ValueError, match="not the ones this dump was made with"):
         with_weights(bare, unbiased)
+
+
+def test_gpt_oss_routing_is_the_top_k_logits_then_a_softmax_over_them_in_the_logits_dtype():
+    logits = torch.tensor([[0.5, 3.0, -1.0, 3.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0]]).to(torch.bfloat16)
+    r = ref.gpt_oss_topk(logits, 3)
+    assert r.topk_idx.tolist() == [[1, 3, 4], [0, 1, 2]]  # ties to the lower index
+    want = torch.softmax(logits[0, [1, 3, 4]], dim=-1).float()  # bf16 softmax, as gpt-oss runs it
+    assert torch.equal(r.topk_weights[0], want) and r.topk_weights.dtype == torch.float32
+    assert torch.equal(r.topk_weights[1], torch.full((3,), 1 / 3).to(torch.bfloat16).float())
+
+
+def test_the_gpt_oss_shape_runs_and_conforms_in_the_reference_without_padding():
+    # H = I = 2880 = 90 x 32 (SPEC §8 shapes): x [T, 2880], x_sf [T, 90], no caller-side padding
+    cfg = ref.MoEConfig(
+        hidden=2880,
+        intermediate=2880,
+        num_experts=4,
+        top_k=2,
+        max_tokens_per_rank=8,
+        block_m=8,
+        activation="swiglu_oai",
+    )
+    inputs = ref.make_inputs(cfg, 8, seed=7)
+    assert tuple(inputs[0].x_sf.shape) == (8, 90)
+    report = suite.check(reference_dumps(cfg, inputs, _weights(cfg, seed=7)))
+    assert report.ok, report.text()

@@ -46,6 +46,12 @@ def test_a_layer_of_the_gpt_oss_variant_is_refused_until_the_kernel_runs_it():
         MegaMoE(cfg, ref.random_weights(4, 256, 128))
 
 
+def test_a_layer_whose_sizes_the_reference_takes_but_the_kernel_does_not_is_refused_naming_the_size():
+    cfg = ref.MoEConfig(**dict(CFG.to_dict(), hidden=160, block_m=64))  # 5 groups of 32 (SPEC §8)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg.hidden': expected a multiple of 128 \(the fused"):
+        MegaMoE(cfg, ref.random_weights(4, 160, 128))
+
+
 def test_the_gemm_entry_points_name_their_own_activation_parameters():
     x, sf, offsets, counts, wr, kw = _small_call_args()
     with pytest.raises(MegaMoEInputError, match=r"argument 'x_pool': expected a CUDA tensor, got device cpu") as e:

@@ -97,8 +97,8 @@ def test_nan_weight_scale_byte(call):
 @pytest.mark.parametrize(
     "field,value,match",
     [
-        ("hidden", 200, r"argument 'hidden': expected a positive multiple of 128, got 200"),
-        ("intermediate", 96, r"argument 'intermediate': expected a positive multiple of 128, got 96"),
+        ("hidden", 200, r"argument 'hidden': expected a positive multiple of 32, got 200"),
+        ("intermediate", 100, r"argument 'intermediate': expected a positive multiple of 32, got 100"),
         ("num_experts", 7, r"argument 'num_experts': expected a positive multiple of num_ranks = 2, got 7"),
         ("top_k", 9, r"argument 'top_k': expected a value in \[1, 8\], got 9"),
     ],
@@ -351,6 +351,7 @@ BAD_INPUTS = [
     ("tie_free_logits", lambda: ref.tie_free_logits(4, 8, generator=None), r"'generator': expected Generator"),
     ("silu_table", lambda: ref.silu_table("false"), r"'fast_math': expected a bool, got 'false'"),
     ("glu_table", lambda: ref.glu_table(1), r"'fast_math': expected a bool, got 1"),
+    ("gpt_oss_topk", lambda: ref.gpt_oss_topk(torch.zeros(2, 4), 5), r"'k': expected an int in \[1, 4\], got 5"),
     (
         "bias_rows",
         lambda: ref.bias_rows(torch.zeros(3, 4), torch.zeros(4, dtype=torch.int32), 5),
