@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from . import formats as F
-from .config import ACTIVATIONS, GPT_OSS_LIMIT, check_activation_clamp
+from .config import GPT_OSS_ALPHA, GPT_OSS_LIMIT, check_activation, check_activation_clamp
 from .errors import INTEGER, check_bool, check_int, check_tensor, fail
 from .quantize import requantize_intermediate
 from .silu_tables import glu_from_bf16_bits, silu_from_bf16_bits
@@ -74,20 +74,15 @@ def swiglu(
 
 
 def check_activation_args(acc1, activation, limit, activation_clamp, b1) -> None:
-    """The activation's own arguments (SPEC §8) beside acc1 [P, 2I]: biases only with "swiglu_oai"
+    """The activation's own arguments (SPEC §8) beside acc1 [P, 2I]: the config's rule for the
+    activation, its limit and the clamp (the tables' one alpha), and biases only with "swiglu_oai"
     (a project choice: the one published model with biases is gpt-oss), one bf16 row per pool row."""
-    if activation not in ACTIVATIONS:
-        fail("activation", f"one of {', '.join(map(repr, ACTIVATIONS))}", repr(activation))
-    if activation == "swiglu":
-        if b1 is not None:
-            fail("b1", "None with activation 'swiglu' (biases are the gpt-oss variant's, 'swiglu_oai')", "a tensor")
+    check_activation(activation, GPT_OSS_ALPHA, limit, activation_clamp)
+    if b1 is None:
         return
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
-        fail("limit", "a positive finite number", repr(limit))
-    if activation_clamp is not None:
-        fail("activation_clamp", "None with activation 'swiglu_oai' (its limit clamps)", repr(activation_clamp))
-    if b1 is not None:
-        check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
+    if activation == "swiglu":
+        fail("b1", "None with activation 'swiglu' (biases are the gpt-oss variant's, 'swiglu_oai')", "a tensor")
+    check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
 
 
 def bias_rows(bias: torch.Tensor, expert_offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
