@@ -272,16 +272,10 @@ class MegaMoE:
                 y=0,
                 **{f"ws_{r.name}": self.ws.ptr(r.name) for r in C.WORKSPACE},
                 rank=self.rank,
-                num_ranks=cfg.num_ranks,
                 num_tokens=0,
-                max_tokens=cfg.max_tokens_per_rank,
-                hidden=cfg.hidden,
-                intermediate=cfg.intermediate,
-                num_experts=cfg.num_experts,
-                local_experts=cfg.local_experts,
-                top_k=cfg.top_k,
+                # The sizes the workspace's shapes are written in (the kernel's accessors' strides).
+                **{field: d[dim] for dim, field in C.DIM_FIELDS.items()},
                 block_m=cfg.block_m,
-                pool_rows=d["P"],
                 record_stats=0,
             )
             grid = min(self._sms, kern.num_sms)
