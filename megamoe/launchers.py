@@ -310,16 +310,10 @@ class FusedLauncher(_Launcher):
             y=0,
             **{f"ws_{r.name}": ws.ptr(r.name) for r in contract.WORKSPACE},
             rank=rank,
-            num_ranks=cfg.num_ranks,
             num_tokens=0,
-            max_tokens=cfg.max_tokens_per_rank,
-            hidden=cfg.hidden,
-            intermediate=cfg.intermediate,
-            num_experts=cfg.num_experts,
-            local_experts=cfg.local_experts,
-            top_k=cfg.top_k,
+            # The sizes the workspace's shapes are written in (the kernel's accessors' strides).
+            **{field: dims[dim] for dim, field in contract.DIM_FIELDS.items()},
             block_m=cfg.block_m,
-            pool_rows=dims["P"],
             record_stats=0,
         )
 

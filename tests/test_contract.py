@@ -1,7 +1,10 @@
 """The host <-> kernel contract has one definition (megamoe/jit/contract.py): the committed C++
 header is exactly what it generates, the packer puts every field at the offset the header's
-static_asserts pin, and the workspace's pool holds the worst routing all peers can send. CPU only."""
+static_asserts pin, the generated workspace accessors find each element where the host's layout puts
+it, and the workspace's pool holds the worst routing all peers can send. CPU only."""
 
+import math
+import re
 import struct
 import subprocess
 import sys
@@ -154,3 +157,73 @@ def test_the_pool_holds_the_worst_routing_that_every_peer_together_can_send(rank
                 assert int(counts.sum()) == ranks * t_max * here  # the bound's valid rows are reached
     assert worst <= rows_bound, (worst, rows_bound)
     assert rows_bound < ranks * t_max * here + e_l * bm + bm  # and it is no looser than padding
+
+
+def _generated_accessors() -> dict[str, tuple[list[str], str, list[str]]]:
+    """The generated header's workspace accessors, read from its text: {region: (the index function's
+    parameters, its expression, the arguments ws_<region>(p, ...) passes it)}."""
+    found = {}
+    pattern = re.compile(
+        r"(?:int|int64_t) ws_(\w+)_index\(([^)]*)\) \{\n  return (.*);\n\}\n"
+        r"__device__ __forceinline__ \w+& ws_\1\(const FusedParams& p, [^)]*\) \{\n"
+        r"  return p\.ws_\1\[ws_\1_index\(([^)]*)\)\];"
+    )
+    for m in pattern.finditer(contract.header_path().read_text()):
+        params = [a.split()[-1] for a in m.group(2).split(", ")]
+        found[m.group(1)] = (params, m.group(3), m.group(4).split(", "))
+    return found
+
+
+@pytest.mark.parametrize(
+    "hidden,inter,experts,top_k,ranks,t_max",
+    [(256, 128, 16, 4, 1, 128), (512, 256, 16, 8, 2, 100), (7168, 2048, 256, 8, 8, 33), (3072, 1536, 128, 4, 4, 4096)],
+)
+def test_each_workspace_accessor_finds_the_element_where_the_host_layout_puts_it(
+    hidden, inter, experts, top_k, ranks, t_max
+):
+    # The kernel's generated arithmetic (its C++ text, evaluated here) against workspace_layout's
+    # offsets and row-major shapes, with FusedParams' sizes as the host fills them: the first,
+    # last and a middle element of every multi-dimensional region, as a byte offset in the workspace.
+    cfg = ref.MoEConfig(
+        hidden=hidden, intermediate=inter, num_experts=experts, top_k=top_k, num_ranks=ranks, max_tokens_per_rank=t_max
+    )
+    layout, total = contract.workspace_layout(cfg)
+    p = {
+        "num_ranks": ranks,
+        "max_tokens": t_max,
+        "hidden": hidden,
+        "intermediate": inter,
+        "num_experts": experts,
+        "local_experts": experts // ranks,
+        "top_k": top_k,
+        "pool_rows": contract.workspace_dims(cfg)["P"],
+    }
+    accessors = _generated_accessors()
+    regions = [r.name for r in contract.WORKSPACE if len(layout[r.name][2]) > 1]
+    assert sorted(accessors) == sorted(regions)
+    for name in regions:
+        off, dtype, shape = layout[name]
+        params, expr, call = accessors[name]
+        size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        strides = [math.prod(shape[k + 1 :]) for k in range(len(shape))]
+        # The sizes ws_<region>(p, ...) reads from FusedParams, by the index function's names.
+        sizes = {n: p[a.removeprefix("p.")] for n, a in zip(params[len(shape) :], call[len(shape) :])}
+        for index in (tuple(0 for _ in shape), tuple(d - 1 for d in shape), tuple(d // 2 for d in shape)):
+            want = off + sum(i * st for i, st in zip(index, strides)) * size
+            flat = eval(expr.replace("/", "//"), {}, {**sizes, **dict(zip(params, index))})  # noqa: S307
+            assert off + flat * size == want, (name, index, expr, sizes)
+            assert off <= want < off + math.prod(shape) * size <= total
+
+
+def test_every_kernel_source_names_its_promotion_as_the_python_side_spells_it():
+    # One name per knob: the instantiation units take Promotion::k32 / ::k128 (the generated enum,
+    # in contract.PROMOTIONS' order), never a bool spelled by the build.
+    from megamoe import heuristics
+
+    enum = ", ".join(f"{p} = {i}" for i, p in enumerate(contract.PROMOTIONS))
+    assert f"enum class Promotion : int {{ {enum} }};" in contract.header_path().read_text()
+    assert jb.PROMOTIONS is contract.PROMOTIONS
+    for spec in heuristics.used_specs() + heuristics.fused_specs():
+        src = spec.source()
+        assert f"kPerK32 = megamoe::per_k32(megamoe::Promotion::{spec.promotion});" in src, spec.name
+        assert not re.search(r"@\w+@", src), spec.name

@@ -51,7 +51,10 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
       const int t = c / (H / 8);
       const int k0 = (u % groups) * per_unit;
       const uint32_t dst = base + 16 * kThreads * kCombineUnitSlots * (u % kCombineUnits);
-      // The owners wrote these rows during this launch: read through L2 (cp.async.cg).
+      // The owners wrote these rows during this launch: read through L2 (cp.async.cg). Element
+      // (k0 + j, t, 8 (c % (H / 8))) of combine [K, T_max, H] (ws_combine_index), written out here:
+      // through the generated index the compiler no longer folds the slots' stride into the row's
+      // index, and the loop's machine code changes (bench.sass_identity).
       const uint16_t* src = fp.ws_combine + (static_cast<int64_t>(k0) * fp.max_tokens + t) * H + 8 * (c - t * (H / 8));
       for (int j = 0; j < per_unit && k0 + j < K; ++j)
         ptx::cp_async_16(dst + 16 * kThreads * j, src + static_cast<int64_t>(j) * fp.max_tokens * H,
@@ -84,6 +87,12 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
     }
   }
 }
+
+// Every counter region of the workspace goes back to zero after the call (D10): arrivals, l1_done
+// and rebase_count here, the call's signal words by its last CTA (megamoe_sm90.cuh). A counter
+// region added to contract.py WORKSPACE fails this until it is cleared too and named here.
+static_assert(kWsCounters == (kWsArrivals | kWsL1Done | kWsRebaseCount | kWsSignals),
+              "a counter region that cleanup_counters or the last CTA does not clear");
 
 // Counters of the pool blocks this call used (the others were never raised), grid-strided.
 template <bool kDebug>

@@ -11,6 +11,10 @@
 //             metadata into the pool, then adds 1 to the arrival counter of the row's pool block
 //             (the L1 TMA waits on those counters).
 // Pool order is deterministic: expert-major, then source rank, then t * K + k (as the reference).
+// Workspace elements are addressed through the generated accessors (../gemm/contract.cuh, from
+// megamoe/jit/contract.py WORKSPACE): ws_<region>_index with the sizes this code holds in registers
+// (read from FusedParams again inside a loop that stores, they are loads the compiler keeps: other
+// machine code) or into a peer's copy, ws_<region>(fp, ...) where it holds none.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +60,7 @@ __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scrat
     const int owner = e / fp.local_experts;
     const int le = e - owner * fp.local_experts;
     int* list =
-        peer_ptr(fp, owner, fp.ws_source_lists) + (static_cast<int64_t>(le) * fp.num_ranks + fp.rank) * fp.max_tokens;
+        peer_ptr(fp, owner, fp.ws_source_lists) + ws_source_lists_index(le, fp.rank, 0, fp.num_ranks, fp.max_tokens);
     int base = 0;
     for (int j0 = 0; j0 < n; j0 += blockDim.x) {
       const int j = j0 + tid;
@@ -74,7 +78,7 @@ __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scrat
     }
     if (tid == 0) {
       fp.ws_send_counts[e] = base;
-      peer_ptr(fp, owner, fp.ws_recv_counts)[fp.rank * fp.local_experts + le] = base;
+      peer_ptr(fp, owner, fp.ws_recv_counts)[ws_recv_counts_index(fp.rank, le, fp.local_experts)] = base;
     }
   }
 }
@@ -100,7 +104,7 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
     const int e = e0 + lane;
     const bool mine = e < el;
     int total = 0;
-    for (int s = 0; s < R; ++s) total += mine ? fp.ws_recv_counts[s * el + e] : 0;
+    for (int s = 0; s < R; ++s) total += mine ? fp.ws_recv_counts[ws_recv_counts_index(s, e, el)] : 0;
     const int padded = (total + fp.block_m - 1) / fp.block_m * fp.block_m;
     const int rows_incl = warp_inclusive_sum(padded);
     const int pairs_incl = warp_inclusive_sum(total);
@@ -110,7 +114,7 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
       for (int s = 0; s < R; ++s) {
         t.pair_prefix[e * R + s] = pair;
         t.row_start[e * R + s] = row + pair - (pairs + pairs_incl - total);
-        pair += fp.ws_recv_counts[s * el + e];
+        pair += fp.ws_recv_counts[ws_recv_counts_index(s, e, el)];
       }
       sched.offset[e] = row;
       sched.count[e] = total;
@@ -160,16 +164,17 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const int s = lo - e * R;
     const int i = j - t.pair_prefix[lo];
     const int64_t row = t.row_start[lo] + i;
-    const int entry = fp.ws_source_lists[(static_cast<int64_t>(e) * R + s) * fp.max_tokens + i];
+    const int entry = fp.ws_source_lists[ws_source_lists_index(e, s, i, R, fp.max_tokens)];
     const int tok = entry / K;
     const int k = entry - tok * K;
-    // The source's rows: its own inputs when it is this rank, else its staged copy.
+    // The source's rows: its own inputs when it is this rank, else its staged copy (the same layout,
+    // [T_max, H] and its scales, entry = t * K + k into the routing weights).
     const uint8_t* sx = s == fp.rank ? fp.x : peer_ptr(fp, s, fp.ws_stage_x);
     const uint8_t* ssf = s == fp.rank ? fp.x_sf : peer_ptr(fp, s, fp.ws_stage_x_sf);
     const float* sw = s == fp.rank ? fp.topk_weights : peer_ptr(fp, s, fp.ws_stage_weights);
-    const uint4* src = reinterpret_cast<const uint4*>(sx + static_cast<int64_t>(tok) * H);
-    uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + row * H);
-    const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + static_cast<int64_t>(tok) * (H / 32));
+    const uint4* src = reinterpret_cast<const uint4*>(sx + ws_stage_x_index(tok, 0, H));
+    uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H));
+    const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + ws_stage_x_sf_index(tok, 0, H));
     // Loaded with the first batch, stored after it: the routing weight, the row's scale words.
     const float route = lane == 0 ? sw[entry] : 0.0f;
     uint32_t row_sf[kPullSfWords];
@@ -199,22 +204,22 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
           if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
             const uint32_t smax = max_byte4(sf[b]);
             const int d = static_cast<int>(smax - ((sf[b] >> (8 * ((v / 2) % 4))) & 0xFFu));
-            reinterpret_cast<uint4*>(fp.ws_pool_x128 + row * H)[v] = rebase_e4m3x16(x[b], d);
-            if (v % 8 == 0) fp.ws_pool_sf128[row * (H / 128) + v / 8] = static_cast<uint8_t>(smax);
+            reinterpret_cast<uint4*>(fp.ws_pool_x128 + ws_pool_x128_index(row, 0, H))[v] = rebase_e4m3x16(x[b], d);
+            if (v % 8 == 0) fp.ws_pool_sf128[ws_pool_sf128_index(row, v / 8, H)] = static_cast<uint8_t>(smax);
           }
         }
       }
     }
-    uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + row * (H / 32));
+    uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H));
 #pragma unroll
     for (int b = 0; b < kPullSfWords; ++b)
       if (lane + 32 * b < H / 128) dst_sf[lane + 32 * b] = row_sf[b];
     for (int v = lane + 32 * kPullSfWords; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
     if (lane == 0) {
       fp.ws_pool_weights[row] = route;
-      fp.ws_pool_meta[row * 3 + 0] = s;
-      fp.ws_pool_meta[row * 3 + 1] = tok;
-      fp.ws_pool_meta[row * 3 + 2] = k;
+      ws_pool_meta(fp, row, 0) = s;
+      ws_pool_meta(fp, row, 1) = tok;
+      ws_pool_meta(fp, row, 2) = k;
       fp.ws_dst_rows[row] = (s * K + k) * fp.max_tokens + tok;
     }
     __syncwarp();

@@ -24,7 +24,7 @@ __device__ __forceinline__ int call_epoch(const FusedParams& fp) {
 // The signal words of this call: parity epoch & 1. A peer's next call uses the other parity, so a
 // peer that runs ahead never adds into words this call still waits on or clears.
 __device__ __forceinline__ int* call_signals(const FusedParams& fp, int epoch) {
-  return fp.ws_signals + (epoch & 1) * kSignalWords;
+  return &ws_signals(fp, epoch & 1, 0);
 }
 
 // One thread per CTA, after a __syncthreads that follows the CTA's writes: publish them to every

@@ -24,7 +24,7 @@ from megamoe.kernel import KERNEL_DIR
 from . import contract
 from .flags import NVCC_FLAGS
 
-PROMOTIONS = ("k32", "k128")
+PROMOTIONS = contract.PROMOTIONS  # "k32", "k128": the instantiation units' Promotion::k32, ::k128
 
 EXTRA_FLAGS = ["-lineinfo", "-Xptxas", "-v", "-diag-suppress", "1160"]
 
@@ -71,8 +71,9 @@ def max_wgs4_tile(promotion: str) -> int:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GemmSpec:
     """One compiled specialisation of the grouped GEMM (kernel/gemm/gemm_sm90.cuh): the knobs have
-    the same names from the Python API to the kernel's template (promotion -> kPerK32, fast_math ->
-    kFastMath, max_tile -> kMaxN, wgs -> kWGs)."""
+    the same names from the Python API to the kernel's template (promotion -> Promotion::k32 or
+    ::k128, whose per_k32 is the templates' kPerK32; fast_math -> kFastMath, max_tile -> kMaxN,
+    wgs -> kWGs)."""
 
     layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     max_tile: int  # the largest token tile (contract.TOKEN_TILES); items of <= 8 rows run at 8
@@ -119,7 +120,7 @@ class GemmSpec:
         fields = {
             "LAYER": str(self.layer),
             "MAX_N": str(self.max_tile),
-            "PER_K32": b(self.promotion == "k32"),
+            "PROMOTION": self.promotion,
             "FAST_MATH": b(self.fast_math),
             "DEBUG": b(self.debug),
             "WGS": str(self.wgs),
@@ -172,12 +173,12 @@ class FusedSpec:
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "fused" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
-        exact = self.promotion == "k32"
+        # kPerK32: the instantiation unit's bool of its promotion (instantiate.cu.in).
         if self.engine == "prefill":
-            engine = f"PrefillEngine<{b(exact)}, {b(self.fast_math)}, {b(self.debug)}>"
+            engine = f"PrefillEngine<kPerK32, {b(self.fast_math)}, {b(self.debug)}>"
         else:
-            engine = f"SwapAbEngine<{self.wgs}, {b(exact)}, {b(self.fast_math)}, {b(self.debug)}>"
-        fields = {"ENGINE": engine, "PER_K32": b(exact), "DEBUG": b(self.debug)}
+            engine = f"SwapAbEngine<{self.wgs}, kPerK32, {b(self.fast_math)}, {b(self.debug)}>"
+        fields = {"ENGINE": engine, "PROMOTION": self.promotion, "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
         return tmpl
@@ -219,7 +220,7 @@ class PrefillSpec:
             "LAYER": str(self.layer),
             "FAST_MATH": b(self.fast_math),
             "DEBUG": b(self.debug),
-            "PER_K32": b(self.promotion == "k32"),
+            "PROMOTION": self.promotion,
         }
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
@@ -245,7 +246,7 @@ class PredecodeSpec:
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate_predecode.cu.in").read_text()
-        return tmpl.replace("@PER_K32@", "true" if self.promotion == "k32" else "false")
+        return tmpl.replace("@PROMOTION@", self.promotion)
 
 
 @dataclasses.dataclass

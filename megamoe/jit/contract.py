@@ -1,5 +1,6 @@
 """What the host and the SM90 GEMM kernel must agree on, written once: the kernel's parameter struct,
-its shared constants, the fast mode's scaled FP4 lookup table and the trap codes.
+its shared constants, the promotions, the fast mode's scaled FP4 lookup table, the trap codes, and
+the fused kernel's workspace (its regions' pointers and an accessor of each multi-dimensional one).
 
 `kernel/gemm/contract.cuh` is generated from this module (`python -m megamoe.jit.contract --write`
 rewrites it, `--check` exits 1 when it is stale; a CPU test runs the check),
@@ -11,12 +12,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import struct
 import sys
 from pathlib import Path
 
 from megamoe.reference import quantize as Q
 
+# The GEMM's two promotions (how often the tensor core's sums are scaled into fp32, megamoe/gemm.py):
+# "k32" every k32 product with both per-32 scales (the exact mode), "k128" once per K128 block (the
+# fast mode). The kernels' enum class Promotion has the same names, and its values are their
+# positions here; the instantiation units name it (megamoe/jit/build.py fills @PROMOTION@).
+PROMOTIONS = ("k32", "k128")
 BLOCK_K = 128  # K per pipeline stage (four k32 wgmma steps)
 CHUNK_N = 64  # tokens per wgmma chunk of the wide token tiles
 TOKEN_TILES = (8, 16, 32, 64, 128, 256)  # a kernel's largest token tile kMaxN (wgmma N, or chunks of 64)
@@ -269,13 +276,15 @@ class Region:
     """One region of a rank's workspace. `shape` is in SPEC's notation (H, I, E, E_l, K, R, T_max)
     plus P (pool rows, sized for the worst case any peer can cause) and B = P / BLOCK_M.
     kind: "counter" (back to zero after every call: D10), "peer" (other ranks write or read it
-    through symmetric memory), "local"."""
+    through symmetric memory), "local". index: the names of a multi-dimensional region's indices,
+    one per dimension: the parameters of its generated accessor (kernel/gemm/contract.cuh)."""
 
     name: str
     dtype: str
     shape: str
     kind: str
     doc: str
+    index: str = ""
 
 
 _CTYPE = {"int32": "int*", "int64": "int64_t*", "uint8": "uint8_t*", "float32": "float*", "bfloat16": "uint16_t*"}
@@ -290,38 +299,56 @@ WORKSPACE = (
         "per call parity (epoch & 1): dispatch posts, L2 completions (both raised by every rank's CTAs), "
         "CTAs done, CTAs that decoded their share of the weights (the prefill path); the last CTA of a call "
         "clears its parity",
+        "parity, word",
     ),
     Region("arrivals", "int32", "B", "counter", "D4: rows pulled into each pool block"),
     Region("l1_done", "int32", "B", "counter", "D6: L1 warpgroup tiles written of each pool block (I/32 = complete)"),
     Region("epoch", "int32", "4", "local", "word 0: calls made on this workspace (selects the signals' parity)"),
     Region("peers", "int64", "R", "local", "byte offset from this rank's workspace to rank r's"),
     Region("send_counts", "int32", "E", "local", "D1"),
-    Region("recv_counts", "int32", "R, E_l", "peer", "D2: row s written by source rank s"),
+    Region("recv_counts", "int32", "R, E_l", "peer", "D2: row s written by source rank s", "source, expert"),
     Region("recv_totals", "int32", "E_l", "local", "D2: N_e"),
     Region("expert_offsets", "int32", "E_l + 1", "local", "D4: first pool row of each local expert, then P"),
-    Region("source_lists", "int32", "E_l, R, T_max", "peer", "D3: t*K+k per (local expert, source), ascending"),
-    Region("stage_x", "uint8", "T_max, H", "peer", "this rank's x, read by the experts' owners (R > 1)"),
-    Region("stage_x_sf", "uint8", "T_max, H // 32", "peer", "this rank's x_sf (R > 1)"),
-    Region("stage_weights", "float32", "T_max, K", "peer", "this rank's topk_weights (R > 1)"),
-    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)"),
-    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes"),
+    Region(
+        "source_lists",
+        "int32",
+        "E_l, R, T_max",
+        "peer",
+        "D3: t*K+k per (local expert, source), ascending",
+        "expert, source, i",
+    ),
+    Region("stage_x", "uint8", "T_max, H", "peer", "this rank's x, read by the experts' owners (R > 1)", "t, channel"),
+    Region("stage_x_sf", "uint8", "T_max, H // 32", "peer", "this rank's x_sf (R > 1)", "t, group"),
+    Region("stage_weights", "float32", "T_max, K", "peer", "this rank's topk_weights (R > 1)", "t, k"),
+    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)", "row, channel"),
+    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes", "row, group"),
     Region("pool_weights", "float32", "P", "local", "D4: their routing weights"),
-    Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)"),
+    Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)", "row, field"),
     Region("dst_rows", "int32", "P", "local", "combine row s * K * T_max + k * T_max + t of each pool row"),
-    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate"),
-    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes"),
-    Region("pool_x128", "uint8", "P, H", "local", "fast mode: the pool's rows rebased per 128 (rebase_k128)"),
-    Region("pool_sf128", "uint8", "P, H // 128", "local", "fast mode: their scale bytes"),
-    Region("l2_x128", "uint8", "P, I", "local", "fast mode: the intermediate rebased per 128, L2's operand"),
-    Region("l2_sf128", "uint8", "P, I // 128", "local", "fast mode: its scale bytes"),
+    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate", "row, channel"),
+    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes", "row, group"),
+    Region(
+        "pool_x128",
+        "uint8",
+        "P, H",
+        "local",
+        "fast mode: the pool's rows rebased per 128 (rebase_k128)",
+        "row, channel",
+    ),
+    Region("pool_sf128", "uint8", "P, H // 128", "local", "fast mode: their scale bytes", "row, block"),
+    Region(
+        "l2_x128", "uint8", "P, I", "local", "fast mode: the intermediate rebased per 128, L2's operand", "row, channel"
+    ),
+    Region("l2_sf128", "uint8", "P, I // 128", "local", "fast mode: its scale bytes", "row, block"),
     Region(
         "rebase_count",
         "int32",
         "B, I // 128",
         "counter",
         "fast mode: L1 warpgroup tiles written of each (pool block, 128 channels); the 4th rebases them",
+        "pool_block, block",
     ),
-    Region("combine", "bfloat16", "K, T_max, H", "peer", "D8: written by the experts' owners"),
+    Region("combine", "bfloat16", "K, T_max, H", "peer", "D8: written by the experts' owners", "k, t, channel"),
     Region("recv_stats", "int64", "E_l", "local", "D10: cumulative N_e"),
     Region("snap_arrivals", "int32", "B", "local", "debug build: arrivals before the cleanup"),
     Region("snap_l1_done", "int32", "B", "local", "debug build: l1_done before the cleanup"),
@@ -335,6 +362,7 @@ WORKSPACE = (
     ),
 )
 COUNTERS = tuple(r.name for r in WORKSPACE if r.kind == "counter")
+assert len(WORKSPACE) <= 64, "the generated WsRegion bits are one uint64_t"
 
 
 def pool_rows(max_tokens: int, top_k: int, local_experts: int, num_ranks: int, block_m: int) -> int:
@@ -376,6 +404,23 @@ def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], 
     return out, off
 
 
+# The FusedParams field that holds each size the regions' shapes are written in: the host fills
+# these fields from workspace_dims through this table (megamoe/moe.py), and the generated accessors
+# take their strides from them. B is only ever a leading dimension (no stride): it needs no field.
+DIM_FIELDS = {
+    "H": "hidden",
+    "I": "intermediate",
+    "E": "num_experts",
+    "E_l": "local_experts",
+    "K": "top_k",
+    "R": "num_ranks",
+    "T_max": "max_tokens",
+    "P": "pool_rows",
+}
+# The sizes that make a region larger than 2^31 elements at real shapes (tokens, pool rows,
+# channels): the accessor of a region with one of them indexes in 64 bits, the others' in int.
+WIDE_DIMS = ("T_max", "P", "H", "I")
+
 FUSED_PARAMS = Struct(
     "FusedParams",
     (
@@ -404,10 +449,65 @@ FUSED_PARAMS = Struct(
 STRUCTS["FusedParams"] = FUSED_PARAMS
 
 
+def _dims(r: Region) -> list[str]:
+    return [d.strip() for d in r.shape.split(",")]
+
+
+_SYMBOL = re.compile(r"[A-Za-z_]\w*")
+
+
+def _cpp_dim(dim: str) -> str:
+    """A shape dimension as a C++ expression over the sizes named as in SPEC (// is the integer
+    division it is for these positive sizes)."""
+    out = dim.replace("//", "/")
+    return out if re.fullmatch(r"\w+", out) else f"({out})"
+
+
+def accessor_lines(r: Region) -> list[str]:
+    """The two accessors of a multi-dimensional region:
+    ws_<name>_index(index..., sizes...): the element's index, row-major over the region's shape,
+      given the sizes of its strides (named as in SPEC: R, T_max, H, ...); for a caller that holds
+      them already (a kernel's `const int H = fp.hidden`: its register, not a second read) or that
+      indexes a peer's copy (peer_ptr(fp, r, fp.ws_<name>)[ws_<name>_index(...)], fused/sync.cuh);
+    ws_<name>(p, index...): a reference to the element in this rank's copy, the sizes read from
+      FusedParams (DIM_FIELDS)."""
+    dims, names = _dims(r), [n.strip() for n in r.index.split(",")]
+    if len(names) != len(dims):
+        raise ValueError(f"region {r.name}: index {r.index!r} names {len(names)} of {len(dims)} dimensions")
+    sizes = list(dict.fromkeys(m for d in dims[1:] for m in _SYMBOL.findall(d)))
+    missing = [m for m in sizes if m not in DIM_FIELDS]
+    if missing:
+        raise ValueError(f"region {r.name}: {missing} have no FusedParams field (DIM_FIELDS)")
+    # Each index is below its dimension (an int); where the region can exceed 2^31 elements the
+    # leading one is taken as int64_t, so the arithmetic is 64-bit from its first product.
+    wide = any(m in WIDE_DIMS for d in dims for m in _SYMBOL.findall(d))
+    itype = "int64_t" if wide else "int"
+    flat = names[0]
+    for dim, name in zip(dims[1:], names[1:]):
+        flat = f"{flat if flat == names[0] else f'({flat})'} * {_cpp_dim(dim)} + {name}"
+    params = [f"{itype} {names[0]}"] + [f"int {n}" for n in names[1:]] + [f"int {m}" for m in sizes]
+    call = names + [f"p.{DIM_FIELDS[m]}" for m in sizes]
+    return [
+        f"// {r.name} [{', '.join(dims)}]",
+        f"__device__ __forceinline__ {itype} ws_{r.name}_index({', '.join(params)}) {{",
+        f"  return {flat};",
+        "}",
+        f"__device__ __forceinline__ {_CTYPE[r.dtype][:-1]}& ws_{r.name}(const FusedParams& p, "
+        f"{', '.join(params[: len(names)])}) {{",
+        f"  return p.ws_{r.name}[ws_{r.name}_index({', '.join(call)})];",
+        "}",
+    ]
+
+
+def _region_bit(name: str) -> str:
+    return "kWs" + "".join(w[:1].upper() + w[1:] for w in name.split("_"))
+
+
 def fused_header_lines() -> list[str]:
     return [
         "// The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and",
-        "// its argument (one pointer per workspace region, megamoe/jit/contract.py WORKSPACE).",
+        "// its argument (one pointer per workspace region, megamoe/jit/contract.py WORKSPACE, and the sizes",
+        "// its shapes are written in, DIM_FIELDS).",
         f"constexpr int kFusedMaxN = {FUSED_MAX_TILE};",
         f"constexpr int kSignalWords = {SIGNAL_WORDS};",
         f"constexpr int kSignalPosted = {SIGNAL_POSTED};   // + 1 by every CTA of every rank after its dispatch",
@@ -416,6 +516,20 @@ def fused_header_lines() -> list[str]:
         f"constexpr int kSignalDecoded = {SIGNAL_DECODED};  // + 1 by every CTA of this rank after its predecode share",
         "",
         *FUSED_PARAMS.cpp(),
+        "",
+        "// The workspace's multi-dimensional regions (contract.py WORKSPACE), row-major over their shapes:",
+        "// ws_<region>_index(index..., sizes...) the element's index given the sizes of its strides (a caller's",
+        "// registers, or a peer's copy: peer_ptr(fp, r, fp.ws_<region>)[index]), ws_<region>(p, index...) a",
+        "// reference to it in this rank's copy, the sizes read from FusedParams. An index is 64-bit where a",
+        "// dimension counts tokens, pool rows or channels (WIDE_DIMS), else int.",
+        *[line for r in WORKSPACE if len(_dims(r)) > 1 for line in accessor_lines(r)],
+        "",
+        '// The workspace\'s regions as bits, and its counters (kind "counter": zero after every call, D10).',
+        "// The kernel static_asserts that it clears exactly these (kernel/fused/combine.cuh).",
+        "enum WsRegion : uint64_t {",
+        *[f"  {_region_bit(r.name)} = 1ull << {i}," for i, r in enumerate(WORKSPACE)],
+        "};",
+        f"constexpr uint64_t kWsCounters = {' | '.join(_region_bit(n) for n in COUNTERS)};",
     ]
 
 
@@ -425,8 +539,8 @@ def header() -> str:
     lines = [
         "// GENERATED by megamoe/jit/contract.py (python -m megamoe.jit.contract): do not edit by hand.",
         "// clang-format off",
-        "// What the host and the kernel agree on: the kernel argument, shared constants, trap codes and",
-        "// the fast mode's scaled FP4 lookup tables.",
+        "// What the host and the kernel agree on: the kernel argument, shared constants, the promotions, trap",
+        "// codes, the fast mode's scaled FP4 lookup tables and the fused kernel's workspace accessors.",
         "#pragma once",
         "",
         "#include <cstddef>",
@@ -444,6 +558,11 @@ def header() -> str:
         "// A kernel's items run at kSmallTile when they have at most that many rows, else at its largest",
         "// tile kMaxN (scheduler.cuh pick_tile; the host picks kMaxN from TOKEN_TILES).",
         f"constexpr int kSmallTile = {SMALL_TILE};",
+        "// The GEMM's promotions (contract.py PROMOTIONS): the instantiation units name one, and the kernels'",
+        "// templates take it as the bool kPerK32 = per_k32(promotion).",
+        f"enum class Promotion : int {{ {', '.join(f'{p} = {i}' for i, p in enumerate(PROMOTIONS))} }};",
+        "__host__ __device__ constexpr bool per_k32(Promotion p) { return p == Promotion::k32; }",
+        "",
         "// The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.",
         f"constexpr int kMaxTileExact = {MAX_TILE['k32']}, kMaxTileFast = {MAX_TILE['k128']};",
         f"constexpr int kMaxWgs4TileExact = {MAX_WGS4_TILE['k32']}, kMaxWgs4TileFast = {MAX_WGS4_TILE['k128']};",
