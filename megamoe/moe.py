@@ -438,37 +438,18 @@ class MegaMoE:
 
         # First, before anything here can fail on one rank: a collective every rank reaches.
         call_id = ranks.from_rank0(self._host, new_call_id())
-        ws = self.ws
-        counts = ws["recv_counts"].clone()
-        offsets = ws["expert_offsets"].clone()
-        p_used = int(offsets[-1])
-        b_used = p_used // cfg.block_m
-        lists = ws["source_lists"].clone()
-        pos = torch.arange(cfg.max_tokens_per_rank, device=lists.device)
-        lists = torch.where(pos[None, None, :] < counts.T[:, :, None], lists, -1)  # [E_l, R, T_max]
+        ws, pt = self.ws, ref.points
+        points = workspace_points(ws, cfg)
+        p_used = int(points[pt.D4_EXPERT_OFFSETS][-1])
         acc1, acc2 = self._debug_buffers
-        pt = ref.points
-        points = {
-            pt.D1_SEND_COUNTS: ws["send_counts"].clone(),
-            pt.D2_RECV_COUNTS: counts,
-            pt.D2_RECV_TOTALS: ws["recv_totals"].clone(),
-            pt.D3_SOURCE_LISTS: lists,
-            pt.D4_POOL_X: ws["pool_x"][:p_used].clone(),
-            pt.D4_POOL_X_SF: ws["pool_x_sf"][:p_used].clone(),
-            pt.D4_POOL_WEIGHTS: ws["pool_weights"][:p_used].clone(),
-            pt.D4_POOL_META: ws["pool_meta"][:p_used].clone(),
-            pt.D4_EXPERT_OFFSETS: offsets,
-            pt.D4_BLOCK_ARRIVALS: ws["snap_arrivals"][:b_used].clone(),
-            pt.D5_ACC1: acc1[:p_used].clone(),
-            pt.D6_L2_ACTS: ws["l2_acts"][:p_used].clone(),
-            pt.D6_L2_SF: ws["l2_sf"][:p_used].clone(),
-            pt.D6_L1_DONE: ws["snap_l1_done"][:b_used].clone(),
-            pt.D7_ACC2: acc2[:p_used].clone(),
-            pt.D8_COMBINE: ws["combine"].clone(),
-            pt.D9_Y: y.clone(),
-            pt.D10_RECV_STATS: ws["recv_stats"].clone(),
-            pt.D10_COUNTERS: torch.cat([ws[n].reshape(-1) for n in C.COUNTERS]),
-        }
+        points.update(
+            {
+                pt.D5_ACC1: acc1[:p_used].clone(),
+                pt.D7_ACC2: acc2[:p_used].clone(),
+                pt.D9_Y: y.clone(),
+                pt.D10_COUNTERS: torch.cat([ws[n].reshape(-1) for n in C.COUNTERS]),
+            }
+        )
         # The reader against the one table of dump tensors (names, dtypes, shapes).
         pt.check_dump_tensors(points, pt.dump_dims(cfg, tokens=y.shape[0], pool_rows=p_used))
         return make_dumps(
@@ -486,6 +467,27 @@ class MegaMoE:
             ranks=[self.rank],
             call_id=call_id,
         )
+
+
+def workspace_points(ws, cfg: ref.MoEConfig) -> dict[str, torch.Tensor]:
+    """The dump tensors a debug call reads from its workspace `ws` (a region's tensor by name), by
+    the regions' links to the dump-point table (contract.WORKSPACE's `dump`): copies, a leading P
+    or B cut to the call's used pool rows or blocks (the last expert offset), and the source lists
+    past each pair's received count set to -1 (SPEC §3 D3's padding; the kernel leaves them as
+    they were)."""
+    pt = ref.points
+    p_used = int(ws["expert_offsets"][-1])
+    used = {"P": p_used, "B": p_used // cfg.block_m}
+    points = {}
+    for r in C.WORKSPACE:
+        if r.dump:
+            lead = r.shape.split(",")[0].strip()
+            t = ws[r.name]
+            points[r.dump] = (t[: used[lead]] if lead in used else t).clone()
+    lists, counts = points[pt.D3_SOURCE_LISTS], points[pt.D2_RECV_COUNTS]
+    pos = torch.arange(cfg.max_tokens_per_rank, device=lists.device)
+    points[pt.D3_SOURCE_LISTS] = torch.where(pos[None, None, :] < counts.T[:, :, None], lists, -1)  # [E_l, R, T_max]
+    return points
 
 
 def _float_or_none(v):

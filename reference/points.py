@@ -66,17 +66,39 @@ class DumpTensor:
 
     def shape_of(self, dims: Mapping[str, int]) -> tuple[int | None, ...]:
         """The shape for the given dims; None for an axis of a free dim (FREE_DIMS) not given."""
-        out: list[int | None] = []
-        for axis in self.shape.split(","):
-            symbols = [w for w in axis.replace("/", " ").replace("*", " ").replace("+", " ").split() if _is_dim(w)]
-            unknown = [s for s in symbols if s not in dims]
-            if unknown and all(s in FREE_DIMS for s in unknown):
-                out.append(None)
-                continue
-            if unknown:
-                raise ValueError(f"{self.name} has shape [{self.shape}]: the dims given lack {', '.join(unknown)}")
-            out.append(int(eval(axis, {"__builtins__": {}}, dict(dims))))  # noqa: S307 (the table's own strings)
-        return tuple(out)
+        return shape_of(self.shape, dims, what=self.name)
+
+
+def shape_of(shape: str, dims: Mapping[str, int], *, what: str = "a shape") -> tuple[int | None, ...]:
+    """A shape written in SPEC notation ("P, H // 32", "E_l + 1") for the given dims: the one
+    reader of this table's shapes and of the fused kernel's workspace regions
+    (megamoe.jit.contract.WORKSPACE). An axis of a free dim (FREE_DIMS) not given is None."""
+    out: list[int | None] = []
+    for axis in shape.split(","):
+        symbols = [w for w in axis.replace("/", " ").replace("*", " ").replace("+", " ").split() if _is_dim(w)]
+        unknown = [s for s in symbols if s not in dims]
+        if unknown and all(s in FREE_DIMS for s in unknown):
+            out.append(None)
+            continue
+        if unknown:
+            raise ValueError(f"{what} has shape [{shape}]: the dims given lack {', '.join(unknown)}")
+        out.append(int(eval(axis, {"__builtins__": {}}, dict(dims))))  # noqa: S307 (the tables' own strings)
+    return tuple(out)
+
+
+def config_dims(cfg: MoEConfig) -> dict[str, int]:
+    """The sizes a layer's configuration fixes, by their SPEC names (H, I, E, E_l, K, R, T_max):
+    those of the dump tensors' shapes (`dump_dims`) and of the workspace's regions."""
+    check_type("cfg", cfg, MoEConfig)
+    return {
+        "H": cfg.hidden,
+        "I": cfg.intermediate,
+        "E": cfg.num_experts,
+        "E_l": cfg.local_experts,
+        "K": cfg.top_k,
+        "R": cfg.num_ranks,
+        "T_max": cfg.max_tokens_per_rank,
+    }
 
 
 def _is_dim(word: str) -> bool:
@@ -192,13 +214,7 @@ def dump_dims(cfg: MoEConfig, *, tokens: int, pool_rows: int, counter_words: int
     if counter_words is not None:
         check_int("counter_words", counter_words, 0)
     dims = {
-        "H": cfg.hidden,
-        "I": cfg.intermediate,
-        "E": cfg.num_experts,
-        "E_l": cfg.local_experts,
-        "K": cfg.top_k,
-        "R": cfg.num_ranks,
-        "T_max": cfg.max_tokens_per_rank,
+        **config_dims(cfg),
         "T": int(tokens),
         "P": int(pool_rows),
         "B": int(pool_rows) // cfg.block_m,

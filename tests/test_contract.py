@@ -227,3 +227,45 @@ def test_every_kernel_source_names_its_promotion_as_the_python_side_spells_it():
         src = spec.source()
         assert f"kPerK32 = megamoe::per_k32(megamoe::Promotion::{spec.promotion});" in src, spec.name
         assert not re.search(r"@\w+@", src), spec.name
+
+
+def test_each_workspace_region_a_dump_reads_has_its_dump_tensors_dtype_and_shape():
+    # The two tables (the workspace's regions and the dump points) meet in these links only.
+    from megamoe.reference import points as P
+
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2, max_tokens_per_rank=24)
+    dims = contract.workspace_dims(cfg)
+    linked = [r for r in contract.WORKSPACE if r.dump]
+    assert len({r.dump for r in linked}) == len(linked)
+    for r in linked:
+        t = P.TABLE[r.dump]
+        assert str(t.dtype).removeprefix("torch.") == r.dtype, r.name
+        want = P.shape_of(t.shape, dict(dims, T=cfg.max_tokens_per_rank), what=t.name)
+        assert P.shape_of(r.shape, dims) == want, (r.name, r.shape, t.shape)
+
+
+def test_a_debug_calls_dump_tensors_are_read_from_the_workspace_by_those_links():
+    from megamoe.moe import _Workspace, workspace_points
+    from megamoe.reference import points as P
+
+    cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=8, top_k=2, num_ranks=2, max_tokens_per_rank=24)
+    layout, total = contract.workspace_layout(cfg)
+    ws = _Workspace(
+        torch.randint(0, 255, (total,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)), layout
+    )
+    # a call that used 3 of the pool's blocks: experts at rows 0, 64, 64, 128, then 192
+    ws["expert_offsets"].copy_(torch.tensor([0, 64, 64, 128, 192], dtype=torch.int32))
+    ws["recv_counts"].copy_(torch.tensor([[3, 0, 24, 1], [0, 5, 2, 24]], dtype=torch.int32))
+    points = workspace_points(ws, cfg)
+    assert torch.equal(points[P.D4_POOL_X], ws["pool_x"][:192])
+    assert torch.equal(points[P.D4_BLOCK_ARRIVALS], ws["snap_arrivals"][:3])
+    assert torch.equal(points[P.D8_COMBINE].view(torch.int16), ws["combine"].view(torch.int16))  # random bytes: NaNs
+    lists = points[P.D3_SOURCE_LISTS]  # [E_l, R, T_max]: -1 past each pair's count
+    assert (lists[0, 0, 3:] == -1).all() and torch.equal(lists[0, 0, :3], ws["source_lists"][0, 0, :3])
+    assert (lists[1, 0] == -1).all() and torch.equal(lists[2, 0], ws["source_lists"][2, 0])
+    # every tensor of the table but the four the layer adds itself, each of its dtype and shape
+    rest = {P.D5_ACC1, P.D7_ACC2, P.D9_Y, P.D10_COUNTERS}
+    assert set(points) == set(P.NAMES) - rest
+    dims = P.dump_dims(cfg, tokens=24, pool_rows=192)
+    problems = [p for p in P.dump_problems(points, dims) if not any(n in p for n in rest)]
+    assert not problems, problems

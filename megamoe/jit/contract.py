@@ -17,6 +17,7 @@ import struct
 import sys
 from pathlib import Path
 
+from megamoe.reference import points as DP
 from megamoe.reference import quantize as Q
 
 # The GEMM's two promotions (how often the tensor core's sums are scaled into fp32, megamoe/gemm.py):
@@ -277,7 +278,10 @@ class Region:
     plus P (pool rows, sized for the worst case any peer can cause) and B = P / BLOCK_M.
     kind: "counter" (back to zero after every call: D10), "peer" (other ranks write or read it
     through symmetric memory), "local". index: the names of a multi-dimensional region's indices,
-    one per dimension: the parameters of its generated accessor (kernel/gemm/contract.cuh)."""
+    one per dimension: the parameters of its generated accessor (kernel/gemm/contract.cuh). dump:
+    the dump tensor (reference.points) a debug call reads from it, its leading P or B cut to the
+    call's used pool rows or blocks (megamoe.moe reads them so; a test holds the two tables' dtypes
+    and shapes equal)."""
 
     name: str
     dtype: str
@@ -285,6 +289,7 @@ class Region:
     kind: str
     doc: str
     index: str = ""
+    dump: str = ""
 
 
 _CTYPE = {"int32": "int*", "int64": "int64_t*", "uint8": "uint8_t*", "float32": "float*", "bfloat16": "uint16_t*"}
@@ -305,10 +310,25 @@ WORKSPACE = (
     Region("l1_done", "int32", "B", "counter", "D6: L1 warpgroup tiles written of each pool block (I/32 = complete)"),
     Region("epoch", "int32", "4", "local", "word 0: calls made on this workspace (selects the signals' parity)"),
     Region("peers", "int64", "R", "local", "byte offset from this rank's workspace to rank r's"),
-    Region("send_counts", "int32", "E", "local", "D1"),
-    Region("recv_counts", "int32", "R, E_l", "peer", "D2: row s written by source rank s", "source, expert"),
-    Region("recv_totals", "int32", "E_l", "local", "D2: N_e"),
-    Region("expert_offsets", "int32", "E_l + 1", "local", "D4: first pool row of each local expert, then P"),
+    Region("send_counts", "int32", "E", "local", "D1", dump=DP.D1_SEND_COUNTS),
+    Region(
+        "recv_counts",
+        "int32",
+        "R, E_l",
+        "peer",
+        "D2: row s written by source rank s",
+        "source, expert",
+        dump=DP.D2_RECV_COUNTS,
+    ),
+    Region("recv_totals", "int32", "E_l", "local", "D2: N_e", dump=DP.D2_RECV_TOTALS),
+    Region(
+        "expert_offsets",
+        "int32",
+        "E_l + 1",
+        "local",
+        "D4: first pool row of each local expert, then P",
+        dump=DP.D4_EXPERT_OFFSETS,
+    ),
     Region(
         "source_lists",
         "int32",
@@ -316,17 +336,18 @@ WORKSPACE = (
         "peer",
         "D3: t*K+k per (local expert, source), ascending",
         "expert, source, i",
+        dump=DP.D3_SOURCE_LISTS,
     ),
     Region("stage_x", "uint8", "T_max, H", "peer", "this rank's x, read by the experts' owners (R > 1)", "t, channel"),
     Region("stage_x_sf", "uint8", "T_max, H // 32", "peer", "this rank's x_sf (R > 1)", "t, group"),
     Region("stage_weights", "float32", "T_max, K", "peer", "this rank's topk_weights (R > 1)", "t, k"),
-    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)", "row, channel"),
-    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes", "row, group"),
-    Region("pool_weights", "float32", "P", "local", "D4: their routing weights"),
-    Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)", "row, field"),
+    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)", "row, channel", dump=DP.D4_POOL_X),
+    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes", "row, group", dump=DP.D4_POOL_X_SF),
+    Region("pool_weights", "float32", "P", "local", "D4: their routing weights", dump=DP.D4_POOL_WEIGHTS),
+    Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)", "row, field", dump=DP.D4_POOL_META),
     Region("dst_rows", "int32", "P", "local", "combine row s * K * T_max + k * T_max + t of each pool row"),
-    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate", "row, channel"),
-    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes", "row, group"),
+    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate", "row, channel", dump=DP.D6_L2_ACTS),
+    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes", "row, group", dump=DP.D6_L2_SF),
     Region(
         "pool_x128",
         "uint8",
@@ -348,10 +369,20 @@ WORKSPACE = (
         "fast mode: L1 warpgroup tiles written of each (pool block, 128 channels); the 4th rebases them",
         "pool_block, block",
     ),
-    Region("combine", "bfloat16", "K, T_max, H", "peer", "D8: written by the experts' owners", "k, t, channel"),
-    Region("recv_stats", "int64", "E_l", "local", "D10: cumulative N_e"),
-    Region("snap_arrivals", "int32", "B", "local", "debug build: arrivals before the cleanup"),
-    Region("snap_l1_done", "int32", "B", "local", "debug build: l1_done before the cleanup"),
+    Region(
+        "combine",
+        "bfloat16",
+        "K, T_max, H",
+        "peer",
+        "D8: written by the experts' owners",
+        "k, t, channel",
+        dump=DP.D8_COMBINE,
+    ),
+    Region("recv_stats", "int64", "E_l", "local", "D10: cumulative N_e", dump=DP.D10_RECV_STATS),
+    Region(
+        "snap_arrivals", "int32", "B", "local", "debug build: arrivals before the cleanup", dump=DP.D4_BLOCK_ARRIVALS
+    ),
+    Region("snap_l1_done", "int32", "B", "local", "debug build: l1_done before the cleanup", dump=DP.D6_L1_DONE),
     Region(
         "item_counter",
         "int32",
@@ -373,20 +404,10 @@ def pool_rows(max_tokens: int, top_k: int, local_experts: int, num_ranks: int, b
 
 
 def workspace_dims(cfg) -> dict[str, int]:
-    """The sizes the regions' shapes are written in, for a MoEConfig."""
-    e_l = cfg.num_experts // cfg.num_ranks
-    p = pool_rows(cfg.max_tokens_per_rank, cfg.top_k, e_l, cfg.num_ranks, cfg.block_m)
-    return {
-        "H": cfg.hidden,
-        "I": cfg.intermediate,
-        "E": cfg.num_experts,
-        "E_l": e_l,
-        "K": cfg.top_k,
-        "R": cfg.num_ranks,
-        "T_max": cfg.max_tokens_per_rank,
-        "P": p,
-        "B": p // cfg.block_m,
-    }
+    """The sizes the regions' shapes are written in, for a MoEConfig: the configuration's (those
+    of the dump tensors' shapes too, reference.points.config_dims) and the worst-case P and B."""
+    p = pool_rows(cfg.max_tokens_per_rank, cfg.top_k, cfg.local_experts, cfg.num_ranks, cfg.block_m)
+    return {**DP.config_dims(cfg), "P": p, "B": p // cfg.block_m}
 
 
 def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], int]:
@@ -395,7 +416,7 @@ def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], 
     dims = workspace_dims(cfg)
     out, off = {}, 0
     for r in WORKSPACE:
-        shape = tuple(int(eval(d, {"__builtins__": {}}, dims)) for d in r.shape.split(","))  # noqa: S307
+        shape = DP.shape_of(r.shape, dims, what=f"region {r.name}")
         out[r.name] = (off, r.dtype, shape)
         n = _ITEMSIZE[r.dtype]
         for d in shape:
