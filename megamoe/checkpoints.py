@@ -137,6 +137,19 @@ def _gate_up_alternating(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gpt_oss_layer_shape(path: str | Path, layer: int) -> tuple[int, int, int]:
+    """(E, H, I) of MoE layer `layer` of a gpt-oss checkpoint, from its files' headers (no tensor is
+    read): what a layer's MoEConfig needs before its weights are loaded."""
+    ref.errors.check_int("layer", layer, 0)
+    where = _index(_files(path))
+    name = NAMINGS[_naming(where, layer, path)]["w1"].format(n=layer)
+    with _safetensors()(str(where[name]), framework="pt") as h:
+        shape = h.get_slice(name).get_shape()
+    if len(shape) != 4 or shape[3] != 16 or shape[1] % 2:
+        raise CheckpointError(f"checkpoint: tensor {name}: expected shape [E, 2I, H/32, 16], got {list(shape)}")
+    return shape[0], 32 * shape[2], shape[1] // 2
+
+
 def load_gpt_oss_experts(path: str | Path, layer: int, *, device="cpu") -> ref.ExpertWeights:
     """The expert weights of MoE layer `layer` of a gpt-oss checkpoint (a .safetensors file or a
     folder of them), canonical (SPEC §2) with their biases, on `device`."""

@@ -231,6 +231,32 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# gpt-oss's MoE layers (SPEC §8): H = I = 2880, top-4, MXFP4 experts with biases.
+GPT_OSS_MODELS = {"gpt-oss-20b": 32, "gpt-oss-120b": 128}  # experts per layer
+GPT_OSS_SHAPE = dict(hidden=2880, intermediate=2880, top_k=4)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        choices=tuple(GPT_OSS_MODELS),
+        help="one MoE layer of this model (choices: %(choices)s) at its real shape (H = I = 2880, its experts, "
+        "top-4, SPEC §8's activation), random weights and biases written as a gpt-oss checkpoint and loaded "
+        "back; --hidden, --intermediate, --experts and --top-k are the model's (default: none, the shape options)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="PATH",
+        help="with --layer: that layer's experts from a gpt-oss checkpoint (a .safetensors file or a folder "
+        "of shards; needs the 'checkpoints' extra) at the file's shape and gpt-oss's top-4, instead of random "
+        "weights (default: none)",
+    )
+    p.add_argument(
+        "--layer", type=_int_at_least(0), metavar="N", help="the checkpoint's layer, with --checkpoint (default: none)"
+    )
+
+
 def _add_report_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json",
@@ -249,15 +275,26 @@ def _add_report_outputs(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace):
     from megamoe import reference as ref
 
+    shape = dict(hidden=args.hidden, intermediate=args.intermediate, num_experts=args.experts, top_k=args.top_k)
+    gpt_oss = {}
+    if getattr(args, "model", None):
+        shape = dict(GPT_OSS_SHAPE, num_experts=GPT_OSS_MODELS[args.model])
+    elif getattr(args, "checkpoint", None):
+        from megamoe.checkpoints import gpt_oss_layer_shape
+
+        e, h, i = gpt_oss_layer_shape(args.checkpoint, args.layer)  # the file's shape; top-k is gpt-oss's
+        shape = dict(hidden=h, intermediate=i, num_experts=e, top_k=GPT_OSS_SHAPE["top_k"])
+    if getattr(args, "model", None) or getattr(args, "checkpoint", None):
+        if args.clamp is not None:
+            raise ValueError("argument --clamp: gpt-oss's activation clamps at its own limit (SPEC §8), not --clamp")
+        gpt_oss = dict(activation="swiglu_oai")
     cfg = ref.MoEConfig(
-        hidden=args.hidden,
-        intermediate=args.intermediate,
-        num_experts=args.experts,
-        top_k=args.top_k,
+        **shape,
         num_ranks=args.ranks,
         max_tokens_per_rank=args.tokens,
         activation_clamp=args.clamp,
         fast_math=not args.precise,
+        **gpt_oss,
     )
     # The routing options against the shape, by the generator's own checks (0 tokens: no work).
     ref.make_routing(0, cfg.num_experts, cfg.top_k, distribution=args.distribution, masked_ratio=args.masked_ratio)
@@ -326,9 +363,23 @@ def _check_options(args: argparse.Namespace) -> None:
     """What an option can be wrong about that its parser could not see alone (the shape against the
     config's checks and against this machine), before any work and before the first progress line,
     so that a bad option is the one line of its error."""
+    if getattr(args, "model", None) and getattr(args, "checkpoint", None):
+        raise ValueError("argument --checkpoint: a checkpoint's layer or a --model's random one, not both")
+    if getattr(args, "checkpoint", None) is not None:
+        if args.layer is None:
+            raise ValueError("argument --checkpoint: needs --layer N, the layer whose experts to load")
+        if not args.checkpoint.exists():
+            raise ValueError(f"argument --checkpoint: expected a .safetensors file or a folder, got {args.checkpoint}")
+    elif getattr(args, "layer", None) is not None:
+        raise ValueError("argument --layer: a layer of --checkpoint, which is not given")
     if hasattr(args, "hidden"):
         device = getattr(args, "device", "cuda" if args.command == "run" and torch.cuda.is_available() else "cpu")
-        _check_sizes(args, _config(args), device)
+        cfg = _config(args)
+        _check_sizes(args, cfg, device)
+        if cfg.activation == "swiglu_oai":
+            from megamoe import reference as ref
+
+            ref.glu_table(cfg.fast_math)  # made on a GPU (SPEC §8): a missing table is said before any work
 
 
 def _inputs(args: argparse.Namespace, cfg, device: str = "cpu"):
@@ -337,8 +388,34 @@ def _inputs(args: argparse.Namespace, cfg, device: str = "cpu"):
     inputs = ref.make_inputs(
         cfg, args.tokens, seed=args.seed, distribution=args.distribution, masked_ratio=args.masked_ratio, device=device
     )
+    if getattr(args, "checkpoint", None):
+        from megamoe.checkpoints import load_gpt_oss_experts
+
+        _log(f"loading layer {args.layer}'s experts from {args.checkpoint}")
+        return inputs, load_gpt_oss_experts(args.checkpoint, args.layer, device=device)
     weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=args.seed, device=device)
+    if getattr(args, "model", None):
+        weights = _through_a_checkpoint(weights, cfg, args.seed, device)
     return inputs, weights
+
+
+def _through_a_checkpoint(weights, cfg, seed: int, device: str):
+    """Random biases beside the random weights, written as a gpt-oss checkpoint (transformers'
+    naming) and loaded back: the loader is part of what --model runs."""
+    import tempfile
+
+    from megamoe.checkpoints import load_gpt_oss_experts, save_gpt_oss_experts
+
+    g = torch.Generator().manual_seed(seed)
+    weights.b1 = torch.randn(cfg.num_experts, 2 * cfg.intermediate, generator=g).to(torch.bfloat16).to(device)
+    weights.b2 = torch.randn(cfg.num_experts, cfg.hidden, generator=g).to(torch.bfloat16).to(device)
+    with tempfile.TemporaryDirectory(prefix="megamoe-gpt-oss-") as tmp:
+        path = Path(tmp) / "model.safetensors"
+        save_gpt_oss_experts(path, {0: weights})
+        _log(
+            f"random weights and biases written as a gpt-oss checkpoint ({path.stat().st_size / 2**20:.0f} MiB), loading"
+        )
+        return load_gpt_oss_experts(path, 0, device=device)
 
 
 def _report(args: argparse.Namespace, device: str) -> int:
@@ -367,6 +444,11 @@ def _report(args: argparse.Namespace, device: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if torch.cuda.is_available() and (args.model or args.checkpoint):
+        if args.processes:
+            raise ValueError("argument --processes: the fused kernel does not run gpt-oss's layers yet (SPEC §8)")
+        _log("The fused kernel does not run gpt-oss's layers yet (SPEC §8): running the reference on the GPU.")
+        return _report(args, "cuda")
     if torch.cuda.is_available():
         return _run_expert_parallel(args) if args.processes else _run_fused(args)
     if args.processes:
@@ -550,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_run = sub.add_parser("run", help="the main job: default shape, tolerance report")
     _add_shape_args(p_run)
+    _add_model_args(p_run)
     _add_report_outputs(p_run)
     p_run.add_argument(
         "--processes",
@@ -562,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_rep = sub.add_parser("report", help="tolerance report of the reference on a chosen shape")
     _add_shape_args(p_rep)
+    _add_model_args(p_rep)
     _add_report_outputs(p_rep)
     p_rep.add_argument(
         "--device",

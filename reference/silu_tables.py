@@ -25,8 +25,8 @@ TABLE_SIZE = 65536
 @lru_cache(maxsize=None)
 def _load(name: str) -> torch.Tensor:
     path = resources.files("megamoe.reference").joinpath("tables", name)
-    if not path.is_file():
-        raise RuntimeError(
+    if not path.is_file():  # an OSError: a command-line tool prints it as its one line
+        raise FileNotFoundError(
             f"the activation table {name} is not in this installation (reference/tables/): it is made on a "
             "GPU from the kernel's device function, `python -m megamoe.silu_probe reference/tables`"
         )

@@ -92,7 +92,7 @@ def test_biases_on_a_plain_swiglu_layer_are_refused_naming_them():
 
 def test_a_missing_activation_table_says_how_to_make_it(monkeypatch):
     monkeypatch.undo()  # the real loader, not the stand-in tables
-    with pytest.raises(RuntimeError, match="python -m megamoe.silu_probe"):
+    with pytest.raises(FileNotFoundError, match="python -m megamoe.silu_probe"):
         silu_tables._load("no_such_table.bin")
 
 
@@ -298,3 +298,60 @@ def test_the_gpt_oss_shape_runs_and_conforms_in_the_reference_without_padding():
     assert tuple(inputs[0].x_sf.shape) == (8, 90)
     report = suite.check(reference_dumps(cfg, inputs, _weights(cfg, seed=7)))
     assert report.ok, report.text()
+
+
+# ------------------------------------------------------------------------------- command line
+
+
+def _cli(capsys, *argv):
+    from megamoe.cli import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_megamoe_run_of_a_gpt_oss_model_goes_through_a_checkpoint_and_conforms(capsys, monkeypatch):
+    pytest.importorskip("safetensors")
+    from megamoe import cli
+
+    monkeypatch.setitem(cli.GPT_OSS_MODELS, "gpt-oss-20b", 4)  # the model's shape, but 4 of its 32 experts
+    code, out, err = _cli(capsys, "run", "--model", "gpt-oss-20b", "--tokens", "4", "--ranks", "1")
+    assert code == 0, err
+    assert "written as a gpt-oss checkpoint" in err and "H=2880 I=2880 E=4 top-4" in err
+    assert "D8" in out
+
+
+def test_megamoe_run_of_a_checkpoint_layer_takes_the_files_shape(capsys, tmp_path):
+    pytest.importorskip("safetensors")
+    from megamoe.checkpoints import gpt_oss_layer_shape, save_gpt_oss_experts
+
+    cfg = dataclasses.replace(CFG, num_ranks=1)
+    save_gpt_oss_experts(tmp_path / "m.safetensors", {3: _weights(cfg, seed=9)})
+    assert gpt_oss_layer_shape(tmp_path / "m.safetensors", 3) == (4, 256, 128)
+    code, out, err = _cli(capsys, "run", "--checkpoint", str(tmp_path), "--layer", "3", "--tokens", "8", "--ranks", "1")
+    assert code == 0, err
+    assert "loading layer 3's experts" in err and "H=256 I=128 E=4 top-4" in err
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--checkpoint", "x"], "argument --checkpoint: needs --layer N"),
+        (["--layer", "2"], "argument --layer: a layer of --checkpoint, which is not given"),
+        (["--model", "gpt-oss-20b", "--clamp", "3"], "argument --clamp: gpt-oss's activation clamps"),
+        (["--checkpoint", "/no/such/file", "--layer", "0"], "expected a .safetensors file or a folder"),
+        (["--model", "gpt-oss-20b", "--checkpoint", "x", "--layer", "0"], "not both"),
+    ],
+)
+def test_megamoe_runs_gpt_oss_options_are_refused_in_one_line_before_any_work(capsys, argv, words):
+    code, out, err = _cli(capsys, "run", *argv)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_missing_glu_table_is_one_line_of_the_command_line_tool(capsys, monkeypatch):
+    monkeypatch.undo()  # the real tables: the glu ones are not shipped
+    if (silu_tables.resources.files("megamoe.reference") / "tables" / silu_tables.GLU_TABLE_FILES[True]).is_file():
+        pytest.skip("the glu tables ship in this installation")
+    code, out, err = _cli(capsys, "report", "--model", "gpt-oss-20b", "--tokens", "1", "--ranks", "1")
+    assert code == 2 and "python -m megamoe.silu_probe" in err and len(err.strip().splitlines()) == 1, err
