@@ -117,11 +117,10 @@ def hazard_sites(out: str) -> Counter:
 
 
 def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None) -> tuple[str, float]:
-    cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all", "--print-limit", "20"]
-    # racecheck: every hazard (not the first 20), without backtraces, for the grouping by site below
-    cmd += (
-        ["--racecheck-report", "hazard", "--print-limit", "0", "--show-backtrace", "no"] if tool == "racecheck" else []
-    )
+    cmd = ["compute-sanitizer", "--tool", tool, "--target-processes", "all"]
+    # racecheck: every hazard (no print limit), without backtraces, for the grouping by site below
+    racecheck = ["--racecheck-report", "hazard", "--print-limit", "0", "--show-backtrace", "no"]
+    cmd += racecheck if tool == "racecheck" else ["--print-limit", "20"]
     cmd += [sys.executable, "-m", "bench.sanitize", "--run", target]
     start = time.monotonic()
     try:

@@ -6,7 +6,8 @@ Tensor names:
                         megamoe.reference.points (P.check_dump_tensors checks a dict against it)
     inputs.*            this rank's x (uint8 E4M3 codes), x_sf, topk_idx, topk_weights,
                         recv_stats_before
-    weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf)
+    weights.*           this rank's local expert weights, canonical (w1, w1_sf, w2, w2_sf, and b1, b2
+                        where the layer has SPEC §8's biases)
 Metadata (`make_dumps` assembles it, the one place): config (MoEConfig fields), rank, world_size,
 kernel_mode, build_id, tau (the declared GEMM_BOUND τ per GEMM point), grid_snapped (inputs chosen
 for GEMM_EXACT), recv_stats_recorded (whether the call added its receive counts to D10's
@@ -103,7 +104,10 @@ class Dump:
 
     def without_weights(self, seed: int | None = None) -> "Dump":
         """This dump without its weights, which it names by their SHA-256 (and the seed of
-        `random_weights` that made them, when there is one)."""
+        `random_weights` that made them, when there is one: never for weights with biases, which
+        random_weights does not make)."""
+        if seed is not None and any(f"weights.{n}" in self.tensors for n in BIAS_NAMES):
+            ref.errors.fail("seed", "None for weights with biases (random_weights cannot make them again)", seed)
         tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
         meta = dict(self.meta, weights={"sha256": weights_digest(self.weights()), "random_weights_seed": seed})
         return Dump(tensors, meta, self.source)

@@ -33,7 +33,7 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
         if rows.numel():
             k, t = meta[rows, 2], meta[rows, 1]
             acc2 = owner[P.D7_ACC2]
-            bias = ref.l2_bias_args(owner.tensors, owner.tensors.get("weights.b2"))  # SPEC §8's b2
+            bias = ref.l2_bias_args(owner.config, owner.tensors, owner.tensors.get("weights.b2"))  # SPEC §8's b2
             if bias:
                 acc2 = ref.add_l2_bias(acc2, **bias)
             want[k, t] = ref.bf16_tensor(ref.encode_bf16(acc2[rows]))

@@ -79,11 +79,13 @@ def activation_args(cfg: MoEConfig, dump: dict, b1: torch.Tensor | None) -> dict
     return args
 
 
-def l2_bias_args(dump: dict, b2: torch.Tensor | None) -> dict:
-    """l2_epilogue's bias keywords (SPEC §8 D8): each pool row's b2 and routing weight, or none."""
+def l2_bias_args(cfg: MoEConfig, dump: dict, b2: torch.Tensor | None) -> dict:
+    """l2_epilogue's bias keywords for a layer `cfg` (SPEC §8 D8): for "swiglu_oai" with b2, each
+    pool row's b2 and routing weight; else none (§3 D8 has no bias)."""
+    check_type("cfg", cfg, MoEConfig)
     if not isinstance(dump, Mapping):
         fail("dump", "a dict of dump tensors (Dump.tensors)", type(dump).__name__)
-    if b2 is None:
+    if b2 is None or cfg.activation != "swiglu_oai":
         return {}
     rows = dump[P.D7_ACC2].shape[0]
     return dict(b2=bias_rows(b2, dump[P.D4_EXPERT_OFFSETS], rows), route_weights=dump[P.D4_POOL_WEIGHTS])
@@ -145,7 +147,7 @@ def run_reference(
     # L2 epilogue: every owner writes into the combine buffers of the source ranks
     buffers = [empty_combine_buffer(cfg.top_k, cfg.max_tokens_per_rank, cfg.hidden, device) for _ in range(r)]
     for d, ctx in zip(dumps, ctxs):
-        l2_epilogue(d[P.D7_ACC2], d[P.D4_POOL_META], valid_rows(d), buffers, **l2_bias_args(d, ctx.weights.b2))
+        l2_epilogue(d[P.D7_ACC2], d[P.D4_POOL_META], valid_rows(d), buffers, **l2_bias_args(cfg, d, ctx.weights.b2))
     for rank in range(r):
         stage(P.D8, rank, {P.D8_COMBINE: buffers[rank]})
     ys = []

@@ -29,8 +29,8 @@ class ExpertWeights:
     w1_sf: torch.Tensor
     w2: torch.Tensor
     w2_sf: torch.Tensor
-    # SPEC §8's optional biases (bf16, canonical order: b1 rows [0, I) gate, [I, 2I) up). Only the
-    # checkpoint loader (megamoe.checkpoints) gives them so far; no stage reads them yet.
+    # SPEC §8's optional biases (bf16, canonical order: b1 rows [0, I) gate, [I, 2I) up), read by
+    # D6 and D8 of a "swiglu_oai" layer; the checkpoint loader (megamoe.checkpoints) gives them.
     b1: torch.Tensor | None = None  # [E, 2I]
     b2: torch.Tensor | None = None  # [E, H]
 

@@ -355,3 +355,21 @@ def test_a_missing_glu_table_is_one_line_of_the_command_line_tool(capsys, monkey
         pytest.skip("the glu tables ship in this installation")
     code, out, err = _cli(capsys, "report", "--model", "gpt-oss-20b", "--tokens", "1", "--ranks", "1")
     assert code == 2 and "python -m megamoe.silu_probe" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_plain_swiglu_dump_that_carries_a_b2_is_checked_without_it():
+    # SPEC §3 D8 has no bias: a b2 in a "swiglu" layer's dump (which check_weights would refuse) is
+    # not applied by the D8 check.
+    cfg = dataclasses.replace(CFG, activation="swiglu")
+    inputs, _ = _call(cfg)
+    dumps = reference_dumps(cfg, inputs, _weights(cfg, biases=False))
+    for d in dumps:
+        d.tensors["weights.b2"] = torch.ones(cfg.local_experts, cfg.hidden, dtype=torch.bfloat16)
+    assert suite.check(dumps).ok
+
+
+def test_a_dump_with_biases_cannot_name_a_random_weights_seed_for_them():
+    inputs, weights = _call()
+    dump = reference_dumps(CFG, inputs, weights)[0]
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'seed': expected None for weights with biases"):
+        dump.without_weights(seed=5)

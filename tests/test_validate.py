@@ -365,7 +365,7 @@ BAD_INPUTS = [
         r"'route_weights': expected shape \[2\], got \[3\]",
     ),
     ("activation_args", lambda: ref.activation_args(ref.DEFAULT_CONFIG.to_dict(), {}, None), r"'cfg': expected MoE"),
-    ("l2_bias_args", lambda: ref.l2_bias_args([], None), r"'dump': expected a dict of dump tensors"),
+    ("l2_bias_args", lambda: ref.l2_bias_args(ref.DEFAULT_CONFIG, [], None), r"'dump': expected a dict of dump"),
     ("interleave_gate_up", lambda: ref.interleave_gate_up(_CODES), r"'rows': expected shape \[\*, \*, \*\]"),
     ("deinterleave_gate_up", lambda: ref.deinterleave_gate_up(_CODES[None, :24]), r"'rows': expected \[E, 2I, X\]"),
 ]

@@ -426,7 +426,7 @@ def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], 
 
 
 # The FusedParams field that holds each size the regions' shapes are written in: the host fills
-# these fields from workspace_dims through this table (megamoe/moe.py), and the generated accessors
+# these fields from workspace_dims through this table (megamoe/launchers.py), and the generated accessors
 # take their strides from them. B is only ever a leading dimension (no stride): it needs no field.
 DIM_FIELDS = {
     "H": "hidden",
