@@ -183,3 +183,8 @@ def test_racechecks_hazards_are_grouped_by_their_two_sites_and_the_first_accesss
     assert sites[first] == 1 and sites[first + ("first access not by lane 0",)] == 1
     assert sites[second] == 1 and sites[second + ("first access not by lane 0",)] == 0
     assert sum(n for k, n in sites.items() if len(k) == 3) == 2
+
+
+def test_the_robustness_battery_names_its_parts_when_given_another():
+    run = subprocess.run(["bash", str(ROOT / "bench" / "robustness.sh"), "3"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith("usage: bash bench/robustness.sh [1 | 2]"), run.stderr
