@@ -127,3 +127,12 @@ def test_withhold_starts_exactly_the_waits_counter_one_short_and_names_a_bad_wai
     assert layer.ws["epoch"][0] == 6 and not layer.ws["signals"].any()
     with pytest.raises(ref.MegaMoEInputError, match="argument 'wait'"):
         MegaMoE.withhold(layer, "grid")
+
+
+def test_the_kernel_layout_refuses_weights_the_kernels_cannot_take_naming_them():
+    w = ref.random_weights(2, 160, 128)  # H = 160: five groups of 32, which the reference takes
+    with pytest.raises(MegaMoEInputError, match=r"argument 'w1': expected H a positive multiple of 128"):
+        G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    w = ref.random_weights(2, 256, 128)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'w2_sf': expected dtype torch.uint8"):
+        G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf.float())

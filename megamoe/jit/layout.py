@@ -40,6 +40,7 @@ import torch
 # Step 1 and the nibble packing have one definition, in the reference.
 from megamoe.jit import contract
 from megamoe.reference import quantize as Q
+from megamoe.reference.errors import check_tensor, fail
 from megamoe.reference.formats import pack_fp4, unpack_fp4
 from megamoe.reference.weights import deinterleave_gate_up, interleave_gate_up  # noqa: F401
 
@@ -173,15 +174,19 @@ class KernelWeights:
 
 
 def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w2_sf: torch.Tensor) -> KernelWeights:
-    """Canonical SPEC §2 weights -> the kernel layout (gate/up interleave + fragment order)."""
+    """Canonical SPEC §2 weights -> the kernel layout (gate/up interleave + fragment order). The
+    kernels' K block is 128 channels, so H and I are multiples of 128 here (the reference takes 32)."""
+    check_tensor("w1", w1, torch.uint8, (None, None, None))
     E, R1, H2 = w1.shape
     H = 2 * H2
     inter = R1 // 2
-    assert w2.shape == (E, H, inter // 2), f"w2 shape {tuple(w2.shape)} != {(E, H, inter // 2)}"
-    assert w1_sf.shape == (E, R1, H // 32) and w2_sf.shape == (E, H, inter // 32)
-    for name, t in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: expected uint8, got {t.dtype}")
+    for name, k in (("w1", H), ("w2", inter)):
+        if k == 0 or k % contract.BLOCK_K or (name == "w1" and R1 % 2):
+            what = "H" if name == "w1" else "I"
+            fail(name, f"{what} a positive multiple of {contract.BLOCK_K} (the kernels' K block)", f"{what} = {k}")
+    check_tensor("w1_sf", w1_sf, torch.uint8, (E, R1, H // 32), w1.device)
+    check_tensor("w2", w2, torch.uint8, (E, H, inter // 2), w1.device)
+    check_tensor("w2_sf", w2_sf, torch.uint8, (E, H, inter // 32), w1.device)
     w1i = interleave_gate_up(w1)
     s1i = interleave_gate_up(w1_sf)
     return KernelWeights(
