@@ -84,18 +84,17 @@ def swiglu_f64(
     i = acc1.shape[1] // 2
     g, u = acc1[:, :i], acc1[:, i:]
     w = route_weights.to(torch.float64)[:, None]
-    if cfg is not None and cfg.activation == "swiglu_oai":
-        if b1 is not None:
-            check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
-            bias = b1.to(torch.float64)
-            g, u = g + bias[:, :i], u + bias[:, i:]
-        limit = float(cfg.limit)
-        g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+    oai = cfg is not None and cfg.activation == "swiglu_oai"
+    if oai and b1 is not None:
+        check_tensor("b1", b1, torch.bfloat16, tuple(acc1.shape), acc1.device)
+        bias = b1.to(torch.float64)
+        g, u = g + bias[:, :i], u + bias[:, i:]
+    bound = cfg.limit if oai else activation_clamp
+    if bound is not None:
+        g, u = g.clamp(max=float(bound)), u.clamp(-float(bound), float(bound))
+    if oai:
         act = g * torch.sigmoid(cfg.alpha * g) * (u + 1.0) * w
     else:
-        if activation_clamp is not None:
-            c = float(activation_clamp)
-            g, u = g.clamp(max=c), u.clamp(-c, c)
         act = g * torch.sigmoid(g) * u * w
     return torch.where(valid[:, None], act, torch.zeros_like(act))
 

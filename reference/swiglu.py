@@ -53,24 +53,21 @@ def swiglu(
     check_activation_args(acc1, activation, limit, activation_clamp, b1)
     i = acc1.shape[1] // 2
     w = route_weights.to(torch.float32)[:, None]
-    if activation == "swiglu_oai":
-        gate, up = acc1[:, :i], acc1[:, i:]
-        if b1 is not None:
-            bias = b1.to(torch.float32)  # bf16 -> fp32 is exact
-            gate, up = gate + bias[:, :i], up + bias[:, i:]
-        bound = F.round_bf16(torch.tensor([limit], dtype=torch.float32, device=acc1.device))
-        g = torch.minimum(F.round_bf16(gate), bound)
-        u = torch.minimum(torch.maximum(F.round_bf16(up), -bound), bound)
-        s = glu_from_bf16_bits(F.encode_bf16(g), fast_math)
-        return ((u + 1.0) * s) * w
-    g = F.round_bf16(acc1[:, :i])
-    u = F.round_bf16(acc1[:, i:])
-    if activation_clamp is not None:
-        c = F.round_bf16(torch.tensor([activation_clamp], dtype=torch.float32, device=acc1.device))
+    gate, up = acc1[:, :i], acc1[:, i:]
+    if b1 is not None:  # "swiglu_oai" only (check_activation_args)
+        bias = b1.to(torch.float32)  # bf16 -> fp32 is exact
+        gate, up = gate + bias[:, :i], up + bias[:, i:]
+    g, u = F.round_bf16(gate), F.round_bf16(up)
+    oai = activation == "swiglu_oai"
+    bound = limit if oai else activation_clamp  # §8's limit or §3's clamp, never both
+    if bound is not None:
+        c = F.round_bf16(torch.tensor([bound], dtype=torch.float32, device=acc1.device))
         g = torch.minimum(g, c)
         u = torch.minimum(torch.maximum(u, -c), c)
-    s = silu_from_bf16_bits(F.encode_bf16(g), fast_math)
-    return (s * u) * w
+    bits = F.encode_bf16(g)
+    if oai:
+        return ((u + 1.0) * glu_from_bf16_bits(bits, fast_math)) * w
+    return (silu_from_bf16_bits(bits, fast_math) * u) * w
 
 
 def check_activation_args(acc1, activation, limit, activation_clamp, b1) -> None:
