@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 # (wait, ranks, the rank it is withheld on, engine)
 SITES = [
@@ -85,14 +85,16 @@ else:
 """
 
 
-def run_site(wait: str, ranks: int, on_rank: int, engine: str, timeout: float = 400) -> str:
-    """A site in a new process: everything it printed (the error with its record, or RESULT)."""
-    run = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, wait, str(ranks), str(on_rank), engine],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_site(wait: str, ranks: int, on_rank: int, engine: str, timeout: float = 90) -> str:
+    """A site in a new process: everything it printed (the error with its record, or RESULT), or,
+    if it has not ended after `timeout` seconds (three times the 30 s bar), that and what it printed
+    so far. The process is killed then."""
+    cmd = [sys.executable, "-c", _SCRIPT, wait, str(ranks), str(on_rank), engine]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        printed = "".join(x.decode() if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x)
+        return f"NOT ENDED after {timeout:.0f} s; it printed: {printed}"
     return run.stdout + run.stderr
 
 
@@ -106,8 +108,12 @@ def _row(site, out: str) -> str:
     the source line that formats "after ... s:" (read literally, that is no time)."""
     wait, ranks, on_rank, engine = site
     seconds = _SECONDS.search(out)
-    record = _RECORD.search(out)
     failed = next((ln.split()[1] for ln in out.splitlines() if ln.startswith("RANKFAILED")), "-")
+    # The failed rank's record (its peers' waits time out in turn and print theirs), the last one
+    # printed: a traceback quotes the line that formats it ("{record}").
+    records = [m for m in _RECORD.finditer(out) if "{" not in m.group(1)]
+    record = next((m for m in reversed(records) if m.group(1).startswith(f"rank {failed},")), None)
+    record = record or (records[-1] if records else None)
     what = record.group(1) if record else " ".join(out.split())[-160:]
     return f"| {wait} | {ranks} | {on_rank} | {engine} | {failed} | {seconds.group(1) if seconds else '-'} | {what} |"
 
@@ -118,12 +124,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench.hangs needs a CUDA GPU (it makes the kernel's waits time out)")
     start = time.monotonic()
-    with ThreadPoolExecutor(len(SITES)) as ex:
-        outs = list(ex.map(lambda s: run_site(*s), SITES))
     print("| wait withheld | R | on rank | engine | rank named by spawn | s to the error | record |")
-    print("|---|---|---|---|---|---|---|")
-    for site, out in zip(SITES, outs):
-        print(_row(site, out))
+    print("|---|---|---|---|---|---|---|", flush=True)
+    # Each row as its site ends, so that a site that never ends still leaves the others' rows.
+    with ThreadPoolExecutor(len(SITES)) as ex:
+        futures = {ex.submit(run_site, *site): site for site in SITES}
+        for done in as_completed(futures):
+            print(_row(futures[done], done.result()), flush=True)
     print(f"\n{len(SITES)} sites in {time.monotonic() - start:.0f} s")
 
 

@@ -3,13 +3,19 @@
     python -m bench.sanitize                                  # every tool on every target
     python -m bench.sanitize --tools racecheck --targets fused-swapab-k32
     python -m bench.sanitize --run fused-swapab-k32           # the workload alone (what the tool runs)
+    python -m bench.sanitize --probe                          # racecheck on kernel/probes/warp_publish.cu
 
 Each (tool, target) runs `compute-sanitizer --tool TOOL --target-processes all` over this module's
 `--run TARGET` in a new process, and the table gives the tool's summary line (errors, or
 racecheck's hazards). Targets: the fused layer on each engine and promotion at R = 1, the fused
 layer at R = 2 (two processes on one GPU: --target-processes all follows them), and the GEMM core's
 standalone paths (swap-AB at a decode tile, the wide tile, the prefill path with its predecode
-pass, L2). The shapes are small: the tools slow a kernel by 10-1000x."""
+pass, L2). The shapes are small: the tools slow a kernel by 10-1000x.
+
+racecheck reports hazards on every target, all between a warp's lanes and another warp across one
+lane's mbarrier arrive (the table groups them by site). `--probe` runs racecheck on the same
+pattern alone, with one lane arriving and with every lane arriving (kernel/probes/warp_publish.cu
+says why both are ordered)."""
 
 from __future__ import annotations
 
@@ -140,6 +146,40 @@ def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None
     return summary, time.monotonic() - start
 
 
+PROBE_MODES = {
+    0: "RAW, lane 0 arrives after __syncwarp (the scale warps)",
+    1: "RAW, every lane arrives",
+    2: "WAR, lane 0 arrives after __syncwarp (the consumers' release)",
+    3: "WAR, every lane arrives",
+}
+
+
+def probe(timeout: float) -> int:
+    """racecheck on kernel/probes/warp_publish.cu in each of its modes: one table."""
+    import tempfile
+
+    from megamoe.jit.build import probe_command
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "warp_publish"
+        build = subprocess.run(probe_command("warp_publish", exe), capture_output=True, text=True)
+        if build.returncode:
+            print(f"nvcc failed to build kernel/probes/warp_publish.cu:\n{build.stderr}", file=sys.stderr)
+            return 1
+        print("| racecheck probe | mode | summary | the probe's check |")
+        print("|---|---|---|---|")
+        for mode, words in PROBE_MODES.items():
+            cmd = ["compute-sanitizer", "--tool", "racecheck", "--racecheck-report", "hazard", str(exe), str(mode)]
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            out = run.stdout + run.stderr
+            found = _SUMMARY.findall(out)
+            check = "ok" if f"mode {mode} ok" in out else "FAILED"
+            print(
+                f"| warp_publish | {mode}: {words} | {'; '.join(found) or out.strip()[-200:]} | {check} |", flush=True
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sanitize", description=__doc__.split("\n\n")[0])
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated, of {', '.join(TOOLS)}")
@@ -147,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds per (tool, target) (default 300)")
     p.add_argument("--log-dir", type=Path, help="keep each run's whole output in DIR/TOOL-TARGET.log")
     p.add_argument("--run", choices=list(TARGETS), help="run one target's workload (what the tool runs)")
+    p.add_argument("--probe", action="store_true", help="racecheck on kernel/probes/warp_publish.cu's four modes")
     args = p.parse_args(argv)
     if args.run:
         TARGETS[args.run]()
@@ -158,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("compute-sanitizer") is None:
         print("bench.sanitize needs compute-sanitizer on the PATH (CUDA toolkit) and a GPU", file=sys.stderr)
         return 2
+    if args.probe:
+        return probe(args.timeout)
     print("| tool | target | summary | s |")
     print("|---|---|---|---|")
     clean = True
@@ -166,15 +209,13 @@ def main(argv: list[str] | None = None) -> int:
             summary, seconds = sanitize(tool, target, args.timeout, args.log_dir)
             clean &= summary.startswith(("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards"))
             print(f"| {tool} | {target} | {summary} | {seconds:.0f} |", flush=True)
-    if any(HAZARDS.values()):
-        print("\n| racecheck target | hazard | first access | second access | hazards | first access not by lane 0 |")
-        print("|---|---|---|---|---|---|")
-        for target, sites in HAZARDS.items():
+            # racecheck's hazards by their two sites, under the target's row as soon as it ends (a run
+            # cut short keeps the sites of the targets it finished).
+            sites = HAZARDS.get(target, {}) if tool == "racecheck" else {}
             for key, n in sorted(sites.items(), key=lambda kv: -kv[1]):
                 if len(key) == 3:
-                    print(
-                        f"| {target} | {key[0]} | {key[1]} | {key[2]} | {n} | {sites[key + ('first access not by lane 0',)]} |"
-                    )
+                    lanes = sites[key + ("first access not by lane 0",)]
+                    print(f"| | | {key[0]}: {key[1]} -> {key[2]}: {n} ({lanes} first accesses not by lane 0) | |")
     return 0 if clean else 1
 
 

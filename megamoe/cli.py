@@ -418,18 +418,26 @@ def _through_a_checkpoint(weights, cfg, seed: int, device: str):
         return load_gpt_oss_experts(path, 0, device=device)
 
 
+def _activation_words(cfg) -> str:
+    """The activation in the shape line: "fast SiLU, clamp=None" or "precise swiglu_oai (alpha 1.702,
+    limit 7.0)"."""
+    mode = "fast" if cfg.fast_math else "precise"
+    if cfg.activation == "swiglu_oai":
+        return f"{mode} swiglu_oai (alpha {cfg.alpha}, limit {cfg.limit})"
+    return f"{mode} SiLU, clamp={cfg.activation_clamp}"
+
+
 def _report(args: argparse.Namespace, device: str) -> int:
     from megamoe.report import to_json, to_markdown, tolerance_report
 
     cfg = _config(args)
     _log(
         f"shape: H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k} "
-        f"R={cfg.num_ranks} T={args.tokens}/rank, {'fast' if cfg.fast_math else 'precise'} SiLU, "
-        f"clamp={cfg.activation_clamp}, routing={args.distribution}"
+        f"R={cfg.num_ranks} T={args.tokens}/rank, {_activation_words(cfg)}, routing={args.distribution}"
     )
     t0 = time.perf_counter()
     inputs, weights = _inputs(args, cfg, device)
-    _log(f"inputs quantized in {time.perf_counter() - t0:.2f} s")
+    _log(f"inputs and weights made in {time.perf_counter() - t0:.2f} s")
     report = tolerance_report(cfg, inputs, weights, log=_log)
     print(
         f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
@@ -474,7 +482,7 @@ def _run_fused(args: argparse.Namespace) -> int:
         f"CUDA GPU found ({torch.cuda.get_device_name()}): the fused kernel on one rank holding the global "
         f"batch of {tokens} tokens (--processes: {args.ranks} ranks as processes); "
         f"H={cfg.hidden} I={cfg.intermediate} E={cfg.num_experts} top-{cfg.top_k}, "
-        f"{'fast' if cfg.fast_math else 'precise'} SiLU, clamp={cfg.activation_clamp}, routing={args.distribution}"
+        f"{_activation_words(cfg)}, routing={args.distribution}"
     )
     inputs, weights = _inputs(args, cfg, "cuda")
     inp = inputs[0]

@@ -136,8 +136,11 @@ def test_the_sass_fingerprint_ignores_addresses_and_labels_and_sees_an_immediate
 
 
 # The end of a one-rank site's output on the H200 (bench.hangs, withheld arrival): CUDA's message
-# spans lines, the record follows it, and the traceback quotes the line that formats the seconds.
-_HANG_OUT = """  File "/work/main/bench/hangs.py", line 67, in withheld_call
+# spans lines, the record follows it, and the traceback quotes the lines that format the record and
+# the seconds.
+_HANG_OUT = """  File "/work/main/megamoe/moe.py", line 397, in named_failures
+    raise RuntimeError(f"{exc} [the kernel trapped: {record}]") from exc
+  File "/work/main/bench/hangs.py", line 67, in withheld_call
     raise RuntimeError(f"after {time.monotonic() - start:.1f} s: {exc}") from exc
 RuntimeError: after 10.5 s: CUDA error: unspecified launch failure
 Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
@@ -153,8 +156,16 @@ def test_the_hang_tables_row_reads_the_seconds_and_the_record_not_the_quoted_sou
         "| arrival | 1 | 0 | swapab | - | 10.5 | rank 0, SM block 0 thread 32: waited for arrival counter of pool"
         " block 0: expected 36, observed 35 |"
     )
-    two = hangs._row(("dispatch", 2, 1, "swapab"), "RANKFAILED 1\nrank 1 failed: " + _HANG_OUT.splitlines()[2])
+    two = hangs._row(("dispatch", 2, 1, "swapab"), "RANKFAILED 1\nrank 1 failed: " + _HANG_OUT.splitlines()[4])
     assert two.startswith("| dispatch | 2 | 1 | swapab | 1 | 10.5 | ")
+    # Two ranks: the failed rank's record, not its peer's that timed out behind it and printed later.
+    peer = (
+        " [the kernel trapped: rank 0, SM block 3 thread 0: waited for L2 completion counter 1: expected 2, observed 1]"
+    )
+    two = hangs._row(
+        ("arrival", 2, 1, "swapab"), "RANKFAILED 1\n" + _HANG_OUT.replace("rank 0, SM", "rank 1, SM") + peer
+    )
+    assert "| 1 | 10.5 | rank 1, SM block 0 thread 32: waited for arrival counter of pool block 0" in two
 
 
 # Two of racecheck's hazard reports on the H200 (fused swap-AB k32), the second edited to a lane 0
@@ -186,5 +197,5 @@ def test_racechecks_hazards_are_grouped_by_their_two_sites_and_the_first_accesss
 
 
 def test_the_robustness_battery_names_its_parts_when_given_another():
-    run = subprocess.run(["bash", str(ROOT / "bench" / "robustness.sh"), "3"], capture_output=True, text=True)
-    assert run.returncode == 2 and run.stderr.startswith("usage: bash bench/robustness.sh [1 | 2]"), run.stderr
+    run = subprocess.run(["bash", str(ROOT / "bench" / "robustness.sh"), "5"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith("usage: bash bench/robustness.sh [1 | 2 | 3 | 4]"), run.stderr

@@ -1,9 +1,10 @@
 """SPEC §8 (gpt-oss's clamped SwiGLU with biases) in the reference, its float64 oracle and the
 conformance suite's D6 and D8 checks.
 
-The glu factor's tables are made on a GPU from the kernel's device function (megamoe.silu_probe)
-and do not ship yet, so these tests stand in a table of their own (`_table`): every step around the
-table lookup is what is tested, bit for bit, against a scalar float32 implementation written here."""
+The glu factor's tables are made on a GPU from the kernel's device function (megamoe.silu_probe;
+tests/gpu/test_reference_gpu.py regenerates the shipped ones bit for bit). Most tests here stand in
+a table of their own (`_table`), which the float32 implementation written here reads too: every
+step around the table lookup is what is tested, bit for bit."""
 
 from __future__ import annotations
 
@@ -88,6 +89,23 @@ def test_biases_on_a_plain_swiglu_layer_are_refused_naming_them():
     inputs = ref.make_inputs(cfg, 8, seed=1)
     with pytest.raises(ref.MegaMoEInputError, match="argument 'b1'"):
         ref.run_reference(cfg, inputs, _weights(cfg))
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_the_shipped_glu_tables_are_the_glu_factor_of_every_bf16_value(monkeypatch, fast_math):
+    # What the kernel's device function gives (made on the H200), against float64 over every bf16
+    # g: within 2^-17 relative (exp's argument rounding grows with |g|: 64 ulp at g = -29.75), far
+    # inside the bf16 rounding that follows; under 2^-100 it may flush to zero (it does from g =
+    # -51.5 on: the reciprocal of a huge 1 + exp(-alpha g)).
+    monkeypatch.undo()  # the shipped tables, not the stand-ins
+    shipped = silu_tables.glu_table(fast_math).to(torch.float64)
+    g = torch.arange(65536, dtype=torch.int32).mul(65536).view(torch.float32).to(torch.float64)
+    exact = g * torch.sigmoid(float(ALPHA) * g)
+    finite = torch.isfinite(g)
+    large = finite & (exact.abs() >= 2.0**-100)
+    assert ((shipped - exact).abs()[large] <= 2.0**-17 * exact.abs()[large]).all()
+    assert ((shipped - exact).abs()[finite & ~large] <= 2.0**-100).all()
+    assert (shipped[g == 0] == 0).all() and shipped[torch.isnan(g)].isnan().all()
 
 
 def test_a_missing_activation_table_says_how_to_make_it(monkeypatch):
@@ -350,9 +368,8 @@ def test_megamoe_runs_gpt_oss_options_are_refused_in_one_line_before_any_work(ca
 
 
 def test_a_missing_glu_table_is_one_line_of_the_command_line_tool(capsys, monkeypatch):
-    monkeypatch.undo()  # the real tables: the glu ones are not shipped
-    if (silu_tables.resources.files("megamoe.reference") / "tables" / silu_tables.GLU_TABLE_FILES[True]).is_file():
-        pytest.skip("the glu tables ship in this installation")
+    monkeypatch.undo()  # the real loader, pointed at table names that are not installed
+    monkeypatch.setattr(silu_tables, "GLU_TABLE_FILES", {True: "no_glu_fast.bin", False: "no_glu_precise.bin"})
     code, out, err = _cli(capsys, "report", "--model", "gpt-oss-20b", "--tokens", "1", "--ranks", "1")
     assert code == 2 and "python -m megamoe.silu_probe" in err and len(err.strip().splitlines()) == 1, err
 

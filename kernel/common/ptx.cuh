@@ -107,17 +107,26 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
 // waiter claims the record `rec` (report_trap: a TrapRecord, contract.cuh, in host-mapped pinned
 // memory, still readable by the host after the trap), writes its fields, marks it complete and
 // traps; only the first waiter to expire writes, so the record is never a mix of two. The wait
-// that is the root cause when a count never comes (dispatch, arrival, L1 completion, predecode)
-// expires first; the waits behind it wait longer: the L2 completion wait, which a CTA without
-// tiles enters before the working CTAs reach their first arrival wait (H200: with equal timeouts
-// it expired first and was reported for a withheld arrival), ~3 s longer, so that a hang on one
-// rank still ends within 15 s; the pipeline's mbarriers twice as long (a barrier that never
-// completes is no input's doing: in the fused kernel the L2 completion wait then names it). No
+// that is the root cause when a count never comes (dispatch, arrival, predecode) expires first;
+// the waits behind it wait longer, so that the record names the count that never came: the L1
+// completion wait (an L2 tile's CTA can reach it before the L1 tile's CTA reaches its arrival
+// wait: H200, R = 2, equal timeouts named it for a withheld arrival), then the L2 completion wait
+// (a CTA without tiles enters it first), the pipeline's mbarriers last (a barrier that never
+// completes is no input's doing: in the fused kernel the L2 completion wait then names it). The
+// counters' waits count wall-clock time (%globaltimer), so that their seconds hold whatever the SM
+// clock runs at (10 s of cycles at 2 GHz took 13.4 s to the error beside other processes). No
 // printf: a call inside the consumer loop would make ptxas serialise the wgmma pipeline and save
 // registers around it.
-constexpr long long kSpinTimeoutCycles = 20ll * 1000 * 1000 * 1000;  // counters: ~10 s at 2 GHz
-constexpr long long kLastWaitTimeoutCycles = kSpinTimeoutCycles + 6ll * 1000 * 1000 * 1000;  // L2 completion
-constexpr long long kBarrierTimeoutCycles = 2 * kSpinTimeoutCycles;  // mbarriers of the pipeline
+constexpr long long kCounterTimeoutNs = 10ll * 1000 * 1000 * 1000;                   // dispatch, arrival, predecode
+constexpr long long kL1DoneTimeoutNs = kCounterTimeoutNs + 1500ll * 1000 * 1000;     // L1 completion
+constexpr long long kLastWaitTimeoutNs = kCounterTimeoutNs + 3000ll * 1000 * 1000;   // L2 completion
+constexpr long long kBarrierTimeoutCycles = 40ll * 1000 * 1000 * 1000;               // mbarriers: ~20 s at 2 GHz
+
+__device__ __forceinline__ long long global_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 // What a record names (`what`) is one of the codes of kernel/gemm/contract.cuh (WaitKind).
 
 constexpr long long kRecordGraceCycles = 20ll * 1000 * 1000;  // ~10 ms: the claimant writes, fences, traps

@@ -209,7 +209,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
     wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err,
-                       ptx::kLastWaitTimeoutCycles);
+                       ptx::kLastWaitTimeoutNs);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);
   combine_tokens<kTailThreads>(fp, tid, Engine::scratch());

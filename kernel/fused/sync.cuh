@@ -40,12 +40,12 @@ __device__ __forceinline__ void signal_all_ranks(const FusedParams& fp, int* sig
 // else one that only this rank's raise (gpu scope).
 template <bool kSys>
 __device__ __forceinline__ void wait_counter(const int* counter, int need, int what, int index, int* err,
-                                             long long timeout = ptx::kSpinTimeoutCycles) {
+                                             long long timeout_ns = ptx::kCounterTimeoutNs) {
   auto relaxed = [&] { return kSys ? ptx::ld_relaxed_sys(counter) : ptx::ld_relaxed_gpu(counter); };
   if (relaxed() < need) {
-    const long long start = clock64();
+    const long long start = ptx::global_ns();
     while (relaxed() < need) {
-      if (clock64() - start > timeout) ptx::report_trap(err, what, index, need, relaxed());
+      if (ptx::global_ns() - start > timeout_ns) ptx::report_trap(err, what, index, need, relaxed());
     }
   }
   (void)(kSys ? ptx::ld_acquire_sys(counter) : ptx::ld_acquire_gpu(counter));

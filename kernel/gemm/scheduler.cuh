@@ -303,12 +303,13 @@ __device__ __forceinline__ void wait_token_block(const GemmParams& p, const Work
   if (p.arrival == nullptr) return;
   const int blk = p.arrival_block;
   const int what = p.arrival_need > 0 ? kWaitL1Done : kWaitArrival;
+  const long long timeout_ns = p.arrival_need > 0 ? ptx::kL1DoneTimeoutNs : ptx::kCounterTimeoutNs;
   for (int b = wi.row0 / blk; b <= (wi.row0 + wi.valid - 1) / blk; ++b) {
     const int need = p.arrival_need > 0 ? p.arrival_need : min(blk, wi.end - b * blk);
     if (ptx::ld_relaxed_gpu(p.arrival + b) < need) {
-      const long long start = clock64();
+      const long long start = ptx::global_ns();
       while (ptx::ld_relaxed_gpu(p.arrival + b) < need) {
-        if (clock64() - start > ptx::kSpinTimeoutCycles)
+        if (ptx::global_ns() - start > timeout_ns)
           ptx::report_trap(p.err, what, b, need, ptx::ld_relaxed_gpu(p.arrival + b));
       }
     }
