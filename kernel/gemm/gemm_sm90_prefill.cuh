@@ -220,7 +220,11 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
         for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
       }
     }
-    if (ptx::elect_one()) ptx::mbar_arrive(&ring.empty[s]);
+    // Release the stage: the warp's reads of its scales, ordered by __syncwarp before lane 0's
+    // arrive (elect.sync is not documented to order memory; with it racecheck reported the reads
+    // against the next stage's writes). As the swap-AB consumers do (mainloop.cuh release).
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
   }
 }
@@ -334,7 +338,11 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int e = 0; e < kPrefillHalf / 2; ++e) ptx::fence_operand(acc[h][e]);
-    if (ptx::elect_one()) ptx::mbar_arrive(&ring.empty[s]);
+    // Release the stage: the warp's reads of its scales, ordered by __syncwarp before lane 0's
+    // arrive (elect.sync is not documented to order memory; with it racecheck reported the reads
+    // against the next stage's writes). As the swap-AB consumers do (mainloop.cuh release).
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
   }
 }
