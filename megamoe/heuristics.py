@@ -162,12 +162,14 @@ def used_specs() -> list[jb.GemmSpec]:
 
 
 def fused_specs() -> list[jb.FusedSpec]:
-    """Every specialisation of the fused layer's kernel (promotion, engine, SiLU table, debug): what
-    MegaMoE can launch (the CI compile gate builds these too)."""
+    """Every specialisation of the fused layer's kernel (promotion, engine, activation, its table,
+    debug): what MegaMoE can launch (the CI compile gate builds these too). SPEC §8's activation
+    runs on the swap-AB engine only."""
     return [
-        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine)
+        jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine, activation=activation)
         for promotion in PROMOTIONS
         for engine in jb.FUSED_ENGINES
+        for activation in (("swiglu", "swiglu_oai") if engine == "swapab" else ("swiglu",))
         for fm in (True, False)
         for dbg in (False, True)
     ]
@@ -191,6 +193,7 @@ def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str =
 
 
 def prefill_engine_fits(cfg: ref.MoEConfig) -> bool:
-    """Whether the prefill engine runs this shape: its CTA tiles are 256 weight rows of both layers
-    (2I and H) and 128 intermediate channels."""
-    return cfg.hidden % PREFILL_ROWS == 0 and (2 * cfg.intermediate) % PREFILL_ROWS == 0
+    """Whether the prefill engine runs this layer: its CTA tiles are 256 weight rows of both layers
+    (2I and H) and 128 intermediate channels, and it runs SPEC §3's SwiGLU only (not yet §8's)."""
+    shape = cfg.hidden % PREFILL_ROWS == 0 and (2 * cfg.intermediate) % PREFILL_ROWS == 0
+    return shape and cfg.activation == "swiglu"

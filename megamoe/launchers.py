@@ -28,6 +28,7 @@ circle.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from typing import ClassVar
 
 import torch
@@ -61,8 +62,11 @@ class _Launcher:
 # The standalone GEMMs (megamoe.gemm)
 # ---------------------------------------------------------------------------------------------
 # The fused kernel's hooks that a standalone launch leaves off (L1-completion signal, peer buffers,
-# a fixed arrival count); w_e4m3: the prefill kernel's predecoded weights (PrefillLauncher).
+# a fixed arrival count, SPEC §8's biases and alpha: the standalone GEMMs run §3's SwiGLU); w_e4m3:
+# the prefill kernel's predecoded weights (PrefillLauncher).
 _STANDALONE = dict(
+    bias=0,
+    alpha=0.0,
     signal=0,
     rebase_x=0,
     rebase_sf=0,
@@ -242,12 +246,27 @@ class FusedLauncher(_Launcher):
         return tuple(layer_scratch(layer) for layer in (1, 2))
 
     def gemm_params(
-        self, layer: int, *, cfg, dims, ws, kw: KernelWeights, dev: int, clamp: float, has_clamp: int, dump, w_e4m3: int
+        self,
+        layer: int,
+        *,
+        cfg,
+        dims,
+        ws,
+        kw: KernelWeights,
+        dev: int,
+        clamp: float,
+        has_clamp: int,
+        bias,
+        dump,
+        w_e4m3: int,
     ) -> bytes:
         """The GemmParams of `layer` (FusedParams.l1 / l2) over the workspace `ws` (its regions'
-        addresses, ws.ptr); dump: the debug build's accumulators of the layer (else None); w_e4m3: the
-        prefill engine's predecoded weights (else 0)."""
+        addresses, ws.ptr); bias: the layer's b1 / b2 (SPEC §8; else None); dump: the debug build's
+        accumulators of the layer (else None); w_e4m3: the prefill engine's predecoded weights (else
+        0). A "swiglu_oai" layer clamps at bf16(limit) (has_clamp, clamp: the caller's) and its L2
+        reads the pool rows' routing weights (D8's b2 term)."""
         P, H, inter = dims["P"], cfg.hidden, cfg.intermediate
+        oai = cfg.activation == "swiglu_oai"
         k, n_rows = (H, 2 * inter) if layer == 1 else (inter, H)
         fast = self.spec.promotion == "k128"  # the GEMMs read the operands rebased per 128 channels
         x_ptr = ws.ptr(("pool_x128" if fast else "pool_x") if layer == 1 else ("l2_x128" if fast else "l2_acts"))
@@ -263,7 +282,7 @@ class FusedLauncher(_Launcher):
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),
             expert_rows=ws.ptr("recv_totals"),
-            w_route=ws.ptr("pool_weights") if layer == 1 else 0,
+            w_route=ws.ptr("pool_weights") if layer == 1 or oai else 0,
             out=ws.ptr("l2_acts") if layer == 1 else ws.ptr("combine"),
             out_sf=ws.ptr("l2_sf") if layer == 1 else 0,
             dst_rows=ws.ptr("dst_rows") if layer == 2 else 0,
@@ -281,11 +300,14 @@ class FusedLauncher(_Launcher):
             has_clamp=has_clamp if layer == 1 else 0,
             clamp_value=clamp if layer == 1 else 0.0,
             w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
+            bias=bias.data_ptr() if oai and bias is not None else 0,
+            alpha=struct.unpack("<f", struct.pack("<f", cfg.alpha))[0] if oai and layer == 1 else 0.0,
         )
 
-    def params(self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, clamp, has_clamp, dumps, w_e4m3):
-        """FusedParams without a call's pointers, T and record_stats (0 until patch_call); dumps:
-        the debug build's accumulators of both layers (else None), w_e4m3 both layers' scratch."""
+    def params(self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, clamp, has_clamp, biases, dumps, w_e4m3):
+        """FusedParams without a call's pointers, T and record_stats (0 until patch_call); biases:
+        (b1, b2) of the layer's local experts (each None when absent), dumps: the debug build's
+        accumulators of both layers (else None), w_e4m3 both layers' scratch."""
         layers = {
             name: self.gemm_params(
                 layer,
@@ -296,6 +318,7 @@ class FusedLauncher(_Launcher):
                 dev=dev,
                 clamp=clamp,
                 has_clamp=has_clamp,
+                bias=biases[layer - 1],
                 dump=dumps[layer - 1] if self.spec.debug else None,
                 w_e4m3=w_e4m3[layer - 1],
             )
@@ -318,10 +341,24 @@ class FusedLauncher(_Launcher):
         )
 
     def launch(
-        self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, sms: int, clamp, has_clamp, dumps, stream
+        self,
+        *,
+        cfg,
+        dims,
+        ws,
+        kw: KernelWeights,
+        rank: int,
+        dev: int,
+        sms: int,
+        clamp,
+        has_clamp,
+        dumps,
+        stream,
+        biases=(None, None),
     ) -> tuple[driver.Launch, tuple]:
         """The layer's launch in this mode (not made here) and what it points into besides the
-        layer's own tensors: the prefill engine's scratch buffers of `stream` (else ())."""
+        layer's own tensors: the prefill engine's scratch buffers of `stream` (else ()). biases: (b1,
+        b2), SPEC §8's, of the local experts (read by "swiglu_oai" kernels)."""
         kern = self.kernel(dev)
         scratch = self.scratch(cfg, dev, stream) if self.spec.engine == "prefill" else ()
         w_e4m3 = tuple(t.data_ptr() for t in scratch) or (0, 0)
@@ -334,6 +371,7 @@ class FusedLauncher(_Launcher):
             dev=dev,
             clamp=clamp,
             has_clamp=has_clamp,
+            biases=biases,
             dumps=dumps,
             w_e4m3=w_e4m3,
         )

@@ -118,6 +118,8 @@ class MegaMoE:
         ranks.agree(self._host, refused)
         dev, local = self.device, self.weights
         self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
+        # SPEC §8's biases as the kernel reads them: bf16 [E_l, 2I] and [E_l, H], canonical rows.
+        self._biases = tuple(None if b is None else b.contiguous() for b in (local.b1, local.b2))
         layout, total = C.workspace_layout(cfg)
         self.dims = C.workspace_dims(cfg)
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
@@ -144,10 +146,6 @@ class MegaMoE:
         check_type("cfg", cfg, ref.MoEConfig)
         if cfg.num_ranks != size:
             fail("cfg.num_ranks", f"{size}, the size of the process group (1 for group=None)", cfg.num_ranks)
-        if cfg.activation != "swiglu":
-            fail(
-                "cfg.activation", "'swiglu' (the fused kernel does not run SPEC §8's variant yet)", repr(cfg.activation)
-            )
         for name, size in (("cfg.hidden", cfg.hidden), ("cfg.intermediate", cfg.intermediate)):
             if size % C.BLOCK_K:  # the reference takes multiples of 32 (SPEC §8); the kernel's K block is 128
                 fail(name, f"a multiple of {C.BLOCK_K} (the fused kernel's K block)", size)
@@ -162,8 +160,9 @@ class MegaMoE:
         if self.engine == "prefill" and not prefill_engine_fits(cfg):
             fail(
                 "engine",
-                "'auto' or 'swapab' for this shape (the prefill engine needs H and 2I multiples of 256)",
-                (cfg.hidden, cfg.intermediate),
+                "'auto' or 'swapab' for this layer (the prefill engine needs H and 2I multiples of 256 and"
+                " activation 'swiglu')",
+                (cfg.hidden, cfg.intermediate, cfg.activation),
             )
         if promotion == "k128" and (cfg.hidden % 512 or cfg.intermediate % 512):
             # the scale warp reads one 4-byte word of per-128 scale bytes per four K blocks
@@ -189,6 +188,9 @@ class MegaMoE:
         check_weights(cfg, local, e_l)
         if local.w1.device != dev:
             fail("weights", f"tensors on {dev}", local.w1.device)
+        for name, b in (("b1", local.b1), ("b2", local.b2)):
+            if b is not None and b.device != dev:
+                fail(f"weights.{name}", f"a tensor on {dev}", b.device)
         if promotion == "k128":
             for name, sf in (("w1_sf", local.w1_sf), ("w2_sf", local.w2_sf)):
                 LA.check_fast_spread(f"weights.{name}", ref.quantize.weight_row_spread(sf), promotion)
@@ -210,7 +212,8 @@ class MegaMoE:
         key = (fast_math, debug, clamp_arg, engine, stream)
         launch = self._launches.get(key)
         if launch is None:
-            clamp, has_clamp = LA.clamp(clamp_arg)
+            # SPEC §8: the gpt-oss variant clamps at bf16(limit), rounded as §2 rounds c.
+            clamp, has_clamp = LA.clamp(self.cfg.limit if self.cfg.activation == "swiglu_oai" else clamp_arg)
             if debug and self._debug_buffers is None:
                 P = self.dims["P"]
                 self._debug_buffers = (
@@ -218,7 +221,13 @@ class MegaMoE:
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
             launcher = FusedLauncher(
-                jb.FusedSpec(fast_math=fast_math, debug=debug, promotion=self.promotion, engine=engine)
+                jb.FusedSpec(
+                    fast_math=fast_math,
+                    debug=debug,
+                    promotion=self.promotion,
+                    engine=engine,
+                    activation=self.cfg.activation,
+                )
             )
             launch, scratch = launcher.launch(
                 cfg=self.cfg,
@@ -230,6 +239,7 @@ class MegaMoE:
                 sms=self._sms,
                 clamp=clamp,
                 has_clamp=has_clamp,
+                biases=self._biases,
                 dumps=self._debug_buffers,
                 stream=stream,
             )
@@ -343,6 +353,8 @@ class MegaMoE:
         cfg = self.cfg
         if clamp_arg is not None and (isinstance(clamp_arg, bool) or not isinstance(clamp_arg, (int, float))):
             LA.clamp(clamp_arg)  # raises MegaMoEInputError naming the argument
+        if cfg.activation == "swiglu_oai" and clamp_arg is not None:
+            fail("activation_clamp", "None for activation 'swiglu_oai' (its limit clamps, SPEC §8)", repr(clamp_arg))
         # The host path of a repeated call (same tensors, same mode) is a few dictionary lookups and
         # the pointer patches: what was checked once for these tensors' shapes, dtypes and devices,
         # and the mode's launch, are remembered.

@@ -199,12 +199,51 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     monkeypatch.setattr(runtime, "err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
     layout, total = C.workspace_layout(cfg)
     ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
-    layer = dict(cfg=cfg, dims=C.workspace_dims(cfg), ws=ws, kw=kw, dev=0, clamp=0.0, has_clamp=0, dump=None)
+    layer = dict(cfg=cfg, dims=C.workspace_dims(cfg), ws=ws, kw=kw, dev=0, clamp=0.0, has_clamp=0, bias=None, dump=None)
     for engine in jb.FUSED_ENGINES:
         launcher = FusedLauncher(jb.FusedSpec(promotion=promotion, engine=engine))
         for n in (1, 2):
             for w_e4m3 in (0, 1 << 20):  # the swap-AB engine, the prefill engine (its scratch)
                 assert len(launcher.gemm_params(n, **layer, w_e4m3=w_e4m3)) == C.GEMM_PARAMS.size
+
+
+def test_a_gpt_oss_layers_gemm_parameters_carry_its_biases_alpha_limit_and_l2s_routing_weights(monkeypatch):
+    # SPEC §8 in FusedParams' two GemmParams: L1 b1 and fp32(alpha), the clamp at bf16(limit); L2 b2
+    # and the pool's routing weights (D8's b2 term); a plain layer's none of them.
+    import struct
+
+    from megamoe import moe as M
+    from megamoe.jit import contract as C
+    from megamoe.jit import driver
+    from megamoe.launchers import FusedLauncher
+
+    plain = ref.MoEConfig(hidden=512, intermediate=512, num_experts=2, top_k=1, num_ranks=1, max_tokens_per_rank=8)
+    oai = dataclasses.replace(plain, activation="swiglu_oai")
+    *_, kw = _small_call_args()
+    monkeypatch.setattr(driver, "tma_2d_u8", lambda *a: bytes(128))
+    monkeypatch.setattr(runtime, "err_record", lambda dev: torch.zeros(8, dtype=torch.int32))
+    b1, b2 = torch.zeros(2, 1024, dtype=torch.bfloat16), torch.zeros(2, 512, dtype=torch.bfloat16)
+    for cfg in (plain, oai):
+        layout, total = C.workspace_layout(cfg)
+        ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
+        launcher = FusedLauncher(jb.FusedSpec(promotion="k32", activation=cfg.activation))
+        clamp, has_clamp = LA.clamp(7.0) if cfg is oai else (0.0, 0)
+        common = dict(cfg=cfg, dims=C.workspace_dims(cfg), ws=ws, kw=kw, dev=0, dump=None, w_e4m3=0)
+        fields = {}
+        for n, bias in ((1, b1), (2, b2)):
+            raw = launcher.gemm_params(n, **common, clamp=clamp, has_clamp=has_clamp, bias=bias)
+            fields[n] = {
+                name: struct.unpack_from("<f" if name in ("alpha", "clamp_value") else "<Q", raw, C.OFFSETS[name])[0]
+                for name in ("bias", "alpha", "w_route", "clamp_value")
+            }
+        if cfg is oai:
+            assert (fields[1]["bias"], fields[2]["bias"]) == (b1.data_ptr(), b2.data_ptr())
+            assert fields[1]["alpha"] == struct.unpack("<f", struct.pack("<f", 1.702))[0] and fields[2]["alpha"] == 0
+            assert fields[1]["clamp_value"] == 7.0
+            assert fields[1]["w_route"] == fields[2]["w_route"] == ws.ptr("pool_weights")
+        else:
+            assert fields[1]["bias"] == fields[2]["bias"] == 0 and fields[1]["alpha"] == 0.0
+            assert fields[2]["w_route"] == 0
 
 
 def test_the_launch_key_and_the_device_check_cover_every_tensor_of_the_kernel_weights():

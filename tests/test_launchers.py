@@ -102,6 +102,8 @@ def _expected(rec, spec, grid: int, params: bytes, *, cooperative: bool = False)
 
 # The fused kernel's hooks that a standalone GEMM launch leaves off.
 _STANDALONE = dict(
+    bias=0,
+    alpha=0.0,
     signal=0,
     rebase_x=0,
     rebase_sf=0,
@@ -209,6 +211,7 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
     layer.dims, layer._sms = C.workspace_dims(cfg), 100
     layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     layer._launches, layer._scratch, layer._checked, layer._last, layer._debug_buffers = {}, {}, set(), None, None
+    layer._biases = (None, None)
 
     T = 5
     x = torch.zeros(T, H, dtype=torch.float8_e4m3fn)
@@ -255,6 +258,8 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         has_clamp=1,
         clamp_value=c,
         w_e4m3=w_e4m3[0],
+        bias=0,
+        alpha=0.0,
     )
     l2 = LA.gemm_params(
         ws.ptr("l2_x128" if fast else "l2_acts"),
@@ -285,6 +290,8 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         has_clamp=0,
         clamp_value=0.0,
         w_e4m3=w_e4m3[1],
+        bias=0,
+        alpha=0.0,
     )
     params = C.FUSED_PARAMS.pack(
         l1=l1,

@@ -8,6 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from megamoe import gemm as G
 from megamoe import reference as ref
+from megamoe.heuristics import prefill_engine_fits
 from megamoe.moe import MegaMoE
 from megamoe.reference import MegaMoEInputError
 
@@ -40,10 +41,11 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
         MegaMoE(CFG.to_dict(), weights)
 
 
-def test_a_layer_of_the_gpt_oss_variant_is_refused_until_the_kernel_runs_it():
+def test_a_layer_of_the_gpt_oss_variant_is_refused_on_the_prefill_engine_which_runs_spec_3_only():
     cfg = ref.MoEConfig(**dict(CFG.to_dict(), block_m=64, activation="swiglu_oai"))
-    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg.activation': expected 'swiglu' \(the fused kernel"):
-        MegaMoE(cfg, ref.random_weights(4, 256, 128))
+    with pytest.raises(MegaMoEInputError, match=r"argument 'engine': expected 'auto' or 'swapab' for this layer"):
+        MegaMoE(cfg, ref.random_weights(4, 256, 128), engine="prefill")
+    assert not prefill_engine_fits(cfg) and prefill_engine_fits(ref.MoEConfig(**dict(CFG.to_dict(), block_m=64)))
 
 
 def test_a_layer_whose_sizes_the_reference_takes_but_the_kernel_does_not_is_refused_naming_the_size():

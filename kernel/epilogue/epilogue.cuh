@@ -12,14 +12,14 @@ template <int kLayer, int kMaxN>
 constexpr int kEpilogueBytes =
     kLayer == 1 ? kL1EpilogueBytes<chunk_width(kMaxN)> : kL2EpilogueBytes<chunk_width(kMaxN)>;
 
-// kFused: the fused kernel's epilogue (the L1 tile also signals its pool block's L1 completion).
-template <int kLayer, int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>
+// Act: the activation policy (activation.cuh). kFused: the fused kernel's epilogue (the L1 tile also signals its pool block's L1 completion).
+template <int kLayer, int N, int kRows, bool kPerK32, typename Act, bool kDebug, bool kFused>
 __device__ __forceinline__ void layer_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                                uint8_t* s_epi_wg, int wg) {
   if constexpr (kLayer == 1)
-    l1_epilogue<N, kRows, kPerK32, kFastMath, kDebug, kFused>(p, wi, acc, s_epi_wg, wg);
+    l1_epilogue<N, kRows, kPerK32, Act, kDebug, kFused>(p, wi, acc, s_epi_wg, wg);
   else
-    l2_epilogue<N, kRows, kDebug>(p, wi, acc, s_epi_wg, wg);
+    l2_epilogue<N, kRows, Act, kDebug>(p, wi, acc, s_epi_wg, wg);
 }
 
 }  // namespace megamoe

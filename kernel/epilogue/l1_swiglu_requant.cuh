@@ -1,7 +1,8 @@
 // L1 epilogue (SPEC D6) of one consumer warpgroup's tile: bf16 rounding of the gate / up
-// accumulators, optional clamp, SiLU (the device function the reference's tables come from), the
-// routing-weight multiply, and the per-32 requantisation to E4M3 with UE8M0 scale bytes. In the
-// debug build the fp32 accumulators (D5) are dumped first, in canonical gate-then-up order.
+// accumulators (the gpt-oss variant adds b1 first), the activation policy's steps 2-4 (Act:
+// activation.cuh; clamp, SiLU or the glu factor, the routing-weight multiply), and the per-32
+// requantisation to E4M3 with UE8M0 scale bytes. In the debug build the fp32 accumulators (D5) are
+// dumped first, in canonical gate-then-up order.
 //
 // Accumulator fragment (wgmma m64 x cw per chunk of cw = min(N, 64) tokens, swap-AB): element
 // c cw/2 + 4j + h is weight row 16 wq + g, token column c cw + 8j + 2t + h; element ... + 2 + h is
@@ -18,41 +19,13 @@
 #include "../common/ue8m0.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
-#include "silu.cuh"
+#include "activation.cuh"
 
 namespace megamoe {
 
 // Staging bytes per consumer warpgroup for chunks of up to cw tokens: [cw][32] e4m3 + [4][cw] fp32 amax.
 template <int kCw>
 constexpr int kL1EpilogueBytes = kCw * 32 + 4 * kCw * 4;
-
-// D6's clamp as one bound: c where the layer clamps, else +inf, under which the clamp's selects
-// leave every value (NaN and the infinities included) as it is. So swiglu_routed has no branch and
-// the epilogues' SwiGLUs interleave (with the branch, each SiLU's chain ran alone: ncu put 12 % of
-// the prefill kernel's consumer samples in its epilogue).
-__device__ __forceinline__ float clamp_bound(const GemmParams& p) {
-  return p.has_clamp != 0 ? p.clamp_value : __int_as_float(0x7F800000);
-}
-
-// D6 steps 2-4 for one (gate, up) pair of a valid token, both already rounded to bf16 (step 1): the
-// optional clamp (NaN-propagating min / clamp in bf16: values and c are bf16-representable; bound
-// from clamp_bound), SiLU of the gate, times up, times the token's routing weight wr.
-template <bool kFastMath>
-__device__ __forceinline__ float swiglu_routed_bf16(float gf, float uf, float wr, float bound) {
-  gf = gf > bound ? bound : gf;
-  uf = uf > bound ? bound : uf;
-  uf = uf < -bound ? -bound : uf;
-  return __fmul_rn(__fmul_rn(silu<kFastMath>(gf), uf), wr);
-}
-
-// D6 steps 1-4: both rounded to bf16, then swiglu_routed_bf16. The swap-AB epilogue calls it; the
-// prefill kernel's consumers round and stage the pair in bf16 and its epilogue warps call
-// swiglu_routed_bf16 (prefill_rows.cuh).
-template <bool kFastMath>
-__device__ __forceinline__ float swiglu_routed(float gate, float up, float wr, float bound) {
-  return swiglu_routed_bf16<kFastMath>(__bfloat162float(__float2bfloat16_rn(gate)),
-                                       __bfloat162float(__float2bfloat16_rn(up)), wr, bound);
-}
 
 // D6 step 5: the UE8M0 scale byte of a 32-channel group whose largest |a| is amax (NaN-free, >= 0):
 // the exponent of amax / 448, rounded up to the next power of two unless exact.
@@ -107,7 +80,7 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
 
 // wg: the consumer warpgroup (weight rows 64 wg .. 64 wg + 63 of the CTA's kRows); s_epi_wg: its
 // staging; named barrier 1 + wg synchronises its 128 threads.
-template <int N, int kRows, bool kPerK32, bool kFastMath, bool kDebug, bool kFused>
+template <int N, int kRows, bool kPerK32, typename Act, bool kDebug, bool kFused>
 __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
   constexpr int CW = chunk_width(N);
@@ -124,10 +97,22 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
   const float bound = clamp_bound(p);
-  // a = (silu(g) * u) * wr (wr: the token's routing weight), kept in the gate's accumulator (dead
-  // after it).
+  // SPEC §8 D6 step 1's biases of the thread's gate and up channel (-0.0 without: the add is then
+  // the identity).
+  float b_gate = 0.0f, b_up = 0.0f;
+  if constexpr (Act::kOai) {
+    b_gate = bias_or_neg_zero(p, wi.expert, ch);
+    b_up = bias_or_neg_zero(p, wi.expert, inter + ch);
+  }
+  // D6 steps 1-4: a = (silu(g) * u) * wr (wr: the token's routing weight; the policy's routed), kept
+  // in the gate's accumulator (dead after it).
   auto swiglu = [&](float gate, float up, int tok, float wr) -> float {
-    const float a = swiglu_routed<kFastMath>(gate, up, wr, bound);
+    if constexpr (Act::kOai) {
+      gate = __fadd_rn(gate, b_gate);
+      up = __fadd_rn(up, b_up);
+    }
+    const float a = Act::routed(__bfloat162float(__float2bfloat16_rn(gate)), __bfloat162float(__float2bfloat16_rn(up)),
+                                wr, bound, p);
     return tok < wi.valid ? a : 0.0f;
   };
   const int64_t n_sf = inter / 32;

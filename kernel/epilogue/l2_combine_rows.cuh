@@ -2,7 +2,9 @@
 // its combine row dst_rows[p] (= k * T_max + t of a [K, T_max, H] buffer; < 0 = none), natural
 // channel order. The fused kernel passes peer_offsets: dst_rows then also names the token's rank s
 // (s * combine_rows + k * T_max + t) and the row goes to rank s's buffer through symmetric memory.
-// In the debug build the fp32 accumulators (D7) are dumped first.
+// In the debug build the fp32 accumulators (D7) are dumped first. The gpt-oss variant (Act::kOai,
+// SPEC §8 D8) adds fp32(w_route · b2[h]) to each before the rounding (w_route: the pool row's
+// routing weight, p.w_route).
 //
 // Accumulator fragment (per chunk of cw = min(N, 64) tokens): element c cw/2 + 4j + h is weight
 // row 16 wq + g, token column c cw + 8j + 2t + h; element ... + 2 + h is row 16 wq + g + 8. The
@@ -15,6 +17,7 @@
 #include "../common/ptx.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/scheduler.cuh"
+#include "activation.cuh"
 
 namespace megamoe {
 
@@ -35,7 +38,7 @@ __device__ __forceinline__ __nv_bfloat16* combine_buffer(const GemmParams& p, in
   return out;
 }
 
-template <int N, int kRows, bool kDebug>
+template <int N, int kRows, typename Act, bool kDebug>
 __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem& wi, const float (&acc)[N / 2],
                                             uint8_t* s_epi_wg, int wg) {
   constexpr int CW = chunk_width(N);
@@ -48,6 +51,11 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
   __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);  // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
+  float b_lo = 0.0f, b_hi = 0.0f;  // b2 of the thread's two hidden rows (SPEC §8 D8)
+  if constexpr (Act::kOai) {
+    b_lo = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g);
+    b_hi = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g + 8);
+  }
 #pragma unroll
   for (int c = 0; c < N / CW; ++c) {
     if (c > 0 && c * CW >= wi.valid) break;  // chunks without rows (wide kernels charge only the filled ones)
@@ -58,13 +66,18 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 8 * j + 2 * t + h;
-        const float v0 = acc[c * (CW / 2) + 4 * j + h];  // row 16 wq + g
-        const float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];  // row 16 wq + g + 8
+        float v0 = acc[c * (CW / 2) + 4 * j + h];  // row 16 wq + g
+        float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];  // row 16 wq + g + 8
         if constexpr (kDebug) {
           if (c * CW + col < wi.valid) {
             p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g] = v0;
             p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g + 8] = v1;
           }
+        }
+        if constexpr (Act::kOai) {  // a plain (coherent) load, as l1_epilogue's
+          const float wr = c * CW + col < wi.valid ? p.w_route[p0 + c * CW + col] : 0.0f;
+          v0 = __fadd_rn(v0, routed_bias(p, wr, b_lo));
+          v1 = __fadd_rn(v1, routed_bias(p, wr, b_hi));
         }
         ptx::st_shared_u16(st_s + col * 128, __bfloat16_as_ushort(__float2bfloat16_rn(v0)));
         ptx::st_shared_u16(st_s + col * 128 + 16, __bfloat16_as_ushort(__float2bfloat16_rn(v1)));

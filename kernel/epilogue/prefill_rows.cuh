@@ -6,8 +6,9 @@
 //   prefill_l1_out /     the producer warpgroup's two epilogue warps, during the next item's
 //   prefill_l2_out       mainloop: D6 (SwiGLU with the routing weight, requant) or D8 (bf16 rows to
 //                        their combine rows) from the staged tile, in 8- and 16-byte stores.
-// The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and l2_combine_rows.cuh
-// (swiglu_routed_bf16, requant_scale_byte: one definition). D6 step 1 (gate and up rounded to bf16)
+// The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and l2_combine_rows.cuh (the
+// activation policy's routed, requant_scale_byte: one definition). The prefill path runs the plain
+// SwiGLU only (SPEC §3): the gpt-oss variant's b1 would be added before the staging's rounding. D6 step 1 (gate and up rounded to bf16)
 // is the staging itself, and D8 is bf16 of the same value: staging loses nothing either layer reads.
 // (With the whole epilogue in the consumers, it took 12 % of their time, ncu, with the tensor cores
 // idle.)
@@ -53,7 +54,7 @@ template <bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
                                                    uint32_t phase, int layer) {
-  const int ctid = ptx::thread_idx() - 128;   // re-read: held across the mainloop it is spilled
+  const int ctid = ptx::thread_idx() - 128;  // re-read: held across the mainloop it is spilled
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
@@ -87,11 +88,11 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float v = acc[h][4 * j + 2 * r + c];
-            if (layer == 1) {   // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
+            if (layer == 1) {  // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
               const int64_t inter = p.n_rows / 2;
               const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
               p.dump[row * 2 * inter + (j % 2) * inter + ch] = v;
-            } else {   // D7 as [row][hidden]
+            } else {  // D7 as [row][hidden]
               p.dump[row * p.n_rows + static_cast<int64_t>(wi.n_block) * 256 + 128 * h + 8 * j + 2 * t + c] = v;
             }
           }
@@ -127,16 +128,17 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
 // token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
 // block's 4 scale groups in the block's L1-completion counter (complete at I / 32, as the swap-AB
 // epilogue counts them), after a proxy fence: the L2 TMA reads what it wrote.
-template <bool kFastMath, bool kFused = false, bool kRebase = false>
+template <typename Act, bool kFused = false, bool kRebase = false>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
+  static_assert(!Act::kOai, "the prefill path runs SPEC §3's SwiGLU only");
   const int64_t inter = p.n_rows / 2;
   const int64_t n_sf = inter / 32;
-  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;   // the tile's first channel
+  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;  // the tile's first channel
   const float bound = clamp_bound(p);
   const int grp = (lane % 16) / 4;
   const int q = lane % 4;
-  const int gate_chunk = 2 * (4 * grp + q);   // its 8 channels' gate rows (their up rows: the next)
+  const int gate_chunk = 2 * (4 * grp + q);  // its 8 channels' gate rows (their up rows: the next)
   // The routing weights of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle.
   // Plain (coherent) loads, as in l1_epilogue.
   const int first = 64 * ew;
@@ -144,8 +146,8 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
   const float wr_hi = first + 32 + lane < wi.valid ? p.w_route[wi.row0 + first + 32 + lane] : 0.0f;
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
   for (int step = 0; step < 32; ++step) {
-    if (first + 2 * step >= wi.valid) break;   // the same for the whole warp
-    const int tl = 2 * step + lane / 16;        // the lane's token within the warp's 64
+    if (first + 2 * step >= wi.valid) break;  // the same for the whole warp
+    const int tl = 2 * step + lane / 16;  // the lane's token within the warp's 64
     const float wa = __shfl_sync(0xFFFFFFFFu, wr_lo, tl % 32);
     const float wb = __shfl_sync(0xFFFFFFFFu, wr_hi, tl % 32);
     const float wr = step < 16 ? wa : wb;
@@ -160,14 +162,14 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
     for (int i = 0; i < 4; ++i) {
       // A token past the item's valid ones computes what its staged values and wr = 0 give; its
       // group maximum (these four lanes) and its bytes are never used.
-      a[2 * i] = swiglu_routed_bf16<kFastMath>(bf16_lo(gw[i]), bf16_lo(uw[i]), wr, bound);
-      a[2 * i + 1] = swiglu_routed_bf16<kFastMath>(bf16_hi(gw[i]), bf16_hi(uw[i]), wr, bound);
-      m = fmaxf(m, fmaxf(fabsf(a[2 * i]), fabsf(a[2 * i + 1])));   // fmaxf drops NaN
+      a[2 * i] = Act::routed(bf16_lo(gw[i]), bf16_lo(uw[i]), wr, bound, p);
+      a[2 * i + 1] = Act::routed(bf16_hi(gw[i]), bf16_hi(uw[i]), wr, bound, p);
+      m = fmaxf(m, fmaxf(fabsf(a[2 * i]), fabsf(a[2 * i + 1])));  // fmaxf drops NaN
     }
     m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
     const int byte = requant_scale_byte(m);
-    const float mult = exp2i(127 - byte);   // 2^-e, e = byte - 127
+    const float mult = exp2i(127 - byte);  // 2^-e, e = byte - 127
     uint32_t qw[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -179,7 +181,7 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       *reinterpret_cast<uint2*>(out + row * inter + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
       if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
     }
-    if constexpr (kRebase) {   // lanes l ^ 4, l ^ 8 hold the token's other groups
+    if constexpr (kRebase) {  // lanes l ^ 4, l ^ 8 hold the token's other groups
       int smax = max(byte, __shfl_xor_sync(0xFFFFFFFFu, byte, 4));
       smax = max(smax, __shfl_xor_sync(0xFFFFFFFFu, smax, 8));
       const int d = smax - byte;
@@ -218,7 +220,7 @@ __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkIt
   const int row_lo = first + lane < wi.valid ? p.dst_rows[wi.row0 + first + lane] : -1;
   const int row_hi = first + 32 + lane < wi.valid ? p.dst_rows[wi.row0 + first + 32 + lane] : -1;
   for (int i = 0; i < 64; ++i) {
-    if (first + i >= wi.valid) break;   // the same for the whole warp
+    if (first + i >= wi.valid) break;  // the same for the whole warp
     int row = __shfl_sync(0xFFFFFFFFu, i < 32 ? row_lo : row_hi, i % 32);
     if (row < 0) continue;
     // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.

@@ -48,7 +48,7 @@ constexpr int kTailThreads = 128;   // the producer warpgroup
 // warpgroups the serial mainloop runs an item at 8, 16, 32 or 64 tokens: scheduler.cuh pick_tile).
 // kPerK32: the exact promotion (k32), else the fast one (k128: the pull and the L1 epilogue also
 // write the operands rebased per 128 channels, which the GEMMs read).
-template <int kWGs, bool kPerK32, bool kFastMath, bool kDebug>
+template <int kWGs, bool kPerK32, typename Act, bool kDebug>
 struct SwapAbEngine {
   using Cfg = GemmConfig<0, kFusedMaxN, kPerK32, kWGs>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
@@ -75,7 +75,7 @@ struct SwapAbEngine {
     RingCursor cur;
     if (threadIdx.x / 32 >= 4) {
       ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-      run_consumer<Cfg, kFusedMaxN, kPerK32, kFastMath, kDebug, 1, 2>(fp.l1, fp.l2, cur);
+      run_consumer<Cfg, kFusedMaxN, kPerK32, Act, kDebug, 1, 2>(fp.l1, fp.l2, cur);
       return false;
     }
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -95,7 +95,7 @@ struct SwapAbEngine {
 // (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch), then the prefill kernel's roles over
 // 128-token blocks (two pool blocks) in the static order; its epilogue warps count each pool block's
 // L1 tiles (prefill_l1_out).
-template <bool kPerK32, bool kFastMath, bool kDebug>
+template <bool kPerK32, typename Act, bool kDebug>
 struct PrefillEngine {
   using Cfg = PrefillConfig<0, kPerK32>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
@@ -113,7 +113,7 @@ struct PrefillEngine {
     return *PrefillSmem<Cfg>().sched;
   }
   __device__ static bool run(const FusedParams& fp) {
-    if (!prefill_roles<Cfg, kFastMath, kDebug, kPerK32, 1, 2>(fp.l1, fp.l2)) return false;
+    if (!prefill_roles<Cfg, Act, kDebug, kPerK32, 1, 2>(fp.l1, fp.l2)) return false;
     ptx::named_barrier(kTailBarrier, kTailThreads);   // the epilogue warps wrote the CTA's last item
     return true;
   }

@@ -105,7 +105,9 @@ struct GemmParams {
   int32_t arrival_need;  // 0: a counter must reach its block's valid rows; > 0: this count
   int32_t combine_rows;  // L2 with peer_offsets: combine rows per rank (K * T_max)
   int32_t has_clamp;  // L1: apply clamp_value
-  float clamp_value;  // L1: bf16-representable activation clamp c
+  float clamp_value;  // L1: bf16-representable activation clamp c (swiglu_oai: bf16(limit))
+  const uint16_t* bias;  // swiglu_oai kernels (SPEC §8): bf16 [E, n_rows] in canonical row order, L1 b1 (gate rows, then up), L2 b2; nullptr = none
+  float alpha;  // swiglu_oai kernels, L1: fp32(alpha) of the glu factor
 };
 
 static_assert(offsetof(GemmParams, tmap_x8) == 0, "GemmParams layout");
@@ -141,6 +143,8 @@ static_assert(offsetof(GemmParams, arrival_need) == 452, "GemmParams layout");
 static_assert(offsetof(GemmParams, combine_rows) == 456, "GemmParams layout");
 static_assert(offsetof(GemmParams, has_clamp) == 460, "GemmParams layout");
 static_assert(offsetof(GemmParams, clamp_value) == 464, "GemmParams layout");
+static_assert(offsetof(GemmParams, bias) == 472, "GemmParams layout");
+static_assert(offsetof(GemmParams, alpha) == 480, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and

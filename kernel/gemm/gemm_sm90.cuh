@@ -153,7 +153,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
 // the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
-template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, typename Ctx>
+template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, typename Ctx>
 __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi) {
   float acc[N / 2];
   // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
@@ -188,7 +188,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   // same either way; kept as the simpler signature).
   const int wg = ptx::thread_idx() / 128 - 1;
   uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
-  layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, kFastMath, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
+  layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
 }
 
 // The consumer side of a launch's items, as one loop: layer kLayerA's (standalone), or those of
@@ -201,7 +201,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 // that can be re-read from shared memory is held across the items (the four-warpgroup kernels have
 // 104 registers a thread, and the mainloop spilled with the item count and the barrier's address
 // held): the launch's item count and an item's layer are read from the schedule where needed.
-template <typename Cfg, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kLayerA, int kLayerB = 0>
+template <typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kLayerA, int kLayerB = 0>
 __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur) {
   constexpr bool kTwo = kLayerB != 0;
   const GemmSmem<Cfg> sm;
@@ -227,9 +227,9 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     ctx.p = &p;
     const WorkItem wi = decode_item<kMaxN, Cfg::kRows>(local, *GemmSmem<Cfg>().sched, p.n_rows / Cfg::kRows);
     if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-      run_item<kMaxN, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi);
+      run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
     else
-      run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, kFastMath, kDebug>(ctx, cur, wi);
+      run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
   };
   while (item < launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {
     const int na = layer_items<Cfg::kRows>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
@@ -248,7 +248,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
 // The standalone kernel body; kernel/gemm/instantiate.cu.in wraps it in one extern "C" __global__
 // per specialisation (p must be the kernel's __grid_constant__ parameter: the TMA reads its
 // descriptor).
-template <int kLayer, int kMaxN, bool kPerK32, bool kFastMath, bool kDebug, int kWGs>
+template <int kLayer, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kWGs>
 __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
   using Cfg = GemmConfig<kLayer, kMaxN, kPerK32, kWGs>;
   gemm_setup<Cfg, kPerK32>(p.err);
@@ -267,7 +267,7 @@ __device__ __forceinline__ void gemm_sm90_body(const GemmParams& p) {
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  run_consumer<Cfg, kMaxN, kPerK32, kFastMath, kDebug, kLayer>(p, p, cur);
+  run_consumer<Cfg, kMaxN, kPerK32, Act, kDebug, kLayer>(p, p, cur);
 }
 
 }  // namespace megamoe

@@ -404,7 +404,7 @@ __device__ __forceinline__ void prefill_setup(int* err) {
 // consumers, which have nothing after their loop (setmaxnreg: run_consumer in gemm_sm90.cuh says
 // why), and true in the producer warpgroup once each of its roles is done: its epilogue warps have
 // written the CTA's last item when the caller's barrier over the warpgroup passes.
-template <typename Cfg, bool kFastMath, bool kDebug, bool kPerK32, int kLayerA, int kLayerB = 0>
+template <typename Cfg, typename Act, bool kDebug, bool kPerK32, int kLayerA, int kLayerB = 0>
 __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmParams& pb) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
@@ -455,7 +455,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
         ptx::mbar_wait(sm.epi_full, phase, kWaitFull, -1, p.err);
         if ((second ? kLayerB : kLayerA) == 1)
-          prefill_l1_out<kFastMath, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
+          prefill_l1_out<Act, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
         else
           prefill_l2_out(p, wi, staging, warp - 2, lane);
         ptx::mbar_arrive(sm.epi_empty);
@@ -493,7 +493,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
 
 // The standalone kernel body; kernel/gemm/instantiate_prefill.cu.in wraps it in an extern "C"
 // __global__.
-template <int kLayer, bool kFastMath, bool kDebug, bool kPerK32>
+template <int kLayer, typename Act, bool kDebug, bool kPerK32>
 __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
   using Cfg = PrefillConfig<kLayer, kPerK32>;
   prefill_setup<Cfg>(p.err);
@@ -502,7 +502,7 @@ __device__ __forceinline__ void gemm_sm90_prefill_body(const GemmParams& p) {
         *PrefillSmem<Cfg>().sched, p.num_experts, [&](int e) { return __ldg(p.expert_offsets + e); },
         [&](int e) { return __ldg(p.expert_rows + e); });
   __syncthreads();
-  prefill_roles<Cfg, kFastMath, kDebug, kPerK32, kLayer>(p, p);
+  prefill_roles<Cfg, Act, kDebug, kPerK32, kLayer>(p, p);
 }
 
 }  // namespace megamoe

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from megamoe.kernel import KERNEL_DIR
+from megamoe.reference.config import ACTIVATIONS
 
 from . import contract
 from .flags import NVCC_FLAGS
@@ -33,6 +34,26 @@ def _check_promotion(promotion: str) -> None:
     """Every specialisation's promotion field: one of PROMOTIONS."""
     if promotion not in PROMOTIONS:
         raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {promotion!r}")
+
+
+def _check_activation(activation: str, engine: str = "swapab") -> None:
+    """FusedSpec's activation field: one of reference.config.ACTIVATIONS (SPEC §3, §8); the
+    prefill engine runs "swiglu" only (yet)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    if activation != "swiglu" and engine == "prefill":
+        raise ValueError(f"activation: the prefill path runs 'swiglu' only, got {activation!r}")
+
+
+def activation_policy(activation: str, fast_math: bool) -> str:
+    """The kernels' activation policy (kernel/epilogue/activation.cuh) of a specialisation."""
+    policy = {"swiglu": "Swiglu", "swiglu_oai": "SwigluOai"}[activation]
+    return f"megamoe::{policy}<{'true' if fast_math else 'false'}>"
+
+
+def _activation_tag(activation: str, fast_math: bool) -> str:
+    """The activation in a specialisation's name: fsilu / psilu (SPEC §3), foai / poai (§8)."""
+    return ("f" if fast_math else "p") + ("silu" if activation == "swiglu" else "oai")
 
 
 class CompileError(RuntimeError):
@@ -121,7 +142,7 @@ class GemmSpec:
             "LAYER": str(self.layer),
             "MAX_N": str(self.max_tile),
             "PROMOTION": self.promotion,
-            "FAST_MATH": b(self.fast_math),
+            "ACT": activation_policy("swiglu", self.fast_math),
             "DEBUG": b(self.debug),
             "WGS": str(self.wgs),
         }
@@ -148,12 +169,14 @@ class FusedSpec:
     debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
     promotion: str  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
     engine: str = "swapab"  # FUSED_ENGINES
+    activation: str = "swiglu"  # SPEC §3, or "swiglu_oai" (§8)
     kernel = "megamoe_fused"  # the cubin's entry point
 
     def __post_init__(self):
         _check_promotion(self.promotion)
         if self.engine not in FUSED_ENGINES:
             raise ValueError(f"engine: expected one of {FUSED_ENGINES}, got {self.engine!r}")
+        _check_activation(self.activation, self.engine)
 
     @property
     def wgs(self) -> int:
@@ -163,8 +186,8 @@ class FusedSpec:
 
     @property
     def name(self) -> str:
-        silu = "fsilu" if self.fast_math else "psilu"
-        return f"megamoe_fused_{self.promotion}_{self.engine}_{silu}{'_dbg' if self.debug else ''}"
+        act = _activation_tag(self.activation, self.fast_math)
+        return f"megamoe_fused_{self.promotion}_{self.engine}_{act}{'_dbg' if self.debug else ''}"
 
     @property
     def threads(self) -> int:
@@ -174,10 +197,11 @@ class FusedSpec:
         tmpl = (KERNEL_DIR / "fused" / "instantiate.cu.in").read_text()
         b = lambda v: "true" if v else "false"  # noqa: E731
         # kPerK32: the instantiation unit's bool of its promotion (instantiate.cu.in).
+        act = activation_policy(self.activation, self.fast_math)
         if self.engine == "prefill":
-            engine = f"PrefillEngine<kPerK32, {b(self.fast_math)}, {b(self.debug)}>"
+            engine = f"PrefillEngine<kPerK32, {act}, {b(self.debug)}>"
         else:
-            engine = f"SwapAbEngine<{self.wgs}, kPerK32, {b(self.fast_math)}, {b(self.debug)}>"
+            engine = f"SwapAbEngine<{self.wgs}, kPerK32, {act}, {b(self.debug)}>"
         fields = {"ENGINE": engine, "PROMOTION": self.promotion, "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
@@ -218,7 +242,7 @@ class PrefillSpec:
         b = lambda v: "true" if v else "false"  # noqa: E731
         fields = {
             "LAYER": str(self.layer),
-            "FAST_MATH": b(self.fast_math),
+            "ACT": activation_policy("swiglu", self.fast_math),
             "DEBUG": b(self.debug),
             "PROMOTION": self.promotion,
         }

@@ -160,7 +160,15 @@ PARAMS = (
     Field("arrival_need", "i32", "int32_t", "0: a counter must reach its block's valid rows; > 0: this count"),
     Field("combine_rows", "i32", "int32_t", "L2 with peer_offsets: combine rows per rank (K * T_max)"),
     Field("has_clamp", "i32", "int32_t", "L1: apply clamp_value"),
-    Field("clamp_value", "f32", "float", "L1: bf16-representable activation clamp c"),
+    Field("clamp_value", "f32", "float", "L1: bf16-representable activation clamp c (swiglu_oai: bf16(limit))"),
+    Field(
+        "bias",
+        "ptr",
+        "const uint16_t*",
+        "swiglu_oai kernels (SPEC §8): bf16 [E, n_rows] in canonical row order, L1 b1 (gate rows, then up),"
+        " L2 b2; nullptr = none",
+    ),
+    Field("alpha", "f32", "float", "swiglu_oai kernels, L1: fp32(alpha) of the glu factor"),
 )
 
 _SIZE = {"tmap": 128, "ptr": 8, "i32": 4, "f32": 4}

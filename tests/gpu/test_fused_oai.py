@@ -1,0 +1,94 @@
+"""The fused layer running gpt-oss's activation (SPEC §8, `activation="swiglu_oai"`): its D6 (b1
+before the bf16 rounding, the clamp at bf16(limit), the glu table, (up + 1), the routing weight)
+and D8 (acc2 + fp32(w_route · b2), one rounding each) in the swap-AB engine's epilogues, every dump
+point through the conformance suite, on one rank and both promotions, with and without biases; the
+release build against the debug build; the prefill engine refused for the variant.
+
+Run: pytest -s tests/gpu/test_fused_oai.py"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megamoe import reference as ref
+from megamoe.conformance.suite import check
+from megamoe.moe import MegaMoE
+
+# H and I multiples of 512: the fast mode's (promotion "k128") smallest.
+CFG = ref.MoEConfig(
+    hidden=512,
+    intermediate=512,
+    num_experts=8,
+    top_k=4,
+    num_ranks=1,
+    max_tokens_per_rank=128,
+    block_m=64,
+    activation="swiglu_oai",
+)
+
+
+def _weights(cfg=CFG, biases=True, seed=3):
+    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed)
+    if biases:
+        g = torch.Generator().manual_seed(seed)
+        # Wide enough that the limit (7) clamps some gates and ups, and some biases are -0.0.
+        w.b1 = torch.randn(cfg.num_experts, 2 * cfg.intermediate, generator=g).mul(3).to(torch.bfloat16)
+        w.b2 = torch.randn(cfg.num_experts, cfg.hidden, generator=g).to(torch.bfloat16)
+        w.b1[0, :16] = -0.0
+    return w.to("cuda")
+
+
+_LAYERS: dict = {}
+
+
+def _layer(promotion: str, biases: bool = True) -> MegaMoE:
+    key = (promotion, biases)
+    if key not in _LAYERS:
+        _LAYERS[key] = MegaMoE(CFG, _weights(biases=biases), promotion=promotion)
+    return _LAYERS[key]
+
+
+CASES = [
+    ("uniform", 128, 0.0, dict()),
+    ("skewed", 100, 0.1, dict(fast_math=False)),
+    ("empty_experts", 77, 0.25, dict()),
+    ("uniform", 1, 0.0, dict()),
+    ("uniform", 0, 0.0, dict()),
+]
+
+
+@pytest.mark.parametrize("biases", [True, False], ids=["biases", "no-biases"])
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
+def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, masked, mode, promotion, biases):
+    layer = _layer(promotion, biases)
+    inp = ref.make_inputs(CFG, tokens, seed=11, distribution=distribution, masked_ratio=masked, device="cuda")[0]
+    y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True, **mode)
+    assert dumps[0].meta["build_id"].split("_")[3] == "swapab"
+    assert ("weights.b1" in dumps[0].tensors) == biases
+    report = check(dumps, end_to_end=tokens > 0 and masked < 1.0)
+    print(report.text())
+    assert report.ok, report.text()
+    assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
+
+
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_the_release_build_gives_the_debug_builds_bits(promotion):
+    layer = _layer(promotion)
+    inp = ref.make_inputs(CFG, 128, seed=5, distribution="skewed", device="cuda")[0]
+    y_dbg, _ = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+    y = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), y_dbg.view(torch.int16))
+
+
+def test_the_prefill_engine_and_a_per_call_clamp_are_refused_for_the_variant():
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'engine'"):
+        MegaMoE(CFG, _weights(), engine="prefill")
+    layer = _layer("k32")
+    inp = ref.make_inputs(CFG, 8, seed=1, device="cuda")[0]
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'activation_clamp'"):
+        layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, activation_clamp=3.0)
+    # a large call stays on the swap-AB engine (the prefill engine runs SPEC §3 only)
+    assert layer.engine_for(CFG.max_tokens_per_rank) == "swapab"
