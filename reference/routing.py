@@ -20,11 +20,12 @@ class Routing(NamedTuple):
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k by value descending, ties to the lower index (deterministic on every device)."""
+    """Top-k by value descending, ties to the lower index (deterministic on every device), as
+    contiguous tensors (the layer takes its routing contiguous; a slice of the sort is not)."""
     check_tensor("scores", scores, min_dim=1)
     check_int("k", k, 1, scores.shape[-1])  # torch would return fewer than k silently
     values, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
-    return values[..., :k], idx[..., :k]
+    return values[..., :k].contiguous(), idx[..., :k].contiguous()
 
 
 def softmax_topk(logits: torch.Tensor, k: int, *, renormalize: bool = True) -> Routing:

@@ -58,3 +58,9 @@ def test_tie_free_logits_have_no_ties():
     s = torch.sort(logits, dim=1).values
     assert (s[:, 1:] > s[:, :-1]).all()
     assert torch.equal(logits.to(torch.bfloat16).float(), logits)
+
+
+def test_the_routing_helpers_give_contiguous_tensors_the_layer_takes_as_they_are():
+    logits = torch.randn(16, 8).to(torch.bfloat16)
+    for r in (ref.gpt_oss_topk(logits, 4), ref.softmax_topk(logits, 4)):
+        assert r.topk_idx.is_contiguous() and r.topk_weights.is_contiguous()
