@@ -452,14 +452,6 @@ def _report(args: argparse.Namespace, device: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if torch.cuda.is_available() and (args.model or args.checkpoint):
-        if args.processes:
-            raise ValueError("argument --processes: the fused kernel does not run gpt-oss's sizes yet (SPEC §8)")
-        _log(
-            "The fused kernel does not run gpt-oss's sizes yet (H = I = 2880, not multiples of 128; SPEC §8): "
-            "running the reference on the GPU."
-        )
-        return _report(args, "cuda")
     if torch.cuda.is_available():
         return _run_expert_parallel(args) if args.processes else _run_fused(args)
     if args.processes:

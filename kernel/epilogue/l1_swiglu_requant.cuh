@@ -57,7 +57,8 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
   ptx::named_barrier(1 + wg, 128);   // the staging is rewritten by the next item only after this
   if (!last) return;
   // 8 vectors of 16 bytes per row (128 channels), over the warpgroup's 128 threads.
-  const int n_sf = static_cast<int>(inter / 32);
+  const int64_t ld = p.out_stride;   // the canonical intermediate's row stride (= I: the fast mode's I)
+  const int n_sf = static_cast<int>(ld / 32);
   for (int idx = wtid; idx < wi.valid * 8; idx += 128) {
     const int64_t row = wi.row0 + idx / 8;
     const int v = idx % 8;   // 16-byte vector of the 128 channels; group v / 2
@@ -66,7 +67,7 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
     const uint32_t smax = max_byte4(sf);
     const int d = static_cast<int>(smax - ((sf >> (8 * (v / 2))) & 0xFFu));
     const uint4 x = __ldcg(
-        reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * inter + 128 * j + 16 * v));
+        reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * ld + 128 * j + 16 * v));
     *reinterpret_cast<uint4*>(p.rebase_x + row * inter + 128 * j + 16 * v) = rebase_e4m3x16(x, d);
     if (v == 0) p.rebase_sf[row * (inter / 128) + j] = static_cast<uint8_t>(smax);
   }
@@ -91,6 +92,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int64_t p0 = wi.row0;
   // Interleaved rows (granularity 8): local row 16 rg + g is gate channel ch, + 8 is up ch.
   const int64_t inter = p.n_rows / 2;  // I
+  const int64_t ld = p.out_stride;     // the intermediate's row stride: I padded to K blocks
   const int c_local = wg * 32 + wq * 8 + g;  // channel within the CTA's kRows / 2
   const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + c_local;
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
@@ -115,7 +117,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
                                 wr, bound, p);
     return tok < wi.valid ? a : 0.0f;
   };
-  const int64_t n_sf = inter / 32;
+  const int64_t n_sf = ld / 32;
   const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
 #pragma unroll
@@ -184,7 +186,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
       const int half = idx % 2;
       if (c * CW + col < wi.valid) {
         const uint4 v = *reinterpret_cast<const uint4*>(st_q + col * 32 + half * 16);
-        *reinterpret_cast<uint4*>(out + (p0 + c * CW + col) * inter + ch0 + half * 16) = v;
+        *reinterpret_cast<uint4*>(out + (p0 + c * CW + col) * ld + ch0 + half * 16) = v;
       }
     }
     // The next chunk (or item) rewrites st_amax only after every thread passed the barrier above,

@@ -173,27 +173,52 @@ class KernelWeights:
         return self.w1.shape[0]
 
 
+# L2's weight rows (H) padded to whole row tiles of the exact mode's swap-AB kernels (two consumer
+# warpgroups of contract.ROWS_PER_WG rows), where H is not a multiple of 128 (SPEC §8).
+L2_ROW_TILE = 2 * contract.ROWS_PER_WG
+
+
+def padded_rows(hidden: int) -> int:
+    """L2's weight rows in the kernel layout: H padded to whole L2_ROW_TILE tiles."""
+    return -(-hidden // L2_ROW_TILE) * L2_ROW_TILE
+
+
+def _pad(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`t` with dimension `dim` zero-padded at its end to `size` (zero FP4 codes, scale byte 0)."""
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - t.shape[dim]
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+
 def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w2_sf: torch.Tensor) -> KernelWeights:
     """Canonical SPEC §2 weights -> the kernel layout (gate/up interleave + fragment order). The
-    kernels' K block is 128 channels, so H and I are multiples of 128 here (the reference takes 32)."""
+    kernels' K block is 128 channels: H and I that are multiples of 32 only (SPEC §8) are padded to
+    whole K blocks (contract.padded_k) with zero codes and scale byte 0, and L2's H rows to whole
+    row tiles (padded_rows) with zero rows; the padding is the layout's. L1's 2I rows are not padded:
+    I must be a multiple of 64 (whole 128-row tiles of gate/up pairs)."""
     check_tensor("w1", w1, torch.uint8, (None, None, None))
     E, R1, H2 = w1.shape
     H = 2 * H2
     inter = R1 // 2
-    for name, k in (("w1", H), ("w2", inter)):
-        if k == 0 or k % contract.BLOCK_K or (name == "w1" and R1 % 2):
+    for name, k, unit in (("w1", H, 32), ("w2", inter, 64)):
+        if k == 0 or k % unit or (name == "w1" and R1 % 2):
             what = "H" if name == "w1" else "I"
-            fail(name, f"{what} a positive multiple of {contract.BLOCK_K} (the kernels' K block)", f"{what} = {k}")
+            fail(name, f"{what} a positive multiple of {unit} (the kernels' channel groups)", f"{what} = {k}")
     check_tensor("w1_sf", w1_sf, torch.uint8, (E, R1, H // 32), w1.device)
     check_tensor("w2", w2, torch.uint8, (E, H, inter // 2), w1.device)
     check_tensor("w2_sf", w2_sf, torch.uint8, (E, H, inter // 32), w1.device)
-    w1i = interleave_gate_up(w1)
-    s1i = interleave_gate_up(w1_sf)
+    h_pad, i_pad, rows2 = contract.padded_k(H), contract.padded_k(inter), padded_rows(H)
+    w1i = _pad(interleave_gate_up(w1), 2, h_pad // 2)
+    s1i = _pad(interleave_gate_up(w1_sf), 2, h_pad // 32)
+    w2p = _pad(_pad(w2, 2, i_pad // 2), 1, rows2)
+    s2p = _pad(_pad(w2_sf, 2, i_pad // 32), 1, w2p.shape[1])
     return KernelWeights(
         fp4_to_kernel_layout(w1i),
         sf_to_kernel_layout(s1i),
-        fp4_to_kernel_layout(w2),
-        sf_to_kernel_layout(w2_sf),
+        fp4_to_kernel_layout(w2p),
+        sf_to_kernel_layout(s2p),
         H,
         inter,
     )
@@ -201,8 +226,9 @@ def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w
 
 def untransform_weights(kw: KernelWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     H, inter = kw.hidden, kw.intermediate
-    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, H))
-    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf))
-    w2 = fp4_from_kernel_layout(kw.w2, H, inter)
-    s2 = sf_from_kernel_layout(kw.w2_sf)
+    h_pad, i_pad, rows2 = kw.w1.shape[1] * 128, kw.w2.shape[1] * 128, kw.w2.shape[2] * 16
+    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, h_pad)[..., : H // 2])
+    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf)[..., : H // 32])
+    w2 = fp4_from_kernel_layout(kw.w2, rows2, i_pad)[:, :H, : inter // 2].contiguous()
+    s2 = sf_from_kernel_layout(kw.w2_sf)[:, :H, : inter // 32].contiguous()
     return w1, s1, w2, s2
