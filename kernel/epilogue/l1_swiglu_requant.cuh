@@ -66,8 +66,8 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
     const uint32_t sf = __ldcg(reinterpret_cast<const unsigned int*>(p.out_sf + row * n_sf + 4 * j));
     const uint32_t smax = max_byte4(sf);
     const int d = static_cast<int>(smax - ((sf >> (8 * (v / 2))) & 0xFFu));
-    const uint4 x = __ldcg(
-        reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * ld + 128 * j + 16 * v));
+    const uint4 x =
+        __ldcg(reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * ld + 128 * j + 16 * v));
     *reinterpret_cast<uint4*>(p.rebase_x + row * inter + 128 * j + 16 * v) = rebase_e4m3x16(x, d);
     if (v == 0) p.rebase_sf[row * (inter / 128) + j] = static_cast<uint8_t>(smax);
   }
@@ -92,7 +92,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int64_t p0 = wi.row0;
   // Interleaved rows (granularity 8): local row 16 rg + g is gate channel ch, + 8 is up ch.
   const int64_t inter = p.n_rows / 2;  // I
-  const int64_t ld = p.out_stride;     // the intermediate's row stride: I padded to K blocks
+  const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int c_local = wg * 32 + wq * 8 + g;  // channel within the CTA's kRows / 2
   const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + c_local;
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel

@@ -47,13 +47,13 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
-  const int64_t hidden = p.n_out;   // H: the rows past it (n_rows' padding to the CTA tiles) are not written
+  const int64_t hidden = p.n_out;  // H: the rows past it (n_rows' padding to the CTA tiles) are not written
   const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
   __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);  // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
   float b_lo = 0.0f, b_hi = 0.0f;  // b2 of the thread's two hidden rows (SPEC §8 D8)
   if constexpr (Act::kOai) {
-    if (h_base + wq * 16 + g < hidden) {   // b2 has H rows; the padding's are never written
+    if (h_base + wq * 16 + g < hidden) {  // b2 has H rows; the padding's are never written
       b_lo = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g);
       b_hi = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g + 8);
     }

@@ -133,7 +133,7 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
                                                int lane) {
   static_assert(!Act::kOai, "the prefill path runs SPEC §3's SwiGLU only");
   const int64_t inter = p.n_rows / 2;
-  const int64_t ld = p.out_stride;   // the intermediate's row stride (= I: the prefill path's sizes)
+  const int64_t ld = p.out_stride;  // the intermediate's row stride (= I: the prefill path's sizes)
   const int64_t n_sf = ld / 32;
   const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;  // the tile's first channel
   const float bound = clamp_bound(p);
