@@ -158,17 +158,17 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--hidden",
-        type=_int_at_least(128, 128),
+        type=_int_at_least(32, 32),
         default=d.hidden,
         metavar="H",
-        help="hidden size H, a multiple of 128 (default: %(default)s)",
+        help="hidden size H, a multiple of 32 (the fast mode: of 512) (default: %(default)s)",
     )
     p.add_argument(
         "--intermediate",
-        type=_int_at_least(128, 128),
+        type=_int_at_least(32, 32),
         default=d.intermediate,
         metavar="I",
-        help="intermediate size I per expert, a multiple of 128 (default: %(default)s)",
+        help="intermediate size I per expert, a multiple of 32 (the fast mode: of 512) (default: %(default)s)",
     )
     p.add_argument(
         "--experts",

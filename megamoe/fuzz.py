@@ -136,12 +136,12 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     x_scales, w_scales = (rnd.choices(SCALE_MODES, (4, 2.5, 1.5, 2))[0] for _ in range(2))
     nan_payloads = rnd.random() < 0.15
     # SPEC §8's sizes (multiples of 32, not of 128) in a quarter of the exact mode's swap-AB cases:
-    # H less 32-96, I less 64 where that leaves a positive size. From a generator of their own, so the
-    # draws above are what they were before these sizes came (a seed's other cases unchanged).
+    # H and I 32-96 off their draw (down, or up from 128). From a generator of their own, so the draws
+    # above are what they were before these sizes came (a seed's other cases unchanged).
     tails = random.Random(f"{seed}:{index}:tails")
     if promotion == "k32" and engine != "prefill" and tails.random() < 0.25:
-        hidden -= 32 * tails.randint(1, 3) if hidden > 128 else -32 * tails.randint(1, 3)
-        intermediate += -64 if intermediate > 128 else 64
+        hidden += 32 * tails.randint(1, 3) * (-1 if hidden > 128 else 1)
+        intermediate += 32 * tails.randint(1, 3) * (-1 if intermediate > 128 else 1)
     return Case(
         seed=seed,
         index=index,

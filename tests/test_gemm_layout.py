@@ -80,9 +80,10 @@ def test_sizes_in_multiples_of_32_are_padded_in_the_kernel_layout_and_come_back_
     from megamoe import reference as ref
     from megamoe.jit.layout import transform_weights, untransform_weights
 
-    w = ref.random_weights(3, 160, 192, seed=4)  # H = 160 = 5 x 32, I = 192 = 3 x 64
+    w = ref.random_weights(3, 160, 96, seed=4)  # H = 160 = 5 x 32, I = 96 = 3 x 32
     kw = transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
-    assert kw.w1.shape[1] * 128 == 256 and kw.w2.shape[1] * 128 == 256 and kw.w2.shape[2] * 16 == 256
+    assert (kw.w1.shape[1] * 128, kw.w1.shape[2] * 16) == (256, 256)  # K 256, rows 2I = 192 -> 256
+    assert (kw.w2.shape[1] * 128, kw.w2.shape[2] * 16) == (128, 256)  # K 96 -> 128, rows 160 -> 256
     assert not kw.w2_sf[:, :, 160:].any() and not kw.w1_sf[:, 1, :, 1:].any()  # groups 5-7 of block 1: padding
     for got, want in zip(untransform_weights(kw), (w.w1, w.w1_sf, w.w2, w.w2_sf)):
         assert torch.equal(got, want)

@@ -42,7 +42,7 @@ __device__ __forceinline__ int requant_scale_byte(float amax) {
 // block is complete at I/32 in both modes.
 __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkItem& wi, uint8_t* s_epi_wg, int wg,
                                                int wtid, int64_t ch0) {
-  const int64_t inter = p.n_rows / 2;
+  const int64_t inter = p.n_out / 2;   // I (the fast mode's: a multiple of 512, no padded rows)
   const int blk = wi.row0 / p.arrival_block;
   const int j = static_cast<int>(ch0 / 128);   // the 128 channels holding this warpgroup's 32
   int* flag = reinterpret_cast<int*>(s_epi_wg);
@@ -91,13 +91,17 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
   // Interleaved rows (granularity 8): local row 16 rg + g is gate channel ch, + 8 is up ch.
-  const int64_t inter = p.n_rows / 2;  // I
+  const int64_t inter = p.n_out / 2;  // I
   const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int c_local = wg * 32 + wq * 8 + g;  // channel within the CTA's kRows / 2
   const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + c_local;
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
   uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
+  // Where I is not a multiple of 64 (SPEC §8), the last CTA tile's second warpgroup holds only the
+  // weights' zero padding rows (channels I .. I + 31): it writes nothing and counts nothing (the
+  // block is complete at I / 32 tiles; the intermediate's padding stays the workspace's zeros).
+  if (ch0 >= inter) return;
   const float bound = clamp_bound(p);
   // SPEC §8 D6 step 1's biases of the thread's gate and up channel (-0.0 without: the add is then
   // the identity).

@@ -107,7 +107,7 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
       if (row >= 0 && h_base + part * 8 < hidden) {
         __nv_bfloat16* dst = combine_buffer(p, row);
         const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
-        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + h_base + part * 8) = v;
       }
     }
   }

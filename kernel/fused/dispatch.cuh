@@ -151,7 +151,8 @@ constexpr int kPullSfWords = 2;
 // source's rows are not word-aligned), then the padding: zero codes after its H bytes, zero scale
 // bytes after its H / 32. Not inlined: inlined, the exact prefill engine's kernel (which never
 // takes these sizes) spilled 4 bytes more, 644, past the compile gate's FUSED_SPILL_BYTES.
-__device__ __noinline__ void pull_row_padded(const FusedParams& fp, const uint8_t* src_sf, int64_t row, int lane) {
+static __device__ __noinline__ void pull_row_padded(const FusedParams& fp, const uint8_t* src_sf, int64_t row,
+                                                    int lane) {
   const int H = fp.hidden, H_pad = fp.hidden_pad;
   uint8_t* dst_sf = fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad);
   for (int g = lane; g < H_pad / 32; g += 32) dst_sf[g] = g < H / 32 ? src_sf[g] : 0;
@@ -196,7 +197,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + ws_stage_x_sf_index(tok, 0, H));
     // Loaded with the first batch, stored after it: the routing weight, the row's scale words.
     const float route = lane == 0 ? sw[entry] : 0.0f;
-    const bool whole_words = H == H_pad;   // H / 32 scale bytes are whole words
+    const bool whole_words = kRebase || H == H_pad;  // H / 32 scale bytes are whole words (the fast mode's H: of 512)
     uint32_t row_sf[kPullSfWords];
 #pragma unroll
     for (int b = 0; b < kPullSfWords; ++b)
@@ -221,7 +222,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
         const int v = v0 + 32 * b;
         if (v < nv) {
           dst[v] = x[b];
-          if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
+          if constexpr (kRebase) {  // vector v: 16 payload bytes of group v / 2, 128-block v / 8
             const uint32_t smax = max_byte4(sf[b]);
             const int d = static_cast<int>(smax - ((sf[b] >> (8 * ((v / 2) % 4))) & 0xFFu));
             reinterpret_cast<uint4*>(fp.ws_pool_x128 + ws_pool_x128_index(row, 0, H))[v] = rebase_e4m3x16(x[b], d);
