@@ -158,17 +158,17 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--hidden",
-        type=_int_at_least(128, 128),
+        type=_int_at_least(32, 32),
         default=d.hidden,
         metavar="H",
-        help="hidden size H, a multiple of 128 (default: %(default)s)",
+        help="hidden size H, a multiple of 32 (the fast mode: of 512) (default: %(default)s)",
     )
     p.add_argument(
         "--intermediate",
-        type=_int_at_least(128, 128),
+        type=_int_at_least(32, 32),
         default=d.intermediate,
         metavar="I",
-        help="intermediate size I per expert, a multiple of 128 (default: %(default)s)",
+        help="intermediate size I per expert, a multiple of 32 (the fast mode: of 512) (default: %(default)s)",
     )
     p.add_argument(
         "--experts",
@@ -452,14 +452,6 @@ def _report(args: argparse.Namespace, device: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if torch.cuda.is_available() and (args.model or args.checkpoint):
-        if args.processes:
-            raise ValueError("argument --processes: the fused kernel does not run gpt-oss's sizes yet (SPEC §8)")
-        _log(
-            "The fused kernel does not run gpt-oss's sizes yet (H = I = 2880, not multiples of 128; SPEC §8): "
-            "running the reference on the GPU."
-        )
-        return _report(args, "cuda")
     if torch.cuda.is_available():
         return _run_expert_parallel(args) if args.processes else _run_fused(args)
     if args.processes:

@@ -132,6 +132,16 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     fits = hidden % 256 == 0 and (2 * intermediate) % 256 == 0
     engine = rnd.choices(ENGINES, (6, 1.5, 2.5 if fits else 0))[0]
     clamp = rnd.choices((None, rnd.choice((0.25, 1.5, 7.0)), round(rnd.uniform(0.1, 10.0), 3)), (5, 3, 2))[0]
+    fast_math = rnd.random() < 0.5
+    x_scales, w_scales = (rnd.choices(SCALE_MODES, (4, 2.5, 1.5, 2))[0] for _ in range(2))
+    nan_payloads = rnd.random() < 0.15
+    # SPEC §8's sizes (multiples of 32, not of 128) in a quarter of the exact mode's swap-AB cases:
+    # H and I 32-96 off their draw (down, or up from 128). From a generator of their own, so the draws
+    # above are what they were before these sizes came (a seed's other cases unchanged).
+    tails = random.Random(f"{seed}:{index}:tails")
+    if promotion == "k32" and engine != "prefill" and tails.random() < 0.25:
+        hidden += 32 * tails.randint(1, 3) * (-1 if hidden > 128 else 1)
+        intermediate += 32 * tails.randint(1, 3) * (-1 if intermediate > 128 else 1)
     return Case(
         seed=seed,
         index=index,
@@ -148,10 +158,10 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
         masked=round(masked, 3),
         route_weights=route_weights,
         clamp=clamp,
-        fast_math=rnd.random() < 0.5,
-        x_scales=rnd.choices(SCALE_MODES, (4, 2.5, 1.5, 2))[0],
-        w_scales=rnd.choices(SCALE_MODES, (4, 2.5, 1.5, 2))[0],
-        nan_payloads=rnd.random() < 0.15,
+        fast_math=fast_math,
+        x_scales=x_scales,
+        w_scales=w_scales,
+        nan_payloads=nan_payloads,
     )
 
 

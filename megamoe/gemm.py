@@ -180,6 +180,13 @@ def _pool_checks(x, x_sf, expert_offsets, expert_rows, k: int, sf_group: int, k_
     return E
 
 
+def _check_whole_k_blocks(hidden: int, inter: int) -> None:
+    """The standalone GEMMs take H and I in whole K blocks (128); sizes in multiples of 32 (SPEC §8)
+    run in the fused layer, whose workspace holds the operands padded."""
+    if hidden % contract.BLOCK_K or inter % contract.BLOCK_K:
+        fail("kw", f"H and I multiples of {contract.BLOCK_K} for the standalone GEMMs", f"H = {hidden}, I = {inter}")
+
+
 def _activation_operand(x, x_sf, x_sf128, expert_offsets, expert_rows, k: int, promotion: str, k_name: str, names):
     """The GEMM's activation operand, checked: per-32 scales (k32) or, for k128, the payload and
     scales rebased per K128 (computed here unless the caller passes x_sf128 with an already rebased
@@ -365,6 +372,7 @@ def _plan_l1(
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
+    _check_whole_k_blocks(H, inter)
     x_pool, x_sf, E = _activation_operand(
         x_pool, x_sf, x_sf128, expert_offsets, expert_rows, H, promotion, "hidden", ("x_pool", "x_sf")
     )
@@ -420,6 +428,8 @@ def _plan_l1(
             arrival_block=arrival_block,
             has_clamp=has_clamp,
             clamp_value=c,
+            n_out=2 * inter,
+            out_stride=inter,
         ),
         stream,
     )
@@ -500,6 +510,7 @@ def _plan_l2(
     if not isinstance(kw, KernelWeights):
         fail("kw", "KernelWeights (transform_weights)", type(kw).__name__)
     H, inter = kw.hidden, kw.intermediate
+    _check_whole_k_blocks(H, inter)
     l2_acts, l2_sf, E = _activation_operand(
         l2_acts, l2_sf, x_sf128, expert_offsets, expert_rows, inter, promotion, "intermediate", ("l2_acts", "l2_sf")
     )
@@ -550,6 +561,8 @@ def _plan_l2(
             arrival_block=arrival_block,
             has_clamp=0,
             clamp_value=0.0,
+            n_out=H,
+            out_stride=H,
         ),
         stream,
     )

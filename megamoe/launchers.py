@@ -38,7 +38,7 @@ from megamoe.reference import MegaMoEInputError
 from . import runtime as RT
 from .jit import build as jb
 from .jit import contract, driver
-from .jit.layout import KernelWeights
+from .jit.layout import KernelWeights, padded_rows
 from .launch import gemm_params, weight_fields
 
 
@@ -267,7 +267,9 @@ class FusedLauncher(_Launcher):
         reads the pool rows' routing weights (D8's b2 term)."""
         P, H, inter = dims["P"], cfg.hidden, cfg.intermediate
         oai = cfg.activation == "swiglu_oai"
-        k, n_rows = (H, 2 * inter) if layer == 1 else (inter, H)
+        # K in whole blocks: the pool's and the intermediate's row strides (contract.padded_k); L2's
+        # weight rows padded to its row tiles (layout.padded_rows); what the epilogues write, natural.
+        k, n_rows = (dims["H_pad"], padded_rows(2 * inter)) if layer == 1 else (dims["I_pad"], padded_rows(H))
         fast = self.spec.promotion == "k128"  # the GEMMs read the operands rebased per 128 channels
         x_ptr = ws.ptr(("pool_x128" if fast else "pool_x") if layer == 1 else ("l2_x128" if fast else "l2_acts"))
         x_sf = ws.ptr(("pool_sf128" if fast else "pool_x_sf") if layer == 1 else ("l2_sf128" if fast else "l2_sf"))
@@ -302,6 +304,8 @@ class FusedLauncher(_Launcher):
             w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
             bias=bias.data_ptr() if oai and bias is not None else 0,
             alpha=struct.unpack("<f", struct.pack("<f", cfg.alpha))[0] if oai and layer == 1 else 0.0,
+            n_out=2 * inter if layer == 1 else H,
+            out_stride=dims["I_pad"] if layer == 1 else H,
         )
 
     def params(self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, clamp, has_clamp, biases, dumps, w_e4m3):

@@ -146,9 +146,11 @@ class MegaMoE:
         check_type("cfg", cfg, ref.MoEConfig)
         if cfg.num_ranks != size:
             fail("cfg.num_ranks", f"{size}, the size of the process group (1 for group=None)", cfg.num_ranks)
+        # SPEC §8: multiples of 32, as the reference; the kernel pads them to its K block and row tiles
+        # inside its layouts (the fast mode keeps its multiples of 512, below).
         for name, size in (("cfg.hidden", cfg.hidden), ("cfg.intermediate", cfg.intermediate)):
-            if size % C.BLOCK_K:  # the reference takes multiples of 32 (SPEC §8); the kernel's K block is 128
-                fail(name, f"a multiple of {C.BLOCK_K} (the fused kernel's K block)", size)
+            if size % 32:
+                fail(name, "a multiple of 32 (the scale groups)", size)
         if cfg.block_m != C.FUSED_BLOCK_M:
             fail("cfg.block_m", f"{C.FUSED_BLOCK_M} (the fused kernel's token tile)", cfg.block_m)
         if cfg.local_experts > C.MAX_EXPERTS:
@@ -437,8 +439,13 @@ class MegaMoE:
 
     def _poison(self) -> None:
         ws = self.ws
-        for name in ("pool_x", "pool_x_sf", "l2_acts", "l2_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):
+        for name in ("pool_x", "pool_x_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):
             ws[name].view(torch.uint8).fill_(0xFF)
+        # The intermediate's padding past I (SPEC §8 sizes) stays zero: L1 never writes it and L2
+        # multiplies it by zero weights (an 0xFF code is NaN). The pull writes the pool's padding.
+        inter = self.cfg.intermediate
+        ws["l2_acts"][:, :inter].fill_(0xFF)
+        ws["l2_sf"][:, : inter // 32].fill_(0xFF)
         ws["pool_weights"].fill_(float("nan"))
         ws["combine"].fill_(float("nan"))
         for b in self._debug_buffers or ():
@@ -491,11 +498,15 @@ def workspace_points(ws, cfg: ref.MoEConfig) -> dict[str, torch.Tensor]:
     p_used = int(ws["expert_offsets"][-1])
     used = {"P": p_used, "B": p_used // cfg.block_m}
     points = {}
+    dims = pt.config_dims(cfg)
     for r in C.WORKSPACE:
         if r.dump:
             lead = r.shape.split(",")[0].strip()
             t = ws[r.name]
-            points[r.dump] = (t[: used[lead]] if lead in used else t).clone()
+            t = t[: used[lead]] if lead in used else t
+            # A padded row (pool_x's H_pad, l2_acts' I_pad) cut to the dump tensor's columns.
+            want = pt.shape_of(pt.TABLE[r.dump].shape, dict(dims, T=0, P=t.shape[0], B=t.shape[0]), what=r.dump)
+            points[r.dump] = t[(slice(None),) + tuple(slice(0, n) for n in want[1:])].clone()
     lists, counts = points[pt.D3_SOURCE_LISTS], points[pt.D2_RECV_COUNTS]
     pos = torch.arange(cfg.max_tokens_per_rank, device=lists.device)
     points[pt.D3_SOURCE_LISTS] = torch.where(pos[None, None, :] < counts.T[:, :, None], lists, -1)  # [E_l, R, T_max]

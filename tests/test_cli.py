@@ -43,7 +43,7 @@ def _error_after_progress(capsys, argv: list[str]) -> str:
         (["report", "--device", "bogus"], "argument --device: invalid choice: 'bogus'"),
         (["report", "--masked-ratio", "2"], "argument --masked-ratio: expected a fraction in [0, 1], got 2"),
         (["report", "--masked-ratio", "-1"], "argument --masked-ratio: expected a fraction in [0, 1], got -1"),
-        (["report", "--hidden", "0"], "argument --hidden: expected a multiple of 128"),
+        (["report", "--hidden", "0"], "argument --hidden: expected a multiple of 32"),
         (["run", "--intermediate", "abc"], "argument --intermediate: expected an integer, got 'abc'"),
         (["report", "--tokens", "-1"], "argument --tokens: expected an integer >= 0, got -1"),
         (["report", "--experts", "0"], "argument --experts: expected an integer >= 1, got 0"),

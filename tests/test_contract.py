@@ -176,7 +176,13 @@ def _generated_accessors() -> dict[str, tuple[list[str], str, list[str]]]:
 
 @pytest.mark.parametrize(
     "hidden,inter,experts,top_k,ranks,t_max",
-    [(256, 128, 16, 4, 1, 128), (512, 256, 16, 8, 2, 100), (7168, 2048, 256, 8, 8, 33), (3072, 1536, 128, 4, 4, 4096)],
+    [
+        (256, 128, 16, 4, 1, 128),
+        (512, 256, 16, 8, 2, 100),
+        (7168, 2048, 256, 8, 8, 33),
+        (3072, 1536, 128, 4, 4, 4096),
+        (2880, 2880, 32, 4, 2, 64),  # gpt-oss: the pool and the intermediate padded to 2944
+    ],
 )
 def test_each_workspace_accessor_finds_the_element_where_the_host_layout_puts_it(
     hidden, inter, experts, top_k, ranks, t_max
@@ -188,16 +194,9 @@ def test_each_workspace_accessor_finds_the_element_where_the_host_layout_puts_it
         hidden=hidden, intermediate=inter, num_experts=experts, top_k=top_k, num_ranks=ranks, max_tokens_per_rank=t_max
     )
     layout, total = contract.workspace_layout(cfg)
-    p = {
-        "num_ranks": ranks,
-        "max_tokens": t_max,
-        "hidden": hidden,
-        "intermediate": inter,
-        "num_experts": experts,
-        "local_experts": experts // ranks,
-        "top_k": top_k,
-        "pool_rows": contract.workspace_dims(cfg)["P"],
-    }
+    dims = contract.workspace_dims(cfg)
+    p = {field: dims[dim] for dim, field in contract.DIM_FIELDS.items()}  # as the launcher fills them
+    assert (p["hidden"], p["intermediate"], p["local_experts"]) == (hidden, inter, experts // ranks)
     accessors = _generated_accessors()
     regions = [r.name for r in contract.WORKSPACE if len(layout[r.name][2]) > 1]
     assert sorted(accessors) == sorted(regions)

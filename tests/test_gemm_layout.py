@@ -71,3 +71,19 @@ def test_fold_blocks_mark_the_256_row_blocks_whose_rows_span_at_most_11_binades(
     assert fold.dtype == torch.uint8 and fold.tolist() == [[1, 0, 1], [1, 1, 0], [1, 0, 1]]
     # A row count that is not a multiple of 256 (no prefill path then): the last block is partial.
     assert L.fold_blocks(sfk[:, :, :301], row_base[:, :301]).tolist() == [[1, 0], [1, 1], [1, 0]]
+
+
+def test_sizes_in_multiples_of_32_are_padded_in_the_kernel_layout_and_come_back_unpadded():
+    # SPEC §8 (gpt-oss's H = I = 2880 at a smaller size): K padded to whole 128-channel blocks with
+    # zero codes and scale byte 0, L2's H rows to whole 128-row tiles with zero rows; the canonical
+    # weights come back bit for bit.
+    from megamoe import reference as ref
+    from megamoe.jit.layout import transform_weights, untransform_weights
+
+    w = ref.random_weights(3, 160, 96, seed=4)  # H = 160 = 5 x 32, I = 96 = 3 x 32
+    kw = transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    assert (kw.w1.shape[1] * 128, kw.w1.shape[2] * 16) == (256, 256)  # K 256, rows 2I = 192 -> 256
+    assert (kw.w2.shape[1] * 128, kw.w2.shape[2] * 16) == (128, 256)  # K 96 -> 128, rows 160 -> 256
+    assert not kw.w2_sf[:, :, 160:].any() and not kw.w1_sf[:, 1, :, 1:].any()  # groups 5-7 of block 1: padding
+    for got, want in zip(untransform_weights(kw), (w.w1, w.w1_sf, w.w2, w.w2_sf)):
+        assert torch.equal(got, want)

@@ -141,7 +141,7 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
         args = (x, sf, offsets, rows, w_route, kw)
         opts = dict(out=out, out_sf=out_sf, activation_clamp=7.3)
         call = dict(w_route=w_route.data_ptr(), out=out.data_ptr(), out_sf=out_sf.data_ptr(), dst_rows=0)
-        call.update(has_clamp=1, clamp_value=LA.clamp(7.3)[0])
+        call.update(has_clamp=1, clamp_value=LA.clamp(7.3)[0], n_out=2 * INTER, out_stride=INTER)
         entry, prepare = G.l1_gemm, G.prepare_l1_gemm
     else:
         dst_rows = torch.arange(P, dtype=torch.int32)
@@ -149,7 +149,7 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
         args = (x, sf, offsets, rows, dst_rows, kw, combine)
         opts = {}
         call = dict(w_route=0, out=combine.data_ptr(), out_sf=0, dst_rows=dst_rows.data_ptr())
-        call.update(has_clamp=0, clamp_value=0.0)
+        call.update(has_clamp=0, clamp_value=0.0, n_out=H, out_stride=H)
         entry, prepare = G.l2_gemm, G.prepare_l2_gemm
     entry(*args, promotion=promotion, prefill=prefill, **rebased, **opts)
     # A prepared call of the same arguments: the kept launch (no second item counter), the same bytes.
@@ -260,6 +260,8 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         w_e4m3=w_e4m3[0],
         bias=0,
         alpha=0.0,
+        n_out=2 * INTER,
+        out_stride=INTER,
     )
     l2 = LA.gemm_params(
         ws.ptr("l2_x128" if fast else "l2_acts"),
@@ -292,6 +294,8 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         w_e4m3=w_e4m3[1],
         bias=0,
         alpha=0.0,
+        n_out=H,
+        out_stride=H,
     )
     params = C.FUSED_PARAMS.pack(
         l1=l1,
@@ -314,6 +318,8 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         block_m=cfg.block_m,
         pool_rows=d["P"],
         record_stats=0,
+        hidden_pad=d["H_pad"],
+        intermediate_pad=d["I_pad"],
     )
     # The grid: one CTA per SM of the layer's SM count, at most the device's.
     assert device.launches == [_expected(device, spec, min(100, SMS), params, cooperative=True)]

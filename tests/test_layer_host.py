@@ -49,9 +49,11 @@ def test_a_layer_of_the_gpt_oss_variant_is_refused_on_the_prefill_engine_which_r
 
 
 def test_a_layer_whose_sizes_the_reference_takes_but_the_kernel_does_not_is_refused_naming_the_size():
-    cfg = ref.MoEConfig(**dict(CFG.to_dict(), hidden=160, block_m=64))  # 5 groups of 32 (SPEC §8)
-    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg.hidden': expected a multiple of 128 \(the fused"):
-        MegaMoE(cfg, ref.random_weights(4, 160, 128))
+    # SPEC §8's sizes in multiples of 32, which the kernel pads inside its layouts; the fast mode keeps
+    # its multiples of 512.
+    cfg = ref.MoEConfig(**dict(CFG.to_dict(), hidden=2880, intermediate=2880, block_m=64))
+    with pytest.raises(MegaMoEInputError, match=r"argument 'cfg.hidden / cfg.intermediate': expected multiples of 512"):
+        MegaMoE(cfg, ref.random_weights(4, 2880, 2880), promotion="k128")
 
 
 def test_the_gemm_entry_points_name_their_own_activation_parameters():
@@ -132,8 +134,9 @@ def test_withhold_starts_exactly_the_waits_counter_one_short_and_names_a_bad_wai
 
 
 def test_the_kernel_layout_refuses_weights_the_kernels_cannot_take_naming_them():
-    w = ref.random_weights(2, 160, 128)  # H = 160: five groups of 32, which the reference takes
-    with pytest.raises(MegaMoEInputError, match=r"argument 'w1': expected H a positive multiple of 128"):
+    w = ref.random_weights(2, 256, 96)  # I = 96: three groups of 32, which the kernel layout pads
+    w.w2 = w.w2[:, :, :40]  # I = 80 in w2: not whole groups of 32
+    with pytest.raises(MegaMoEInputError, match=r"argument 'w2_sf'|argument 'w2'"):
         G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
     w = ref.random_weights(2, 256, 128)
     with pytest.raises(MegaMoEInputError, match=r"argument 'w2_sf': expected dtype torch.uint8"):

@@ -54,7 +54,7 @@ def test_cli_run_on_cpu_says_so(tmp_path, capsys, monkeypatch):
 
 def test_cli_bad_shape_is_a_clear_error(capsys):
     assert main(["report", "--hidden", "200"]) == 2
-    assert "argument --hidden: expected a multiple of 128" in capsys.readouterr().err
+    assert "argument --hidden: expected a multiple of 32" in capsys.readouterr().err
 
 
 def test_the_tolerance_table_explains_its_rows_and_columns():

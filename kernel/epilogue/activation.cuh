@@ -61,7 +61,7 @@ struct SwigluOai {
 // branch around it.
 __device__ __forceinline__ float bias_or_neg_zero(const GemmParams& p, int expert, int64_t row) {
   return p.bias != nullptr
-             ? __uint_as_float(static_cast<uint32_t>(p.bias[static_cast<int64_t>(expert) * p.n_rows + row]) << 16)
+             ? __uint_as_float(static_cast<uint32_t>(p.bias[static_cast<int64_t>(expert) * p.n_out + row]) << 16)
              : -0.0f;
 }
 

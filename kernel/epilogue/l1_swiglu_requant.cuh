@@ -42,7 +42,7 @@ __device__ __forceinline__ int requant_scale_byte(float amax) {
 // block is complete at I/32 in both modes.
 __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkItem& wi, uint8_t* s_epi_wg, int wg,
                                                int wtid, int64_t ch0) {
-  const int64_t inter = p.n_rows / 2;
+  const int64_t inter = p.n_out / 2;   // I (the fast mode's: a multiple of 512, no padded rows)
   const int blk = wi.row0 / p.arrival_block;
   const int j = static_cast<int>(ch0 / 128);   // the 128 channels holding this warpgroup's 32
   int* flag = reinterpret_cast<int*>(s_epi_wg);
@@ -57,7 +57,8 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
   ptx::named_barrier(1 + wg, 128);   // the staging is rewritten by the next item only after this
   if (!last) return;
   // 8 vectors of 16 bytes per row (128 channels), over the warpgroup's 128 threads.
-  const int n_sf = static_cast<int>(inter / 32);
+  const int64_t ld = p.out_stride;   // the canonical intermediate's row stride (= I: the fast mode's I)
+  const int n_sf = static_cast<int>(ld / 32);
   for (int idx = wtid; idx < wi.valid * 8; idx += 128) {
     const int64_t row = wi.row0 + idx / 8;
     const int v = idx % 8;   // 16-byte vector of the 128 channels; group v / 2
@@ -65,8 +66,8 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
     const uint32_t sf = __ldcg(reinterpret_cast<const unsigned int*>(p.out_sf + row * n_sf + 4 * j));
     const uint32_t smax = max_byte4(sf);
     const int d = static_cast<int>(smax - ((sf >> (8 * (v / 2))) & 0xFFu));
-    const uint4 x = __ldcg(
-        reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * inter + 128 * j + 16 * v));
+    const uint4 x =
+        __ldcg(reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.out) + row * ld + 128 * j + 16 * v));
     *reinterpret_cast<uint4*>(p.rebase_x + row * inter + 128 * j + 16 * v) = rebase_e4m3x16(x, d);
     if (v == 0) p.rebase_sf[row * (inter / 128) + j] = static_cast<uint8_t>(smax);
   }
@@ -90,12 +91,17 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
   // Interleaved rows (granularity 8): local row 16 rg + g is gate channel ch, + 8 is up ch.
-  const int64_t inter = p.n_rows / 2;  // I
+  const int64_t inter = p.n_out / 2;  // I
+  const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int c_local = wg * 32 + wq * 8 + g;  // channel within the CTA's kRows / 2
   const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + c_local;
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
   uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
+  // Where I is not a multiple of 64 (SPEC §8), the last CTA tile's second warpgroup holds only the
+  // weights' zero padding rows (channels I .. I + 31): it writes nothing and counts nothing (the
+  // block is complete at I / 32 tiles; the intermediate's padding stays the workspace's zeros).
+  if (ch0 >= inter) return;
   const float bound = clamp_bound(p);
   // SPEC §8 D6 step 1's biases of the thread's gate and up channel (-0.0 without: the add is then
   // the identity).
@@ -115,7 +121,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
                                 wr, bound, p);
     return tok < wi.valid ? a : 0.0f;
   };
-  const int64_t n_sf = inter / 32;
+  const int64_t n_sf = ld / 32;
   const uint32_t st_q_s = ptx::smem_addr(st_q) + wq * 8 + g;
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
 #pragma unroll
@@ -184,7 +190,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
       const int half = idx % 2;
       if (c * CW + col < wi.valid) {
         const uint4 v = *reinterpret_cast<const uint4*>(st_q + col * 32 + half * 16);
-        *reinterpret_cast<uint4*>(out + (p0 + c * CW + col) * inter + ch0 + half * 16) = v;
+        *reinterpret_cast<uint4*>(out + (p0 + c * CW + col) * ld + ch0 + half * 16) = v;
       }
     }
     // The next chunk (or item) rewrites st_amax only after every thread passed the barrier above,

@@ -47,14 +47,16 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   const int g = (wtid % 32) / 4;
   const int t = wtid % 4;
   const int64_t p0 = wi.row0;
-  const int64_t hidden = p.n_rows;
+  const int64_t hidden = p.n_out;  // H: the rows past it (n_rows' padding to the CTA tiles) are not written
   const int64_t h_base = static_cast<int64_t>(wi.n_block) * kRows + wg * 64;
   __nv_bfloat16* st = reinterpret_cast<__nv_bfloat16*>(s_epi_wg);  // [CW][64]
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
   float b_lo = 0.0f, b_hi = 0.0f;  // b2 of the thread's two hidden rows (SPEC §8 D8)
   if constexpr (Act::kOai) {
-    b_lo = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g);
-    b_hi = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g + 8);
+    if (h_base + wq * 16 + g < hidden) {  // b2 has H rows; the padding's are never written
+      b_lo = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g);
+      b_hi = bias_or_neg_zero(p, wi.expert, h_base + wq * 16 + g + 8);
+    }
   }
 #pragma unroll
   for (int c = 0; c < N / CW; ++c) {
@@ -69,7 +71,8 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
         float v0 = acc[c * (CW / 2) + 4 * j + h];  // row 16 wq + g
         float v1 = acc[c * (CW / 2) + 4 * j + 2 + h];  // row 16 wq + g + 8
         if constexpr (kDebug) {
-          if (c * CW + col < wi.valid) {
+          // H is a multiple of 32: a thread's 16-row group (rows g, g + 8) is all in or all out.
+          if (c * CW + col < wi.valid && h_base + wq * 16 + g < hidden) {
             p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g] = v0;
             p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g + 8] = v1;
           }
@@ -101,10 +104,10 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
       const int col = idx / 8;
       const int part = idx % 8;
       int row = rows[k];
-      if (row >= 0) {
+      if (row >= 0 && h_base + part * 8 < hidden) {
         __nv_bfloat16* dst = combine_buffer(p, row);
         const uint4 v = *reinterpret_cast<const uint4*>(st + col * 64 + part * 8);
-        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * hidden + h_base + part * 8) = v;
+        *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + h_base + part * 8) = v;
       }
     }
   }

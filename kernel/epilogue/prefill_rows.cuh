@@ -89,11 +89,11 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
           for (int c = 0; c < 2; ++c) {
             const float v = acc[h][4 * j + 2 * r + c];
             if (layer == 1) {  // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
-              const int64_t inter = p.n_rows / 2;
+              const int64_t inter = p.n_out / 2;
               const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
               p.dump[row * 2 * inter + (j % 2) * inter + ch] = v;
             } else {  // D7 as [row][hidden]
-              p.dump[row * p.n_rows + static_cast<int64_t>(wi.n_block) * 256 + 128 * h + 8 * j + 2 * t + c] = v;
+              p.dump[row * p.n_out + static_cast<int64_t>(wi.n_block) * 256 + 128 * h + 8 * j + 2 * t + c] = v;
             }
           }
     }
@@ -132,8 +132,9 @@ template <typename Act, bool kFused = false, bool kRebase = false>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
   static_assert(!Act::kOai, "the prefill path runs SPEC §3's SwiGLU only");
-  const int64_t inter = p.n_rows / 2;
-  const int64_t n_sf = inter / 32;
+  const int64_t inter = p.n_out / 2;
+  const int64_t ld = p.out_stride;  // the intermediate's row stride (= I: the prefill path's sizes)
+  const int64_t n_sf = ld / 32;
   const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;  // the tile's first channel
   const float bound = clamp_bound(p);
   const int grp = (lane % 16) / 4;
@@ -178,7 +179,7 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
                   << 16;
     if (tok < wi.valid) {
       const int64_t row = wi.row0 + tok;
-      *reinterpret_cast<uint2*>(out + row * inter + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
+      *reinterpret_cast<uint2*>(out + row * ld + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
       if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
     }
     if constexpr (kRebase) {  // lanes l ^ 4, l ^ 8 hold the token's other groups
@@ -226,7 +227,7 @@ __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkIt
     // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.
     __nv_bfloat16* dst = combine_buffer(p, row);
     const uint4 v = ptx::ld_shared_v4(prefill_staging_addr(staging, first + i, lane));
-    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.n_rows + col) = v;
+    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + col) = v;
   }
 }
 

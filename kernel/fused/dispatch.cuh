@@ -38,13 +38,16 @@ __device__ __forceinline__ void copy_words(uint32_t* dst, const uint32_t* src, i
   for (int64_t i = n4 * 4 + tid; i < n; i += stride) dst[i] = src[i];
 }
 
-// R > 1: this rank's inputs into its workspace (peers cannot read a plain allocation).
+// R > 1: this rank's inputs into its workspace (peers cannot read a plain allocation). x_sf's
+// T * H / 32 bytes are whole words only where H is a multiple of 128: the rest byte by byte.
 __device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
   if (fp.num_ranks == 1) return;
   const int64_t t = fp.num_tokens;
   copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_x), reinterpret_cast<const uint32_t*>(fp.x), t * fp.hidden / 4);
-  copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_x_sf), reinterpret_cast<const uint32_t*>(fp.x_sf),
-             t * fp.hidden / 128);
+  const int64_t sf_bytes = t * fp.hidden / 32;
+  copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_x_sf), reinterpret_cast<const uint32_t*>(fp.x_sf), sf_bytes / 4);
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tid < sf_bytes % 4) fp.ws_stage_x_sf[sf_bytes / 4 * 4 + tid] = fp.x_sf[sf_bytes / 4 * 4 + tid];
   copy_words(reinterpret_cast<uint32_t*>(fp.ws_stage_weights), reinterpret_cast<const uint32_t*>(fp.topk_weights),
              t * fp.top_k);
 }
@@ -140,7 +143,23 @@ constexpr int kPullSfWords = 2;
 
 // D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
 // kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
-// operand; the pool itself stays the canonical byte copy that D4 checks.
+// operand; the pool itself stays the canonical byte copy that D4 checks. Where H is not a multiple
+// of 128 (SPEC §8; the exact mode), the pool's rows are H_pad long (contract.padded_k): the pull
+// writes their padding as zero codes and zero scale bytes, which L1 multiplies by zero weights; the
+// source's scale rows are then not word-aligned and are copied byte by byte.
+// A pulled row of a size that is not whole K blocks (SPEC §8): its scale bytes one by one (the
+// source's rows are not word-aligned), then the padding: zero codes after its H bytes, zero scale
+// bytes after its H / 32. Not inlined: inlined, the exact prefill engine's kernel (which never
+// takes these sizes) spilled 4 bytes more, 644, past the compile gate's FUSED_SPILL_BYTES.
+static __device__ __noinline__ void pull_row_padded(const FusedParams& fp, const uint8_t* src_sf, int64_t row,
+                                                    int lane) {
+  const int H = fp.hidden, H_pad = fp.hidden_pad;
+  uint8_t* dst_sf = fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad);
+  for (int g = lane; g < H_pad / 32; g += 32) dst_sf[g] = g < H / 32 ? src_sf[g] : 0;
+  uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H_pad));
+  for (int v = H / 16 + lane; v < H_pad / 16; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+}
+
 template <bool kRebase>
 __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
   const int lane = threadIdx.x % 32;
@@ -149,6 +168,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
   const int R = fp.num_ranks;
   const int K = fp.top_k;
   const int H = fp.hidden;
+  const int H_pad = fp.hidden_pad;
   const int groups = fp.local_experts * R;
   const int total = t.pair_prefix[groups];
   for (int j = gwarp; j < total; j += nwarps) {
@@ -173,14 +193,15 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const uint8_t* ssf = s == fp.rank ? fp.x_sf : peer_ptr(fp, s, fp.ws_stage_x_sf);
     const float* sw = s == fp.rank ? fp.topk_weights : peer_ptr(fp, s, fp.ws_stage_weights);
     const uint4* src = reinterpret_cast<const uint4*>(sx + ws_stage_x_index(tok, 0, H));
-    uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H));
+    uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H_pad));
     const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + ws_stage_x_sf_index(tok, 0, H));
     // Loaded with the first batch, stored after it: the routing weight, the row's scale words.
     const float route = lane == 0 ? sw[entry] : 0.0f;
+    const bool whole_words = kRebase || H == H_pad;  // H / 32 scale bytes are whole words (the fast mode's H: of 512)
     uint32_t row_sf[kPullSfWords];
 #pragma unroll
     for (int b = 0; b < kPullSfWords; ++b)
-      if (lane + 32 * b < H / 128) row_sf[b] = src_sf[lane + 32 * b];
+      if (whole_words && lane + 32 * b < H / 128) row_sf[b] = src_sf[lane + 32 * b];
     // A lane loads kPullBatch vectors before it stores any: the loads of a batch are in flight
     // together. (One vector at a time, a row of 7168 bytes took 14 rounds of memory latency, 12 us:
     // the pull was the L1 gates' critical path at decode sizes, bench/NOTES.md v22.)
@@ -201,7 +222,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
         const int v = v0 + 32 * b;
         if (v < nv) {
           dst[v] = x[b];
-          if constexpr (kRebase) {   // vector v: 16 payload bytes of group v / 2, 128-block v / 8
+          if constexpr (kRebase) {  // vector v: 16 payload bytes of group v / 2, 128-block v / 8
             const uint32_t smax = max_byte4(sf[b]);
             const int d = static_cast<int>(smax - ((sf[b] >> (8 * ((v / 2) % 4))) & 0xFFu));
             reinterpret_cast<uint4*>(fp.ws_pool_x128 + ws_pool_x128_index(row, 0, H))[v] = rebase_e4m3x16(x[b], d);
@@ -210,11 +231,15 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
         }
       }
     }
-    uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H));
+    if (whole_words) {
+      uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad));
 #pragma unroll
-    for (int b = 0; b < kPullSfWords; ++b)
-      if (lane + 32 * b < H / 128) dst_sf[lane + 32 * b] = row_sf[b];
-    for (int v = lane + 32 * kPullSfWords; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
+      for (int b = 0; b < kPullSfWords; ++b)
+        if (lane + 32 * b < H / 128) dst_sf[lane + 32 * b] = row_sf[b];
+      for (int v = lane + 32 * kPullSfWords; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
+    } else {
+      pull_row_padded(fp, ssf + ws_stage_x_sf_index(tok, 0, H), row, lane);
+    }
     if (lane == 0) {
       fp.ws_pool_weights[row] = route;
       ws_pool_meta(fp, row, 0) = s;

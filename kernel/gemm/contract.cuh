@@ -99,15 +99,17 @@ struct GemmParams {
   int* err;  // trap record (host-mapped), nullptr = trap without a record
   int32_t num_experts;  // E
   int32_t num_pool_rows;  // P
-  int32_t k;  // reduction length: H (L1) or I (L2)
-  int32_t n_rows;  // weight rows R: 2I (L1) or H (L2)
+  int32_t k;  // reduction length padded to K blocks (padded_k): H (L1) or I (L2)
+  int32_t n_rows;  // weight rows R of the kernel layout: 2I (L1) or H padded to the row tiles (L2)
   int32_t arrival_block;  // pool rows per arrival counter
   int32_t arrival_need;  // 0: a counter must reach its block's valid rows; > 0: this count
   int32_t combine_rows;  // L2 with peer_offsets: combine rows per rank (K * T_max)
   int32_t has_clamp;  // L1: apply clamp_value
   float clamp_value;  // L1: bf16-representable activation clamp c (swiglu_oai: bf16(limit))
-  const uint16_t* bias;  // swiglu_oai kernels (SPEC §8): bf16 [E, n_rows] in canonical row order, L1 b1 (gate rows, then up), L2 b2; nullptr = none
+  const uint16_t* bias;  // swiglu_oai kernels (SPEC §8): bf16 [E, n_out] in canonical row order, L1 b1 (gate rows, then up), L2 b2; nullptr = none
   float alpha;  // swiglu_oai kernels, L1: fp32(alpha) of the glu factor
+  int32_t n_out;  // rows the epilogue writes: 2I (L1) or H (L2); n_rows past it are padding
+  int32_t out_stride;  // elements per row of out: I padded to K blocks (L1) or H (L2)
 };
 
 static_assert(offsetof(GemmParams, tmap_x8) == 0, "GemmParams layout");
@@ -145,6 +147,8 @@ static_assert(offsetof(GemmParams, has_clamp) == 460, "GemmParams layout");
 static_assert(offsetof(GemmParams, clamp_value) == 464, "GemmParams layout");
 static_assert(offsetof(GemmParams, bias) == 472, "GemmParams layout");
 static_assert(offsetof(GemmParams, alpha) == 480, "GemmParams layout");
+static_assert(offsetof(GemmParams, n_out) == 484, "GemmParams layout");
+static_assert(offsetof(GemmParams, out_stride) == 488, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and
@@ -178,13 +182,13 @@ struct FusedParams {
   uint8_t* ws_stage_x;  // T_max, H: this rank's x, read by the experts' owners (R > 1)
   uint8_t* ws_stage_x_sf;  // T_max, H // 32: this rank's x_sf (R > 1)
   float* ws_stage_weights;  // T_max, K: this rank's topk_weights (R > 1)
-  uint8_t* ws_pool_x;  // P, H: D4: pulled rows (E4M3)
-  uint8_t* ws_pool_x_sf;  // P, H // 32: D4: their scale bytes
+  uint8_t* ws_pool_x;  // P, H_pad: D4: pulled rows (E4M3), zero past H
+  uint8_t* ws_pool_x_sf;  // P, H_pad // 32: D4: their scale bytes, zero past H / 32
   float* ws_pool_weights;  // P: D4: their routing weights
   int* ws_pool_meta;  // P, 3: D4: (source rank, token, slot)
   int* ws_dst_rows;  // P: combine row s * K * T_max + k * T_max + t of each pool row
-  uint8_t* ws_l2_acts;  // P, I: D6: the E4M3 intermediate
-  uint8_t* ws_l2_sf;  // P, I // 32: D6: its scale bytes
+  uint8_t* ws_l2_acts;  // P, I_pad: D6: the E4M3 intermediate, zero past I
+  uint8_t* ws_l2_sf;  // P, I_pad // 32: D6: its scale bytes, zero past I / 32
   uint8_t* ws_pool_x128;  // P, H: fast mode: the pool's rows rebased per 128 (rebase_k128)
   uint8_t* ws_pool_sf128;  // P, H // 128: fast mode: their scale bytes
   uint8_t* ws_l2_x128;  // P, I: fast mode: the intermediate rebased per 128, L2's operand
@@ -207,6 +211,8 @@ struct FusedParams {
   int32_t block_m;  // pool rows per block (each expert starts on a multiple)
   int32_t pool_rows;  // P
   int32_t record_stats;  // add N_e to recv_stats (D10)
+  int32_t hidden_pad;  // H padded to whole K blocks (padded_k): the pool's row stride
+  int32_t intermediate_pad;  // I padded to whole K blocks: the intermediate's row stride
 };
 
 static_assert(offsetof(FusedParams, l1) == 0, "FusedParams layout");
@@ -258,6 +264,8 @@ static_assert(offsetof(FusedParams, top_k) == 1336, "FusedParams layout");
 static_assert(offsetof(FusedParams, block_m) == 1340, "FusedParams layout");
 static_assert(offsetof(FusedParams, pool_rows) == 1344, "FusedParams layout");
 static_assert(offsetof(FusedParams, record_stats) == 1348, "FusedParams layout");
+static_assert(offsetof(FusedParams, hidden_pad) == 1352, "FusedParams layout");
+static_assert(offsetof(FusedParams, intermediate_pad) == 1356, "FusedParams layout");
 static_assert(sizeof(FusedParams) == 1408, "FusedParams layout");
 
 // The workspace's multi-dimensional regions (contract.py WORKSPACE), row-major over their shapes:
@@ -307,19 +315,19 @@ __device__ __forceinline__ int64_t ws_stage_weights_index(int64_t t, int k, int 
 __device__ __forceinline__ float& ws_stage_weights(const FusedParams& p, int64_t t, int k) {
   return p.ws_stage_weights[ws_stage_weights_index(t, k, p.top_k)];
 }
-// pool_x [P, H]
-__device__ __forceinline__ int64_t ws_pool_x_index(int64_t row, int channel, int H) {
-  return row * H + channel;
+// pool_x [P, H_pad]
+__device__ __forceinline__ int64_t ws_pool_x_index(int64_t row, int channel, int H_pad) {
+  return row * H_pad + channel;
 }
 __device__ __forceinline__ uint8_t& ws_pool_x(const FusedParams& p, int64_t row, int channel) {
-  return p.ws_pool_x[ws_pool_x_index(row, channel, p.hidden)];
+  return p.ws_pool_x[ws_pool_x_index(row, channel, p.hidden_pad)];
 }
-// pool_x_sf [P, H // 32]
-__device__ __forceinline__ int64_t ws_pool_x_sf_index(int64_t row, int group, int H) {
-  return row * (H / 32) + group;
+// pool_x_sf [P, H_pad // 32]
+__device__ __forceinline__ int64_t ws_pool_x_sf_index(int64_t row, int group, int H_pad) {
+  return row * (H_pad / 32) + group;
 }
 __device__ __forceinline__ uint8_t& ws_pool_x_sf(const FusedParams& p, int64_t row, int group) {
-  return p.ws_pool_x_sf[ws_pool_x_sf_index(row, group, p.hidden)];
+  return p.ws_pool_x_sf[ws_pool_x_sf_index(row, group, p.hidden_pad)];
 }
 // pool_meta [P, 3]
 __device__ __forceinline__ int64_t ws_pool_meta_index(int64_t row, int field) {
@@ -328,19 +336,19 @@ __device__ __forceinline__ int64_t ws_pool_meta_index(int64_t row, int field) {
 __device__ __forceinline__ int& ws_pool_meta(const FusedParams& p, int64_t row, int field) {
   return p.ws_pool_meta[ws_pool_meta_index(row, field)];
 }
-// l2_acts [P, I]
-__device__ __forceinline__ int64_t ws_l2_acts_index(int64_t row, int channel, int I) {
-  return row * I + channel;
+// l2_acts [P, I_pad]
+__device__ __forceinline__ int64_t ws_l2_acts_index(int64_t row, int channel, int I_pad) {
+  return row * I_pad + channel;
 }
 __device__ __forceinline__ uint8_t& ws_l2_acts(const FusedParams& p, int64_t row, int channel) {
-  return p.ws_l2_acts[ws_l2_acts_index(row, channel, p.intermediate)];
+  return p.ws_l2_acts[ws_l2_acts_index(row, channel, p.intermediate_pad)];
 }
-// l2_sf [P, I // 32]
-__device__ __forceinline__ int64_t ws_l2_sf_index(int64_t row, int group, int I) {
-  return row * (I / 32) + group;
+// l2_sf [P, I_pad // 32]
+__device__ __forceinline__ int64_t ws_l2_sf_index(int64_t row, int group, int I_pad) {
+  return row * (I_pad / 32) + group;
 }
 __device__ __forceinline__ uint8_t& ws_l2_sf(const FusedParams& p, int64_t row, int group) {
-  return p.ws_l2_sf[ws_l2_sf_index(row, group, p.intermediate)];
+  return p.ws_l2_sf[ws_l2_sf_index(row, group, p.intermediate_pad)];
 }
 // pool_x128 [P, H]
 __device__ __forceinline__ int64_t ws_pool_x128_index(int64_t row, int channel, int H) {

@@ -154,8 +154,8 @@ PARAMS = (
     Field("err", "ptr", "int*", "trap record (host-mapped), nullptr = trap without a record"),
     Field("num_experts", "i32", "int32_t", "E"),
     Field("num_pool_rows", "i32", "int32_t", "P"),
-    Field("k", "i32", "int32_t", "reduction length: H (L1) or I (L2)"),
-    Field("n_rows", "i32", "int32_t", "weight rows R: 2I (L1) or H (L2)"),
+    Field("k", "i32", "int32_t", "reduction length padded to K blocks (padded_k): H (L1) or I (L2)"),
+    Field("n_rows", "i32", "int32_t", "weight rows R of the kernel layout: 2I (L1) or H padded to the row tiles (L2)"),
     Field("arrival_block", "i32", "int32_t", "pool rows per arrival counter"),
     Field("arrival_need", "i32", "int32_t", "0: a counter must reach its block's valid rows; > 0: this count"),
     Field("combine_rows", "i32", "int32_t", "L2 with peer_offsets: combine rows per rank (K * T_max)"),
@@ -165,10 +165,12 @@ PARAMS = (
         "bias",
         "ptr",
         "const uint16_t*",
-        "swiglu_oai kernels (SPEC §8): bf16 [E, n_rows] in canonical row order, L1 b1 (gate rows, then up),"
+        "swiglu_oai kernels (SPEC §8): bf16 [E, n_out] in canonical row order, L1 b1 (gate rows, then up),"
         " L2 b2; nullptr = none",
     ),
     Field("alpha", "f32", "float", "swiglu_oai kernels, L1: fp32(alpha) of the glu factor"),
+    Field("n_out", "i32", "int32_t", "rows the epilogue writes: 2I (L1) or H (L2); n_rows past it are padding"),
+    Field("out_stride", "i32", "int32_t", "elements per row of out: I padded to K blocks (L1) or H (L2)"),
 )
 
 _SIZE = {"tmap": 128, "ptr": 8, "i32": 4, "f32": 4}
@@ -349,13 +351,39 @@ WORKSPACE = (
     Region("stage_x", "uint8", "T_max, H", "peer", "this rank's x, read by the experts' owners (R > 1)", "t, channel"),
     Region("stage_x_sf", "uint8", "T_max, H // 32", "peer", "this rank's x_sf (R > 1)", "t, group"),
     Region("stage_weights", "float32", "T_max, K", "peer", "this rank's topk_weights (R > 1)", "t, k"),
-    Region("pool_x", "uint8", "P, H", "local", "D4: pulled rows (E4M3)", "row, channel", dump=DP.D4_POOL_X),
-    Region("pool_x_sf", "uint8", "P, H // 32", "local", "D4: their scale bytes", "row, group", dump=DP.D4_POOL_X_SF),
+    Region(
+        "pool_x", "uint8", "P, H_pad", "local", "D4: pulled rows (E4M3), zero past H", "row, channel", dump=DP.D4_POOL_X
+    ),
+    Region(
+        "pool_x_sf",
+        "uint8",
+        "P, H_pad // 32",
+        "local",
+        "D4: their scale bytes, zero past H / 32",
+        "row, group",
+        dump=DP.D4_POOL_X_SF,
+    ),
     Region("pool_weights", "float32", "P", "local", "D4: their routing weights", dump=DP.D4_POOL_WEIGHTS),
     Region("pool_meta", "int32", "P, 3", "local", "D4: (source rank, token, slot)", "row, field", dump=DP.D4_POOL_META),
     Region("dst_rows", "int32", "P", "local", "combine row s * K * T_max + k * T_max + t of each pool row"),
-    Region("l2_acts", "uint8", "P, I", "local", "D6: the E4M3 intermediate", "row, channel", dump=DP.D6_L2_ACTS),
-    Region("l2_sf", "uint8", "P, I // 32", "local", "D6: its scale bytes", "row, group", dump=DP.D6_L2_SF),
+    Region(
+        "l2_acts",
+        "uint8",
+        "P, I_pad",
+        "local",
+        "D6: the E4M3 intermediate, zero past I",
+        "row, channel",
+        dump=DP.D6_L2_ACTS,
+    ),
+    Region(
+        "l2_sf",
+        "uint8",
+        "P, I_pad // 32",
+        "local",
+        "D6: its scale bytes, zero past I / 32",
+        "row, group",
+        dump=DP.D6_L2_SF,
+    ),
     Region(
         "pool_x128",
         "uint8",
@@ -415,7 +443,15 @@ def workspace_dims(cfg) -> dict[str, int]:
     """The sizes the regions' shapes are written in, for a MoEConfig: the configuration's (those
     of the dump tensors' shapes too, reference.points.config_dims) and the worst-case P and B."""
     p = pool_rows(cfg.max_tokens_per_rank, cfg.top_k, cfg.local_experts, cfg.num_ranks, cfg.block_m)
-    return {**DP.config_dims(cfg), "P": p, "B": p // cfg.block_m}
+    pads = {"H_pad": padded_k(cfg.hidden), "I_pad": padded_k(cfg.intermediate)}
+    return {**DP.config_dims(cfg), **pads, "P": p, "B": p // cfg.block_m}
+
+
+def padded_k(size: int) -> int:
+    """A reduction length (H for L1, I for L2) padded to whole K blocks: the row stride of the GEMMs'
+    operands in the workspace and of the weights' kernel layout (SPEC §8: sizes in multiples of 32;
+    the padding is the layout's, its codes and scale bytes zero)."""
+    return -(-size // BLOCK_K) * BLOCK_K
 
 
 def workspace_layout(cfg) -> tuple[dict[str, tuple[int, str, tuple[int, ...]]], int]:
@@ -445,10 +481,12 @@ DIM_FIELDS = {
     "R": "num_ranks",
     "T_max": "max_tokens",
     "P": "pool_rows",
+    "H_pad": "hidden_pad",
+    "I_pad": "intermediate_pad",
 }
 # The sizes that make a region larger than 2^31 elements at real shapes (tokens, pool rows,
 # channels): the accessor of a region with one of them indexes in 64 bits, the others' in int.
-WIDE_DIMS = ("T_max", "P", "H", "I")
+WIDE_DIMS = ("T_max", "P", "H", "I", "H_pad", "I_pad")
 
 FUSED_PARAMS = Struct(
     "FusedParams",
@@ -473,6 +511,8 @@ FUSED_PARAMS = Struct(
         Field("block_m", "i32", "int32_t", "pool rows per block (each expert starts on a multiple)"),
         Field("pool_rows", "i32", "int32_t", "P"),
         Field("record_stats", "i32", "int32_t", "add N_e to recv_stats (D10)"),
+        Field("hidden_pad", "i32", "int32_t", "H padded to whole K blocks (padded_k): the pool's row stride"),
+        Field("intermediate_pad", "i32", "int32_t", "I padded to whole K blocks: the intermediate's row stride"),
     ),
 )
 STRUCTS["FusedParams"] = FUSED_PARAMS

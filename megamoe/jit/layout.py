@@ -142,10 +142,12 @@ class KernelWeights:
     the scale bytes when the object is made: a function of them, so the canonical weights stay
     recoverable (untransform_weights)."""
 
-    w1: torch.Tensor  # [E, H/128, 2I/16, 1024] uint8 (gate/up interleaved)
-    w1_sf: torch.Tensor  # [E, H/128, 2I, 4] uint8
-    w2: torch.Tensor  # [E, I/128, H/16, 1024] uint8
-    w2_sf: torch.Tensor  # [E, I/128, H, 4] uint8
+    # (H_pad, I_pad: contract.padded_k; R1, R2: padded_rows of 2I and H; all equal the sizes for
+    # multiples of 128)
+    w1: torch.Tensor  # [E, H_pad/128, R1/16, 1024] uint8 (gate/up interleaved)
+    w1_sf: torch.Tensor  # [E, H_pad/128, R1, 4] uint8
+    w2: torch.Tensor  # [E, I_pad/128, R2/16, 1024] uint8
+    w2_sf: torch.Tensor  # [E, I_pad/128, R2, 4] uint8
     hidden: int
     intermediate: int
     w1_lut: torch.Tensor = dataclasses.field(init=False)  # [E, H/128, 2I, 4] uint8, 8 d
@@ -173,27 +175,53 @@ class KernelWeights:
         return self.w1.shape[0]
 
 
+# Weight rows padded to whole row tiles of the exact mode's swap-AB kernels (two consumer warpgroups
+# of contract.ROWS_PER_WG rows), where a size is not a multiple of 128 (SPEC §8): L1's 2I
+# interleaved gate/up rows, L2's H.
+ROW_TILE = 2 * contract.ROWS_PER_WG
+
+
+def padded_rows(rows: int) -> int:
+    """A layer's weight rows in the kernel layout: `rows` (2I or H) padded to whole ROW_TILE tiles."""
+    return -(-rows // ROW_TILE) * ROW_TILE
+
+
+def _pad(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`t` with dimension `dim` zero-padded at its end to `size` (zero FP4 codes, scale byte 0)."""
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - t.shape[dim]
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+
 def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w2_sf: torch.Tensor) -> KernelWeights:
     """Canonical SPEC §2 weights -> the kernel layout (gate/up interleave + fragment order). The
-    kernels' K block is 128 channels, so H and I are multiples of 128 here (the reference takes 32)."""
+    kernels' K block is 128 channels: H and I that are multiples of 32 only (SPEC §8) are padded to
+    whole K blocks (contract.padded_k) with zero codes and scale byte 0, and
+    both layers' rows (2I interleaved, H) to whole row tiles (padded_rows) with zero rows; the
+    padding is the layout's."""
     check_tensor("w1", w1, torch.uint8, (None, None, None))
     E, R1, H2 = w1.shape
     H = 2 * H2
     inter = R1 // 2
     for name, k in (("w1", H), ("w2", inter)):
-        if k == 0 or k % contract.BLOCK_K or (name == "w1" and R1 % 2):
+        if k == 0 or k % 32 or (name == "w1" and R1 % 2):
             what = "H" if name == "w1" else "I"
-            fail(name, f"{what} a positive multiple of {contract.BLOCK_K} (the kernels' K block)", f"{what} = {k}")
+            fail(name, f"{what} a positive multiple of 32 (the scale groups)", f"{what} = {k}")
     check_tensor("w1_sf", w1_sf, torch.uint8, (E, R1, H // 32), w1.device)
     check_tensor("w2", w2, torch.uint8, (E, H, inter // 2), w1.device)
     check_tensor("w2_sf", w2_sf, torch.uint8, (E, H, inter // 32), w1.device)
-    w1i = interleave_gate_up(w1)
-    s1i = interleave_gate_up(w1_sf)
+    h_pad, i_pad, rows1, rows2 = contract.padded_k(H), contract.padded_k(inter), padded_rows(R1), padded_rows(H)
+    w1i = _pad(_pad(interleave_gate_up(w1), 2, h_pad // 2), 1, rows1)
+    s1i = _pad(_pad(interleave_gate_up(w1_sf), 2, h_pad // 32), 1, rows1)
+    w2p = _pad(_pad(w2, 2, i_pad // 2), 1, rows2)
+    s2p = _pad(_pad(w2_sf, 2, i_pad // 32), 1, w2p.shape[1])
     return KernelWeights(
         fp4_to_kernel_layout(w1i),
         sf_to_kernel_layout(s1i),
-        fp4_to_kernel_layout(w2),
-        sf_to_kernel_layout(w2_sf),
+        fp4_to_kernel_layout(w2p),
+        sf_to_kernel_layout(s2p),
         H,
         inter,
     )
@@ -201,8 +229,9 @@ def transform_weights(w1: torch.Tensor, w1_sf: torch.Tensor, w2: torch.Tensor, w
 
 def untransform_weights(kw: KernelWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     H, inter = kw.hidden, kw.intermediate
-    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, 2 * inter, H))
-    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf))
-    w2 = fp4_from_kernel_layout(kw.w2, H, inter)
-    s2 = sf_from_kernel_layout(kw.w2_sf)
+    h_pad, i_pad, rows1, rows2 = kw.w1.shape[1] * 128, kw.w2.shape[1] * 128, kw.w1.shape[2] * 16, kw.w2.shape[2] * 16
+    w1 = deinterleave_gate_up(fp4_from_kernel_layout(kw.w1, rows1, h_pad)[:, : 2 * inter, : H // 2])
+    s1 = deinterleave_gate_up(sf_from_kernel_layout(kw.w1_sf)[:, : 2 * inter, : H // 32])
+    w2 = fp4_from_kernel_layout(kw.w2, rows2, i_pad)[:, :H, : inter // 2].contiguous()
+    s2 = sf_from_kernel_layout(kw.w2_sf)[:, :H, : inter // 32].contiguous()
     return w1, s1, w2, s2

@@ -92,6 +92,21 @@ def test_the_dsv3_slice_conforms(promotion, engine):
     assert report.ok, report.text()
 
 
+@pytest.mark.parametrize("hidden,intermediate", [(2880, 2880), (160, 192)], ids=["2880", "160-192"])
+def test_sizes_in_multiples_of_32_conform_in_the_exact_mode_padded_inside_the_layouts(hidden, intermediate):
+    # SPEC §8: H in multiples of 32, I of 64; x stays [T, H], its scales [T, H / 32].
+    cfg = _cfg(hidden=hidden, intermediate=intermediate, num_experts=8, top_k=4, activation_clamp=1.5)
+    inp = _inputs(cfg, 100, "skewed", 0.1)
+    assert inp.x_sf.shape == (100, hidden // 32)
+    y, dumps = _call(cfg, inp, "k32", debug=True)
+    assert dumps[0].meta["build_id"].split("_")[3] == "swapab"
+    report = check(dumps)
+    assert report.ok, report.text()
+    assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
+    y_release = _call(cfg, inp, "k32")
+    assert torch.equal(y_release.view(torch.int16), y.view(torch.int16))
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_bit(engine):
     # The transform is part of the contract (SPEC D4): the pool's rows for L1 and the intermediate

@@ -8,6 +8,8 @@ Run: pytest -s tests/gpu/test_fused_oai.py"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -71,6 +73,19 @@ def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, 
     print(report.text())
     assert report.ok, report.text()
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 100])
+def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens):
+    # gpt-oss-20b's expert shape (H = I = 2880, top-4) with 8 of its 32 experts: the exact mode, x
+    # [T, 2880] and its scales [T, 90] as they are, padded only inside the kernel's layouts.
+    cfg = dataclasses.replace(CFG, hidden=2880, intermediate=2880)
+    layer = MegaMoE(cfg, _weights(cfg), promotion="k32")
+    inp = ref.make_inputs(cfg, tokens, seed=2, device="cuda")[0]
+    y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+    report = check(dumps)
+    assert report.ok, report.text()
+    assert torch.equal(y, layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights))
 
 
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
