@@ -141,12 +141,6 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
 constexpr int kPullBatch = 8;
 constexpr int kPullSfWords = 2;
 
-// D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
-// kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
-// operand; the pool itself stays the canonical byte copy that D4 checks. Where H is not a multiple
-// of 128 (SPEC §8; the exact mode), the pool's rows are H_pad long (contract.padded_k): the pull
-// writes their padding as zero codes and zero scale bytes, which L1 multiplies by zero weights; the
-// source's scale rows are then not word-aligned and are copied byte by byte.
 // A pulled row of a size that is not whole K blocks (SPEC §8): its scale bytes one by one (the
 // source's rows are not word-aligned), then the padding: zero codes after its H bytes, zero scale
 // bytes after its H / 32. Not inlined: inlined, the exact prefill engine's kernel (which never
@@ -160,6 +154,12 @@ static __device__ __noinline__ void pull_row_padded(const FusedParams& fp, const
   for (int v = H / 16 + lane; v < H_pad / 16; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
 }
 
+// D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
+// kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
+// operand; the pool itself stays the canonical byte copy that D4 checks. Where H is not a multiple
+// of 128 (SPEC §8; the exact mode), the pool's rows are H_pad long (contract.padded_k): the pull
+// writes their padding as zero codes and zero scale bytes, which L1 multiplies by zero weights; the
+// source's scale rows are then not word-aligned and are copied byte by byte.
 template <bool kRebase>
 __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
   const int lane = threadIdx.x % 32;
