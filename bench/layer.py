@@ -2,9 +2,13 @@
 
     python -m bench.layer [--shapes dsv3,v4flash] [--tokens 1,8,64,512,4096,8192] [--out FILE.json] [--quick]
                           [--engine auto|swapab|prefill] [--zipf-tokens 256]
+    python -m bench.layer --shapes gpt-oss --tokens 8,4096
 
 Shapes: the slices of bench/gemm.py (32 local experts; DeepSeek-V3 H 7168, I 2048; V4-Flash H 4096,
-I 2048), top-8 routing. T = tokens per rank (the layer's batch), routed uniform top-k by
+I 2048), top-8 routing; and, by name only, gpt-oss (H = I = 2880, top-4, SPEC §8's activation with
+biases: gpt-oss-20b's 32 experts on one rank, and gpt-oss-120b's rank of EP4, 32 of its 128). At
+gpt-oss the unfused and fast-mode columns are n/a (whole K blocks and multiples of 512), and torch
+runs the plain SwiGLU without biases: a time beside the fused layer, not the same formula. T = tokens per rank (the layer's batch), routed uniform top-k by
 megamoe.reference.make_inputs, and for the --zipf-tokens T also Zipf-skewed (its "skewed"
 distribution: expert e drawn with weight 1 / (e + 1)^1.2); weights from megamoe.reference.random_weights. --quick: dsv3 at
 T = 8 and 512 (a smoke run; an explicit --shapes or --tokens still wins).
@@ -49,6 +53,11 @@ from .gemm import ALIGN, E, HBM, PEAK, SHAPES, eager_us, graph_us
 # bench/gemm.py times the GEMMs alone and names no top-k; DeepSeek-V3 routes top-8, and the V4-Flash
 # slice is given the same so that the two rows differ only in H.
 TOP_K = {"dsv3": 8, "v4flash": 8}
+# The shapes by name only (not in the default run): gpt-oss's experts (SPEC §8), top-4.
+EXTRA_SHAPES = {"gpt-oss": (2880, 2880)}
+LAYER_SHAPES = {**SHAPES, **EXTRA_SHAPES}
+LAYER_TOP_K = {**TOP_K, "gpt-oss": 4}
+ACTIVATION = {"gpt-oss": "swiglu_oai"}  # else SPEC §3's SwiGLU
 DEFAULT_TOKENS = "1,8,64,512,4096,8192"
 QUICK_SHAPES, QUICK_TOKENS = "dsv3", "8,512"
 SEED = 0
@@ -61,7 +70,9 @@ COLUMNS = ("fused", "fused-k128", "unfused", "unfused-k128", "torch")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """args.shapes: list of SHAPES keys; args.tokens: list of positive ints; args.out; args.quick."""
     ap = argparse.ArgumentParser(prog="python -m bench.layer", description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=None, help="comma list of dsv3, v4flash (default: both; --quick: dsv3)")
+    ap.add_argument(
+        "--shapes", default=None, help="comma list of dsv3, v4flash, gpt-oss (default: dsv3,v4flash; --quick: dsv3)"
+    )
     ap.add_argument(
         "--tokens", default=None, help=f"tokens per rank T, comma list (default: {DEFAULT_TOKENS}; --quick: 8,512)"
     )
@@ -80,9 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = ap.parse_args(argv)
     shapes = (args.shapes or (QUICK_SHAPES if args.quick else ",".join(SHAPES))).split(",")
-    unknown = [s for s in shapes if s not in SHAPES]
+    unknown = [s for s in shapes if s not in LAYER_SHAPES]
     if unknown or not shapes:
-        ap.error(f"--shapes: unknown {unknown}; choose from {', '.join(SHAPES)}")
+        ap.error(f"--shapes: unknown {unknown}; choose from {', '.join(LAYER_SHAPES)}")
     try:
         tokens = [int(t) for t in (args.tokens or (QUICK_TOKENS if args.quick else DEFAULT_TOKENS)).split(",")]
     except ValueError:
@@ -407,9 +418,18 @@ def bench_case(
     shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto", routing: str = "uniform"
 ) -> dict:
     """One row of the table: every column at (shape, T, routing) on the same inputs."""
-    hidden, inter = SHAPES[shape]
-    top_k = TOP_K[shape]
-    cfg = ref.MoEConfig(hidden, inter, E, top_k, num_ranks=1, max_tokens_per_rank=tokens, block_m=ALIGN)
+    hidden, inter = LAYER_SHAPES[shape]
+    top_k = LAYER_TOP_K[shape]
+    cfg = ref.MoEConfig(
+        hidden,
+        inter,
+        E,
+        top_k,
+        num_ranks=1,
+        max_tokens_per_rank=tokens,
+        block_m=ALIGN,
+        activation=ACTIVATION.get(shape, "swiglu"),
+    )
     inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS[routing], device="cuda")[0]
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     counts = ref.send_counts(inp.topk_idx, E)
@@ -561,9 +581,13 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = []
     for shape in args.shapes:
-        hidden, inter = SHAPES[shape]
+        hidden, inter = LAYER_SHAPES[shape]
         progress(f"{shape}: drawing and quantizing the weights of {E} experts on the CPU (a minute or two)")
         weights = ref.random_weights(E, hidden, inter, seed=SEED, device="cuda")
+        if ACTIVATION.get(shape) == "swiglu_oai":  # SPEC §8's biases, as gpt-oss's checkpoints have them
+            g = torch.Generator().manual_seed(SEED)
+            weights.b1 = torch.randn(E, 2 * inter, generator=g).to(torch.bfloat16).cuda()
+            weights.b2 = torch.randn(E, hidden, generator=g).to(torch.bfloat16).cuda()
         # Prepared once per shape, outside every timed region; a failure here is the column's error.
         try:
             kw = transform_weights(weights.w1, weights.w1_sf, weights.w2, weights.w2_sf)

@@ -50,11 +50,14 @@ def test_unknown_shapes_and_bad_token_counts_are_usage_errors(bad, capsys):
     assert bad[0] in capsys.readouterr().err  # the message names the argument
 
 
-def test_the_shapes_are_bench_gemms_slices_with_top_8():
+def test_the_shapes_are_bench_gemms_slices_with_top_8_and_gpt_oss_by_name():
     from bench import gemm
 
     assert set(L.TOP_K) == set(gemm.SHAPES) and set(L.TOP_K.values()) == {8}
     assert L.SHAPES is gemm.SHAPES and L.E == 32
+    assert L.LAYER_SHAPES["gpt-oss"] == (2880, 2880) and L.LAYER_TOP_K["gpt-oss"] == 4
+    assert L.parse_args([]).shapes == ["dsv3", "v4flash"]  # the default run is what it was
+    assert L.parse_args(["--shapes", "gpt-oss"]).shapes == ["gpt-oss"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
