@@ -98,10 +98,14 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   const int64_t ch0 = ch - c_local + wg * 32;  // the warpgroup's first channel
   uint8_t* st_q = s_epi_wg;  // [CW][32] e4m3
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
-  // Where I is not a multiple of 64 (SPEC §8), the last CTA tile's second warpgroup holds only the
-  // weights' zero padding rows (channels I .. I + 31): it writes nothing and counts nothing (the
-  // block is complete at I / 32 tiles; the intermediate's padding stays the workspace's zeros).
-  if (ch0 >= inter) return;
+  // Where I is not a multiple of 64 (SPEC §8: the fused layer's exact mode only), the last CTA
+  // tile's second warpgroup holds only the weights' zero padding rows (channels I .. I + 31): it
+  // writes nothing and counts nothing (the block is complete at I / 32 tiles; the intermediate's
+  // padding stays the workspace's zeros). Compiled there only: in the standalone fast-mode kernels
+  // the branch cost 40-96 bytes of spills.
+  if constexpr (kFused && kPerK32) {
+    if (ch0 >= inter) return;
+  }
   const float bound = clamp_bound(p);
   // SPEC §8 D6 step 1's biases of the thread's gate and up channel (-0.0 without: the add is then
   // the identity).
