@@ -100,19 +100,20 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   float* st_amax = reinterpret_cast<float*>(s_epi_wg + CW * 32);  // [4][CW]
   // Where I is not a multiple of 64 (SPEC §8: the fused layer's exact mode only), the last CTA
   // tile's second warpgroup holds only the weights' zero padding rows (channels I .. I + 31): it
-  // writes nothing and counts nothing (the block is complete at I / 32 tiles; the intermediate's
-  // padding stays the workspace's zeros). Compiled there only: in the standalone fast-mode kernels
-  // the branch cost 40-96 bytes of spills.
-  if constexpr (kFused && kPerK32) {
-    if (ch0 >= inter) return;
-  }
+  // computes zeros, and reads no bias, dumps nothing, stores nothing and counts nothing (the block
+  // is complete at I / 32 tiles; the intermediate's padding stays the workspace's zeros). Guards,
+  // not an early return: that cost the plain exact kernels up to 120 bytes of spills; true at
+  // compile time elsewhere (the standalone fast-mode kernels spilled 16 bytes for the test).
+  const bool real = !(kFused && kPerK32) || ch0 < inter;
   const float bound = clamp_bound(p);
   // SPEC §8 D6 step 1's biases of the thread's gate and up channel (-0.0 without: the add is then
   // the identity).
   float b_gate = 0.0f, b_up = 0.0f;
   if constexpr (Act::kOai) {
-    b_gate = bias_or_neg_zero(p, wi.expert, ch);
-    b_up = bias_or_neg_zero(p, wi.expert, inter + ch);
+    if (real) {
+      b_gate = bias_or_neg_zero(p, wi.expert, ch);
+      b_up = bias_or_neg_zero(p, wi.expert, inter + ch);
+    }
   }
   // D6 steps 1-4: a = (silu(g) * u) * wr (wr: the token's routing weight; the policy's routed), kept
   // in the gate's accumulator (dead after it).
@@ -151,7 +152,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
         const float gate = ac[4 * j + h];
         const float up = ac[4 * j + 2 + h];
         if constexpr (kDebug) {
-          if (tok < wi.valid) {
+          if (tok < wi.valid && real) {
             p.dump[(p0 + tok) * 2 * inter + ch] = gate;
             p.dump[(p0 + tok) * 2 * inter + inter + ch] = up;
           }
@@ -184,7 +185,8 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
         const float a = ac[4 * j + h];
         const uint16_t q2 = ptx::cvt_e4m3x2(__fmul_rn(a, mult), 0.0f);
         ptx::st_shared_u8(st_q_s + col * 32, q2 & 0xFFu);
-        if (wq == 0 && g == 0 && tok < wi.valid) p.out_sf[(p0 + tok) * n_sf + ch0 / 32] = static_cast<uint8_t>(byte);
+        if (wq == 0 && g == 0 && tok < wi.valid && real)
+          p.out_sf[(p0 + tok) * n_sf + ch0 / 32] = static_cast<uint8_t>(byte);
       }
     }
     ptx::named_barrier(1 + wg, 128);
@@ -192,7 +194,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
     for (int idx = wtid; idx < CW * 2; idx += 128) {
       const int col = idx / 2;
       const int half = idx % 2;
-      if (c * CW + col < wi.valid) {
+      if (c * CW + col < wi.valid && real) {
         const uint4 v = *reinterpret_cast<const uint4*>(st_q + col * 32 + half * 16);
         *reinterpret_cast<uint4*>(out + (p0 + c * CW + col) * ld + ch0 + half * 16) = v;
       }
@@ -206,7 +208,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   if constexpr (kFused) {  // compiled into the fused kernel only: the fast mode's branch costs registers
     ptx::named_barrier(1 + wg, 128);
     if constexpr (kPerK32) {
-      if (wtid == 0) {
+      if (wtid == 0 && real) {
         ptx::fence_proxy_async_global();
         __threadfence();
         ptx::red_release_gpu_add(p.signal + wi.row0 / p.arrival_block, 1);
