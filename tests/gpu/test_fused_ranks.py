@@ -150,3 +150,37 @@ def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ran
     for r in range(last):
         assert per_rank[r]["refused"].startswith(f"rank {last} refused its call"), per_rank[r]["refused"]
     assert all(r["untouched"] for r in per_rank)
+
+
+def _padded_sizes(rank: int, ranks: int) -> tuple:
+    """One rank's call at SPEC §8's sizes (H = 160, I = 96: multiples of 32, padded inside the
+    kernel's layouts) with gpt-oss's activation and biases, and odd token counts: x_sf's T * H / 32
+    staged bytes are not whole words, and the peers' scale rows are read byte by byte."""
+    cfg = ref.MoEConfig(
+        hidden=160,
+        intermediate=96,
+        num_experts=8,
+        top_k=4,
+        max_tokens_per_rank=64,
+        block_m=64,
+        num_ranks=ranks,
+        activation="swiglu_oai",
+    )
+    w = ref.random_weights(8, 160, 96, seed=WEIGHT_SEED)
+    g = torch.Generator().manual_seed(WEIGHT_SEED)
+    w.b1 = torch.randn(8, 2 * 96, generator=g).to(torch.bfloat16)
+    w.b2 = torch.randn(8, 160, generator=g).to(torch.bfloat16)
+    layer = MegaMoE(cfg, w.to("cuda"), group=multirank.group(), promotion="k32")
+    inp = ref.make_inputs(cfg, [33, 17, 64, 1][:ranks], seed=5, distribution="skewed")[rank].to("cuda")
+    with layer.named_failures():
+        y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+    return y.cpu(), dumps[0]
+
+
+@pytest.mark.parametrize("ranks", [2])
+def test_sizes_in_multiples_of_32_conform_on_every_rank_with_gpt_oss_activation(ranks):
+    per_rank = multirank.spawn(_padded_sizes, ranks, timeout=300)
+    report = check([d for _, d in per_rank])
+    assert report.ok, report.text()
+    for y, d in per_rank:
+        assert torch.equal(y.view(torch.int16), d["D9.y"].view(torch.int16))
