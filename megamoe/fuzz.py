@@ -4,10 +4,12 @@
     python -m megamoe.fuzz --cases 20                           # CPU: the reference and the suite
     python -m megamoe.fuzz --device cuda --seed 0 --case 17     # one case again
 
-Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone, so a case is reproduced by its
-two numbers whatever else ran; every failure prints the command that runs it again. A case draws:
-R in {1, 2, 4} (several ranks as processes, `megamoe.multirank.spawn`), H and I (multiples the
-promotion supports), E, top-k, T_max, T per rank (0, T_max, or between; uneven across ranks), the
+Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone (and two generators of its own
+for what came later: SPEC §8's sizes and activation), so a case is reproduced by its two numbers
+whatever else ran; every failure prints the command that runs it again. A case draws: R in {1, 2,
+4} (several ranks as processes, `megamoe.multirank.spawn`), H and I (multiples the promotion
+supports: in a quarter of the exact swap-AB cases multiples of 32 that are not of 128), SPEC §8's
+activation with biases (a fifth of the cases off the prefill engine), E, top-k, T_max, T per rank (0, T_max, or between; uneven across ranks), the
 routing (uniform, skewed, one-hot, empty experts; masked fractions 0 to 1; routing weights softmax,
 spanning many binades with either sign, or pairs of exactly cancelling experts), the clamp, the
 SiLU table, the promotion and the engine, and what is done to the scale bytes of the activations
@@ -71,6 +73,7 @@ class Case:
     x_scales: str  # SCALE_MODES
     w_scales: str
     nan_payloads: bool
+    activation: str = "swiglu"  # or "swiglu_oai" (SPEC §8: with biases; clamp None)
 
     @property
     def cfg(self) -> ref.MoEConfig:
@@ -84,6 +87,7 @@ class Case:
             block_m=64,  # the fused layer's pool alignment
             activation_clamp=self.clamp,
             fast_math=self.fast_math,
+            activation=self.activation,
         )
 
     def command(self, device: str) -> str:
@@ -97,6 +101,7 @@ class Case:
             f"masked={self.masked:.2f} route={self.route_weights} clamp={clamp} "
             f"silu={'fast' if self.fast_math else 'precise'} x={self.x_scales} w={self.w_scales}"
             + (" nan" if self.nan_payloads else "")
+            + (f" {self.activation}" if self.activation != "swiglu" else "")
         )
 
 
@@ -142,6 +147,12 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     if promotion == "k32" and engine != "prefill" and tails.random() < 0.25:
         hidden += 32 * tails.randint(1, 3) * (-1 if hidden > 128 else 1)
         intermediate += 32 * tails.randint(1, 3) * (-1 if intermediate > 128 else 1)
+    # SPEC §8's activation, with biases, in a fifth of the cases off the prefill engine (its own
+    # generator too); it clamps at its limit, not at a drawn clamp.
+    oai = random.Random(f"{seed}:{index}:activation")
+    activation = "swiglu_oai" if engine != "prefill" and oai.random() < 0.2 else "swiglu"
+    if activation == "swiglu_oai":
+        clamp = None
     return Case(
         seed=seed,
         index=index,
@@ -162,6 +173,7 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
         x_scales=x_scales,
         w_scales=w_scales,
         nan_payloads=nan_payloads,
+        activation=activation,
     )
 
 
@@ -237,6 +249,11 @@ def case_tensors(case: Case, device="cpu") -> tuple[ref.MoEConfig, list[ref.Rank
         # weights cancel exactly, and only an order that adds them first keeps the small slots.
         weights.w1[1], weights.w1_sf[1], weights.w2_sf[1] = weights.w1[0], weights.w1_sf[0], weights.w2_sf[0]
         weights.w2[1] = weights.w2[0] ^ 0x88
+    if case.activation == "swiglu_oai":  # SPEC §8's biases, last: the draws above are the same
+        b1 = torch.randn(case.experts, 2 * case.intermediate, generator=g).mul(4)
+        b1 = torch.where(torch.rand(b1.shape, generator=g) < 0.05, -0.0, b1)  # some -0.0 biases
+        weights.b1 = b1.to(torch.bfloat16).to(device)
+        weights.b2 = torch.randn(case.experts, case.hidden, generator=g).to(torch.bfloat16).to(device)
     return cfg, inputs, weights
 
 
@@ -473,7 +490,8 @@ def summary(cases: list[Case], outcomes: list[Outcome], device: str) -> str:
     by_index = {c.index: c for c in cases}
     failed = [o for o in outcomes if not o.ok]
     lines = [f"{len(outcomes)} cases on {device}: {len(outcomes) - len(failed)} passed, {len(failed)} failed"]
-    for field in ("ranks", "promotion", "engine", "x_scales", "w_scales", "route_weights", "distribution"):
+    fields = ("ranks", "promotion", "engine", "activation", "x_scales", "w_scales", "route_weights", "distribution")
+    for field in fields:
         counts = Counter(getattr(by_index[o.index], field) for o in outcomes)
         lines.append(f"  {field:14s} " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)))
     extra = Counter()
@@ -486,6 +504,7 @@ def summary(cases: list[Case], outcomes: list[Outcome], device: str) -> str:
         extra["clamp"] += c.clamp is not None
         extra["precise SiLU"] += not c.fast_math
         extra["NaN payloads"] += c.nan_payloads
+        extra["H or I not whole K blocks"] += bool(c.hidden % 128 or c.intermediate % 128)
     lines.append("  " + ", ".join(f"{k}: {v}" for k, v in extra.items()))
     for o in failed:
         lines.append(f"FAILED case {o.index}: {by_index[o.index].command(device)}")

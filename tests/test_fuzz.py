@@ -44,6 +44,7 @@ def test_every_draw_is_a_shape_the_layer_takes():
         ("every R", lambda cs: {c.ranks for c in cs} == {1, 2, 4}),
         ("both promotions", lambda cs: {c.promotion for c in cs} == {"k32", "k128"}),
         ("sizes not in whole K blocks", lambda cs: any(c.hidden % 128 or c.intermediate % 128 for c in cs)),
+        ("both activations", lambda cs: {c.activation for c in cs} == {"swiglu", "swiglu_oai"}),
         ("every engine", lambda cs: {c.engine for c in cs} == set(fuzz.ENGINES)),
         ("every activation scale mode", lambda cs: {c.x_scales for c in cs} == set(fuzz.SCALE_MODES)),
         ("every weight scale mode", lambda cs: {c.w_scales for c in cs} == set(fuzz.SCALE_MODES)),
