@@ -537,7 +537,10 @@ def _expert_parallel_rank(rank: int, ranks: int, args: argparse.Namespace):
     call = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     with layer.named_failures():  # a wait that timed out is named in the rank's error
         _, dumps = layer(*call, debug=True)
-        return dumps[0].without_weights(args.seed), _graph_time_us(lambda: layer(*call), barrier=multirank.group())
+        # Random weights travel as their seed; a gpt-oss layer's (a checkpoint's, or --model's with
+        # their biases) as they are.
+        dump = dumps[0] if args.model or args.checkpoint else dumps[0].without_weights(args.seed)
+        return dump, _graph_time_us(lambda: layer(*call), barrier=multirank.group())
 
 
 def _graph_time_us(fn, replays: int = 20, barrier=None) -> float:
