@@ -19,8 +19,9 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
 * "swapab" (decode sizes): the weights as wgmma M, decoded from FP4 in the consumers, at token tile
   64 (= BLOCK_M, which the layer requires), with four consumer warpgroups in the fast mode; items
   taken in the dynamic order (L2 items after every L1 item, each waiting only for its pool block's
-  L1 tiles);
-* "prefill" (prefill sizes; H and I multiples of 128, 2I and H of 256): every weight of both layers
+  L1 tiles); in the exact mode H and I in multiples of 32 (SPEC §8), padded to its K blocks and row
+  tiles inside the weights' layout and the workspace; both activations (SPEC §3, §8);
+* "prefill" (prefill sizes; H and 2I multiples of 256; SPEC §3's SwiGLU only): every weight of both layers
   decoded once per call to E4M3 inside the launch (into a scratch buffer of E_l * 3 * H * I bytes,
   9/8 of it in the exact mode, shared with megamoe.gemm's prefill path per device and stream), then
   tokens as wgmma M, 128 a CTA tile.

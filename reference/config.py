@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass
 
 from .errors import check_bool, check_int, check_type, fail
 
-# H and I: whole scale groups of 32 (SPEC §1, §8: gpt-oss's 2880 = 90 x 32). The fused kernel and
-# the GEMM entry points take multiples of 128 (their K block) and say so themselves.
+# H and I: whole scale groups of 32 (SPEC §1, §8: gpt-oss's 2880 = 90 x 32). The fused layer's exact
+# mode takes them too (padded inside its layouts); its fast mode and the GEMM entry points take
+# multiples of 512 and 128 and say so themselves.
 HIDDEN_MULTIPLE = 32
 INTERMEDIATE_MULTIPLE = 32
 
