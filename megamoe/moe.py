@@ -440,13 +440,13 @@ class MegaMoE:
 
     def _poison(self) -> None:
         ws = self.ws
-        for name in ("pool_x", "pool_x_sf", "pool_meta", "snap_arrivals", "snap_l1_done"):
+        for name in ("pool_meta", "snap_arrivals", "snap_l1_done"):
             ws[name].view(torch.uint8).fill_(0xFF)
-        # The intermediate's padding past I (SPEC §8 sizes) stays zero: L1 never writes it and L2
-        # multiplies it by zero weights (an 0xFF code is NaN). The pull writes the pool's padding.
-        inter = self.cfg.intermediate
-        ws["l2_acts"][:, :inter].fill_(0xFF)
-        ws["l2_sf"][:, : inter // 32].fill_(0xFF)
+        # The pool's and the intermediate's padding past H and I (SPEC §8 sizes) stays zero: the
+        # GEMMs multiply it by zero weights (an 0xFF code is NaN), and workspace_points checks it.
+        hidden, inter = self.cfg.hidden, self.cfg.intermediate
+        for name, cols in (("pool_x", hidden), ("pool_x_sf", hidden // 32), ("l2_acts", inter), ("l2_sf", inter // 32)):
+            ws[name][:, :cols].fill_(0xFF)
         ws["pool_weights"].fill_(float("nan"))
         ws["combine"].fill_(float("nan"))
         for b in self._debug_buffers or ():
@@ -505,8 +505,15 @@ def workspace_points(ws, cfg: ref.MoEConfig) -> dict[str, torch.Tensor]:
             lead = r.shape.split(",")[0].strip()
             t = ws[r.name]
             t = t[: used[lead]] if lead in used else t
-            # A padded row (pool_x's H_pad, l2_acts' I_pad) cut to the dump tensor's columns.
+            # A padded row (pool_x's H_pad, l2_acts' I_pad) cut to the dump tensor's columns. Its
+            # padding must be zero (SPEC §8 sizes: the GEMMs multiply it by zero weights, and a NaN
+            # code there would be a NaN product): no dump point holds it, so it is checked here.
             want = pt.shape_of(pt.TABLE[r.dump].shape, dict(dims, T=0, P=t.shape[0], B=t.shape[0]), what=r.dump)
+            if t.dim() == 2 and t.shape[1] > want[1] and t[:, want[1] :].any():
+                raise RuntimeError(
+                    f"the workspace's {r.name} has non-zero padding past its {want[1]} columns in the used "
+                    "pool rows: a kernel wrote where it must not (SPEC §8's padding is zero)"
+                )
             points[r.dump] = t[(slice(None),) + tuple(slice(0, n) for n in want[1:])].clone()
     lists, counts = points[pt.D3_SOURCE_LISTS], points[pt.D2_RECV_COUNTS]
     pos = torch.arange(cfg.max_tokens_per_rank, device=lists.device)

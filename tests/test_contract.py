@@ -228,6 +228,28 @@ def test_every_kernel_source_names_its_promotion_as_the_python_side_spells_it():
         assert not re.search(r"@\w+@", src), spec.name
 
 
+def test_a_debug_calls_read_checks_that_the_pool_and_intermediate_padding_is_still_zero():
+    # SPEC §8's sizes (H = 160, I = 96): the pool's and the intermediate's rows are padded to 256 and
+    # 128 columns; a non-zero byte there (which L1 or L2 would multiply by a zero weight: NaN for a
+    # NaN code) fails the read of a debug call's dumps, naming the region.
+    from megamoe.moe import _Workspace, workspace_points
+
+    cfg = ref.MoEConfig(hidden=160, intermediate=96, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=16)
+    layout, total = contract.workspace_layout(cfg)
+    ws = _Workspace(torch.zeros(total, dtype=torch.uint8), layout)
+    ws["expert_offsets"].copy_(torch.tensor([0, 64, 64, 64, 128], dtype=torch.int32))
+    assert ws["pool_x"].shape[1] == 256 and ws["l2_acts"].shape[1] == 128
+    points = workspace_points(ws, cfg)
+    assert points["D4.pool_x"].shape == (128, 160) and points["D6.l2_acts"].shape == (128, 96)
+    for region, column in (("pool_x", 200), ("pool_x_sf", 6), ("l2_acts", 100), ("l2_sf", 3)):
+        ws[region][5, column] = 1
+        with pytest.raises(RuntimeError, match=f"workspace's {region} has non-zero padding"):
+            workspace_points(ws, cfg)
+        ws[region][5, column] = 0
+    ws["l2_acts"][200, 100] = 1  # past the used pool rows: not read
+    workspace_points(ws, cfg)
+
+
 def test_each_workspace_region_a_dump_reads_has_its_dump_tensors_dtype_and_shape():
     # The two tables (the workspace's regions and the dump points) meet in these links only.
     from megamoe.reference import points as P
