@@ -585,9 +585,7 @@ def main(argv: list[str] | None = None) -> None:
         progress(f"{shape}: drawing and quantizing the weights of {E} experts on the CPU (a minute or two)")
         weights = ref.random_weights(E, hidden, inter, seed=SEED, device="cuda")
         if ACTIVATION.get(shape) == "swiglu_oai":  # SPEC §8's biases, as gpt-oss's checkpoints have them
-            g = torch.Generator().manual_seed(SEED)
-            weights.b1 = torch.randn(E, 2 * inter, generator=g).to(torch.bfloat16).cuda()
-            weights.b2 = torch.randn(E, hidden, generator=g).to(torch.bfloat16).cuda()
+            weights.b1, weights.b2 = ref.random_biases(E, hidden, inter, seed=SEED, device="cuda")
         # Prepared once per shape, outside every timed region; a failure here is the column's error.
         try:
             kw = transform_weights(weights.w1, weights.w1_sf, weights.w2, weights.w2_sf)

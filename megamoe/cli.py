@@ -404,11 +404,10 @@ def _through_a_checkpoint(weights, cfg, seed: int, device: str):
     naming) and loaded back: the loader is part of what --model runs."""
     import tempfile
 
+    from megamoe import reference as ref
     from megamoe.checkpoints import load_gpt_oss_experts, save_gpt_oss_experts
 
-    g = torch.Generator().manual_seed(seed)
-    weights.b1 = torch.randn(cfg.num_experts, 2 * cfg.intermediate, generator=g).to(torch.bfloat16).to(device)
-    weights.b2 = torch.randn(cfg.num_experts, cfg.hidden, generator=g).to(torch.bfloat16).to(device)
+    weights.b1, weights.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed, device=device)
     with tempfile.TemporaryDirectory(prefix="megamoe-gpt-oss-") as tmp:
         path = Path(tmp) / "model.safetensors"
         save_gpt_oss_experts(path, {0: weights})

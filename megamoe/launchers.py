@@ -28,7 +28,6 @@ circle.
 from __future__ import annotations
 
 import dataclasses
-import struct
 from typing import ClassVar
 
 import torch
@@ -303,7 +302,7 @@ class FusedLauncher(_Launcher):
             clamp_value=clamp if layer == 1 else 0.0,
             w_e4m3=w_e4m3,  # the prefill engine's predecoded weights (else 0)
             bias=bias.data_ptr() if oai and bias is not None else 0,
-            alpha=struct.unpack("<f", struct.pack("<f", cfg.alpha))[0] if oai and layer == 1 else 0.0,
+            alpha=cfg.alpha if oai and layer == 1 else 0.0,  # packed as fp32: SPEC §8's fp32(alpha)
             n_out=2 * inter if layer == 1 else H,
             out_stride=dims["I_pad"] if layer == 1 else H,
         )

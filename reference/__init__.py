@@ -67,7 +67,7 @@ from .silu_tables import glu_table, silu_table
 from .swiglu import L1Output, bias_rows, l1_done, l1_epilogue, swiglu
 from .threads import limit_torch_threads as _limit_torch_threads
 from .validate import check_call, check_rank_inputs, check_weights
-from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_weights
+from .weights import ExpertWeights, deinterleave_gate_up, interleave_gate_up, random_biases, random_weights
 
 # The reference is the CPU work of this project: keep torch's thread pool within the cores this
 # process really has (megamoe.reference.threads says why), as the CLI and the tests do.
@@ -168,4 +168,5 @@ __all__ = [
     "deinterleave_gate_up",
     "interleave_gate_up",
     "random_weights",
+    "random_biases",
 ]

@@ -94,3 +94,18 @@ def random_weights(num_experts: int, hidden: int, intermediate: int, *, seed: in
     w1, w1_sf = layer(2 * intermediate, hidden)
     w2, w2_sf = layer(hidden, intermediate)
     return ExpertWeights(w1, w1_sf, w2, w2_sf)
+
+
+def random_biases(
+    num_experts: int, hidden: int, intermediate: int, *, seed: int = 0, device="cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random biases of SPEC §8 (global, all experts), bf16 of N(0, 1) draws: b1 [E, 2I] (gate rows,
+    then up rows) and b2 [E, H], as ExpertWeights(..., b1=, b2=) takes them."""
+    check_int("num_experts", num_experts, 1)
+    for name, size in (("hidden", hidden), ("intermediate", intermediate)):
+        check_int(name, size, 1)
+    check_int("seed", seed, minimum=None)
+    g = torch.Generator().manual_seed(seed)
+    b1 = torch.randn(num_experts, 2 * intermediate, generator=g).to(torch.bfloat16)
+    b2 = torch.randn(num_experts, hidden, generator=g).to(torch.bfloat16)
+    return b1.to(device), b2.to(device)

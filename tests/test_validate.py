@@ -173,6 +173,8 @@ BAD_INPUTS = [
     ("random_weights", lambda: ref.random_weights(2, 100, 128), r"'hidden': expected a positive multiple of 32"),
     ("random_weights", lambda: ref.random_weights(2, 256, -128), r"'intermediate': expected an int >= 1"),
     ("random_weights", lambda: ref.random_weights(2, 256.0, 128), r"'hidden': expected an int, got 256.0"),
+    ("random_biases", lambda: ref.random_biases(0, 256, 128), r"'num_experts': expected an int >= 1, got 0"),
+    ("random_biases", lambda: ref.random_biases(2, 256, 128, seed=1.5), r"'seed': expected an int"),
     ("run_reference", lambda: ref.run_reference(CFG, _INPUTS[0], _WEIGHTS), r"'inputs': expected a list of 2 Rank"),
     ("run_reference", lambda: ref.run_reference(CFG, _INPUTS, None), r"'weights': expected ExpertWeights, got None"),
     ("run_reference", lambda: ref.run_reference(CFG, [_INPUTS[0], "x"], _WEIGHTS), r"'inputs\[1\]': expected Rank"),

@@ -167,9 +167,7 @@ def _padded_sizes(rank: int, ranks: int) -> tuple:
         activation="swiglu_oai",
     )
     w = ref.random_weights(8, 160, 96, seed=WEIGHT_SEED)
-    g = torch.Generator().manual_seed(WEIGHT_SEED)
-    w.b1 = torch.randn(8, 2 * 96, generator=g).to(torch.bfloat16)
-    w.b2 = torch.randn(8, 160, generator=g).to(torch.bfloat16)
+    w.b1, w.b2 = ref.random_biases(8, 160, 96, seed=WEIGHT_SEED)
     layer = MegaMoE(cfg, w.to("cuda"), group=multirank.group(), promotion="k32")
     inp = ref.make_inputs(cfg, [33, 17, 64, 1][:ranks], seed=5, distribution="skewed")[rank].to("cuda")
     with layer.named_failures():
