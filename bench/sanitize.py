@@ -12,10 +12,11 @@ layer at R = 2 (two processes on one GPU: --target-processes all follows them), 
 standalone paths (swap-AB at a decode tile, the wide tile, the prefill path with its predecode
 pass, L2). The shapes are small: the tools slow a kernel by 10-1000x.
 
-racecheck reports hazards on every target, all between a warp's lanes and another warp across one
-lane's mbarrier arrive (the table groups them by site). `--probe` runs racecheck on the same
-pattern alone, with one lane arriving and with every lane arriving (kernel/probes/warp_publish.cu
-says why both are ordered)."""
+racecheck groups any hazards it reports by their two sites under the target's row. It reported
+tens of thousands on every target while one lane of a warp arrived for the warp's accesses to a
+stage's scales; since every thread arrives for its own (kernel/gemm/producer.cuh), none
+(bench/NOTES.md v28). `--probe` runs racecheck on that pattern alone, with one lane arriving and
+with every lane arriving (kernel/probes/warp_publish.cu says why both are ordered)."""
 
 from __future__ import annotations
 
@@ -147,10 +148,10 @@ def sanitize(tool: str, target: str, timeout: float, log_dir: Path | None = None
 
 
 PROBE_MODES = {
-    0: "RAW, lane 0 arrives after __syncwarp (the scale warps)",
-    1: "RAW, every lane arrives",
-    2: "WAR, lane 0 arrives after __syncwarp (the consumers' release)",
-    3: "WAR, every lane arrives",
+    0: "RAW, lane 0 arrives after __syncwarp",
+    1: "RAW, every lane arrives (the scale warps)",
+    2: "WAR, lane 0 arrives after __syncwarp",
+    3: "WAR, every lane arrives (the consumers' release)",
 }
 
 

@@ -136,7 +136,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
                        static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
-      ptx::mbar_init(&sm.ring.empty[s], 4 * Cfg::kWGs);  // one arrive per consumer warp
+      ptx::mbar_init(&sm.ring.empty[s], 128 * Cfg::kWGs);   // every consumer thread (producer.cuh says why)
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
     for (int s = 0; s < kItemSlots; ++s) {

@@ -81,7 +81,7 @@ struct PrefillRing {
   static constexpr int kSxWords = kPrefillTokens;
   static constexpr int kStage = kX + kW + kSxWords * 4;
   static constexpr int kScaleWarps = 1;   // warps 2-3 are the epilogue warps
-  static constexpr int kFullArrivals = 1 + kScaleWarps;
+  static constexpr int kFullArrivals = 1 + 32 * kScaleWarps;   // expect_tx + the scale warp's lanes
   static constexpr bool kRawScaleWords = kPerK32;   // stage_token_scales: the k32 bytes unconverted
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
@@ -220,11 +220,8 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
         for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
       }
     }
-    // Release the stage: the warp's reads of its scales, ordered by __syncwarp before lane 0's
-    // arrive (elect.sync is not documented to order memory; with it racecheck reported the reads
-    // against the next stage's writes). As the swap-AB consumers do (mainloop.cuh release).
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&ring.empty[s]);
+    // Release the stage: every thread arrives after its own reads of the scales (producer.cuh).
+    ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
   }
 }
@@ -338,11 +335,8 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int e = 0; e < kPrefillHalf / 2; ++e) ptx::fence_operand(acc[h][e]);
-    // Release the stage: the warp's reads of its scales, ordered by __syncwarp before lane 0's
-    // arrive (elect.sync is not documented to order memory; with it racecheck reported the reads
-    // against the next stage's writes). As the swap-AB consumers do (mainloop.cuh release).
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&ring.empty[s]);
+    // Release the stage: every thread arrives after its own reads of the scales (producer.cuh).
+    ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
   }
 }
@@ -391,7 +385,7 @@ __device__ __forceinline__ void prefill_setup(int* err) {
                        static_cast<int>(ptx::dynamic_smem_size()));
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(&sm.ring.full[s], Ring::kFullArrivals);
-      ptx::mbar_init(&sm.ring.empty[s], 8);   // one arrive per consumer warp
+      ptx::mbar_init(&sm.ring.empty[s], 8 * 32);   // every consumer thread (producer.cuh says why)
     }
     ptx::mbar_init(sm.epi_full, 256);
     ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);

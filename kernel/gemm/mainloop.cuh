@@ -10,7 +10,7 @@
 //     the decoded A fragments of two K blocks are held (a[kb % 2]).
 //     Step q retires group q - 2 (wait until only group q - 1 is in flight, wgmma.wait_group 1;
 //     promote tmp[q % 2], one FFMA per accumulator in the fast mode; after the last group of a K
-//     block release its stage, one empty-barrier arrival per warp) and issues group q. The A
+//     block release its stage, one empty-barrier arrival per thread) and issues group q. The A
 //     fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
 //     (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue,
 //     while kb - 1 runs). The only wait<0> is the item's last.
@@ -204,8 +204,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
 
   auto release = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
-    __syncwarp();
-    if (ctx.lane == 0) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);
+    ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);   // every thread: its own reads (producer.cuh)
   };
 
   if constexpr (T == 1) {

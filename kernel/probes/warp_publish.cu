@@ -1,21 +1,22 @@
 // What compute-sanitizer's racecheck can see of a warp that publishes shared memory through one
-// lane's mbarrier arrive, as the kernels' scale warps do (kernel/gemm/producer.cuh
-// stage_token_scales: every lane writes the stage's scales, __syncwarp, lane 0 arrives on the
-// stage's full barrier; the consumers wait on it and read) and as the consumers release a stage
-// (every lane reads, __syncwarp, lane 0 arrives on the empty barrier; the producer waits and
-// writes the next scales).
+// lane's mbarrier arrive, against every lane arriving for its own accesses (what the kernels do
+// since bench/NOTES.md v28: the scale warps after writing a stage's scales, kernel/gemm/producer.cuh
+// stage_token_scales, and the consumers after reading them; before, one lane arrived after
+// __syncwarp, and racecheck reported tens of thousands of hazards on every kernel path).
 //
-//   warp_publish <mode>      0: RAW, lane 0 arrives after __syncwarp      (the kernels' pattern)
-//                            1: RAW, every lane arrives (count 32)
-//                            2: WAR, lane 0 arrives after __syncwarp      (the kernels' pattern)
-//                            3: WAR, every lane arrives (count 32)
+//   warp_publish <mode>      0: RAW, lane 0 arrives after __syncwarp
+//                            1: RAW, every lane arrives (count 32)       (the kernels' pattern)
+//                            2: WAR, lane 0 arrives after __syncwarp
+//                            3: WAR, every lane arrives (count 32)       (the kernels' pattern)
 //
 // All four are ordered by the PTX memory model: __syncwarp orders the lanes' accesses before lane
 // 0's arrive, which releases at CTA scope; the waiter's try_wait acquires. Run under
 // `compute-sanitizer --tool racecheck` by `python -m bench.sanitize --probe`. On the H200 it reported
 // hazards in mode 0 only (124), none in 1, 2, 3 (bench/NOTES.md v26): for writes, racecheck credits
-// an arrive with the arriving thread's own accesses only. The probe checks its result too (exit 1
-// on a wrong value).
+// an arrive with the arriving thread's own accesses only. Mode 2's silence does not carry over to
+// the kernels: their consumers' one-lane release drew WAR reports in the prefill paths (v26, v28),
+// where ptxas compiled the __syncwarp to a NOP (here it stays a WARPSYNC.ALL). The probe checks its
+// result too (exit 1 on a wrong value).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
