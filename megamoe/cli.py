@@ -427,7 +427,7 @@ def _activation_words(cfg) -> str:
 
 
 def _report(args: argparse.Namespace, device: str) -> int:
-    from megamoe.report import to_json, to_markdown, tolerance_report
+    from megamoe.report import tolerance_report
 
     cfg = _config(args)
     _log(
@@ -438,16 +438,20 @@ def _report(args: argparse.Namespace, device: str) -> int:
     inputs, weights = _inputs(args, cfg, device)
     _log(f"inputs and weights made in {time.perf_counter() - t0:.2f} s")
     report = tolerance_report(cfg, inputs, weights, log=_log)
-    print(
-        f"\nmegamoe reference vs float64 oracle ({report['device']}, reference run "
-        f"{report['reference_seconds']:.2f} s):\n"
-    )
+    _print_report(args, report, f"reference run {report['reference_seconds']:.2f} s")
+    return 0
+
+
+def _print_report(args: argparse.Namespace, report: dict, note: str) -> None:
+    """A tolerance report (megamoe.report) as its table, and as the files --json / --markdown name."""
+    from megamoe.report import to_json, to_markdown
+
+    print(f"\nmegamoe {report['source']} vs float64 oracle ({report['device']}, {note}):\n")
     print(to_markdown(report))
     if args.json:
         _write(args.json, to_json(report))
     if args.markdown:
         _write(args.markdown, to_markdown(report) + "\n")
-    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -468,6 +472,7 @@ def _run_fused(args: argparse.Namespace) -> int:
     from megamoe import reference as ref
     from megamoe.conformance.suite import check
     from megamoe.moe import MegaMoE
+    from megamoe.report import kernel_report
 
     cfg = _config(args)
     tokens = args.tokens * cfg.num_ranks
@@ -487,6 +492,7 @@ def _run_fused(args: argparse.Namespace) -> int:
     _log(f"kernel built, loaded and run (debug build) in {time.perf_counter() - t0:.1f} s; checking every dump point")
     report = check(dumps, end_to_end=True, progress=_log)
     print(report.text())
+    _print_report(args, kernel_report(dumps, log=_log), "the kernel's debug build")
     kernel_us = _graph_time_us(lambda: layer(*call))
     t0 = time.perf_counter()
     ref.run_reference(cfg, inputs, weights)
@@ -505,6 +511,7 @@ def _run_expert_parallel(args: argparse.Namespace) -> int:
     together by the suite, then each rank's CUDA-graph time."""
     from megamoe import multirank
     from megamoe.conformance.suite import check
+    from megamoe.report import kernel_report
 
     cfg = _config(args)
     gpus = torch.cuda.device_count()
@@ -516,8 +523,10 @@ def _run_expert_parallel(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     per_rank = multirank.spawn(_expert_parallel_rank, cfg.num_ranks, args=(args,))
     _log(f"{cfg.num_ranks} ranks started, built and run in {time.perf_counter() - t0:.1f} s; checking every dump point")
-    report = check([dump for dump, _ in per_rank], end_to_end=True, progress=_log)
+    dumps = [dump for dump, _ in per_rank]
+    report = check(dumps, end_to_end=True, progress=_log)
     print(report.text())
+    _print_report(args, kernel_report(dumps, log=_log), f"the kernel's debug build, {cfg.num_ranks} ranks")
     times = ", ".join(f"rank {r}: {us:.1f}" for r, (_, us) in enumerate(per_rank))
     shared = " (ranks time-slice one GPU: not a speed figure)" if gpus < cfg.num_ranks else ""
     print(f"\nfused kernel, us per call (CUDA-graph replay): {times}{shared}")

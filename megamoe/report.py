@@ -1,4 +1,5 @@
-"""Numeric tolerance report: the reference against the float64 oracle, stage by stage.
+"""Numeric tolerance report: the reference, or the fused kernel's dumps, against the float64 oracle,
+stage by stage.
 
 For every stage with an oracle counterpart it reports calc_diff, the largest absolute error,
 the ∞-norm relative error (max |err| / max |oracle|) and a histogram of the error in units of the
@@ -81,15 +82,18 @@ def tolerance_report(
     weights: ref.ExpertWeights,
     result: ref.ReferenceResult | None = None,
     log=None,
+    source: str = "reference",
 ) -> dict:
-    """Run (or take) the reference and the oracle, and compare them stage by stage."""
+    """Run (or take) the reference and the oracle, and compare them stage by stage. `result` may
+    hold any dumps of the layer's points (the kernel's: `kernel_report`); `source` names them."""
     say = log or (lambda msg: None)
     t0 = time.perf_counter()
     if result is None:
         say("running the reference ...")
         result = ref.run_reference(cfg, inputs, weights)
+        say(f"reference done in {time.perf_counter() - t0:.2f} s")
     t_ref = time.perf_counter() - t0
-    say(f"reference done in {t_ref:.2f} s; running the float64 oracle ...")
+    say("running the float64 oracle ...")
     oracle = ref.run_oracle(cfg, inputs, weights)
     e_l = cfg.local_experts
     rows: dict[str, list] = {}
@@ -150,15 +154,29 @@ def tolerance_report(
         "config": cfg.to_dict(),
         "tokens_per_rank": [inp.num_tokens for inp in inputs],
         "device": str(inputs[0].x.device),
+        "source": source,
         "reference_seconds": round(t_ref, 3),
         "stages": stages,
     }
 
 
+def kernel_report(dumps: list, log=None) -> dict:
+    """The same report for the fused kernel: its debug dumps (one per rank, `MegaMoE(...)(...,
+    debug=True)`) against the float64 oracle of their own inputs and weights. The local rows take
+    each stage's input from the kernel's dumps, so they measure the kernel's own rounding."""
+    from megamoe.conformance.dump import global_weights
+
+    result = ref.ReferenceResult(y=[d[P.D9_Y] for d in dumps], dumps=dumps)
+    return tolerance_report(
+        dumps[0].config, [d.inputs() for d in dumps], global_weights(dumps), result, log, source="fused kernel"
+    )
+
+
 # What the table's rows and columns mean; printed under the table (the README's "Command line" says it in short).
 LEGEND = """\
-- **local** rows: the stage's own rounding only. The stage's input is taken from the reference's
-  dumps and the float64 result of that same input is the expectation (D6 local: the dumped D5
+- **local** rows: the stage's own rounding only. The stage's input is taken from the dumps of the
+  run reported (the reference's, or the fused kernel's own) and the float64 result of that same
+  input is the expectation (D6 local: the dumped D5
   accumulators through a float64 SwiGLU; D7 local: the dumped D6 codes times w2 in float64; D9
   local: the dumped D8 rows summed in float64).
 - **end-to-end** rows: everything up to this stage, against the float64 oracle of the whole layer

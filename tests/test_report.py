@@ -71,3 +71,21 @@ def test_the_tolerance_table_explains_its_rows_and_columns():
         "**max ulp**",
     ):
         assert words in legend, words
+
+
+def test_the_kernels_report_reads_its_dumps_and_equals_the_references_on_the_references_dumps():
+    from megamoe.conformance.dump import reference_dumps
+    from megamoe.reference import points as P
+    from megamoe.report import kernel_report
+
+    inputs = ref.make_inputs(CFG, 24, seed=2)
+    weights = ref.random_weights(8, 256, 128, seed=2)
+    dumps = reference_dumps(CFG, inputs, weights)
+    ours, theirs = kernel_report(dumps), tolerance_report(CFG, inputs, weights)
+    assert ours["source"] == "fused kernel" and theirs["source"] == "reference"
+    assert ours["stages"] == theirs["stages"]
+    # A y one bf16 step off in one element: the combine's local row sees it (so the rows are the dumps').
+    y = dumps[1].tensors[P.D9_Y]
+    y[3, 5] = (y[3, 5].float() * (1 + 2**-6)).to(y.dtype)
+    row = {s["stage"]: s for s in kernel_report(dumps)["stages"]}["combine (D9 y) local"]
+    assert row["max_ulp"] >= 1.5
