@@ -176,9 +176,8 @@ def kernel_report(dumps: list, log=None) -> dict:
 LEGEND = """\
 - **local** rows: the stage's own rounding only. The stage's input is taken from the dumps of the
   run reported (the reference's, or the fused kernel's own) and the float64 result of that same
-  input is the expectation (D6 local: the dumped D5
-  accumulators through a float64 SwiGLU; D7 local: the dumped D6 codes times w2 in float64; D9
-  local: the dumped D8 rows summed in float64).
+  input is the expectation (D6 local: the dumped D5 accumulators through a float64 SwiGLU; D7
+  local: the dumped D6 codes times w2 in float64; D9 local: the dumped D8 rows summed in float64).
 - **end-to-end** rows: everything up to this stage, against the float64 oracle of the whole layer
   (dequantized inputs and weights, no rounding in between). D6 is dequantized (code x scale) for
   it; the L1 row is both, since its input (the pool) is exact.
