@@ -24,5 +24,6 @@ def check_d9(dumps: list[Dump], rank: int) -> list[CheckResult]:
     )
     if g:
         out.append(g)
-    out.append(exact(P.D9, P.D9_Y, rank, d[P.D9_Y], want, kind="bf16", locate=token_locator()))
+    rows = d.tokens_checked() if d.sampled else None
+    out.append(exact(P.D9, P.D9_Y, rank, d[P.D9_Y], want, kind="bf16", rows=rows, locate=token_locator()))
     return out

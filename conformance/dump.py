@@ -22,6 +22,13 @@ holds "weights": the SHA-256 of the rank's local weights and, where they came fr
 given separately, or regenerated from the seed, and each rank's SHA-256 must match
 (`with_weights`), so a dump is never checked against weights it was not made with.
 
+A dump may also be cut to some tokens (`sample_tokens`), for calls too large to keep whole (a CI
+fixture at gpt-oss's 2880): two masks, sample.rows (bool [P]) and sample.tokens (bool [T]), say which
+pool rows (those that hold a kept token's slots) and which tokens it holds, and the checkers
+compare those only (`Dump.rows_checked`, `Dump.tokens_checked`). The row-sized tensors (SAMPLED_ROWS,
+SAMPLED_TOKENS) are written for the kept rows only and read back in full shape, zero elsewhere;
+everything else (routing, counts, source lists, pool metadata and weights, counters) is whole.
+
 A file is `torch.save` of {"format": "megamoe-dump", "version": 1, "meta": ..., "tensors": ...},
 read back with `weights_only=True` (no code is unpickled).
 
@@ -93,6 +100,22 @@ class Dump:
             ref.as_float8(t["inputs.x"]), t["inputs.x_sf"], t["inputs.topk_idx"], t["inputs.topk_weights"]
         )
 
+    @property
+    def sampled(self) -> bool:
+        """Whether this dump holds some tokens only (`sample_tokens`)."""
+        return SAMPLE_ROWS in self.tensors
+
+    def rows_checked(self) -> torch.Tensor:
+        """bool [P]: the valid pool rows (SPEC §3's layout), of a sampled dump those it holds."""
+        valid = ref.valid_rows(self.tensors)
+        return valid & self.tensors[SAMPLE_ROWS].to(valid.device) if self.sampled else valid
+
+    def tokens_checked(self) -> torch.Tensor:
+        """bool [T]: this rank's tokens, of a sampled dump those it holds."""
+        if self.sampled:
+            return self.tensors[SAMPLE_TOKENS]
+        return torch.ones(self.tensors["inputs.topk_idx"].shape[0], dtype=torch.bool)
+
     def weights(self) -> ref.ExpertWeights:
         t = self.tensors
         biases = {n: t.get(f"weights.{n}") for n in BIAS_NAMES}  # SPEC §8's, where the layer has them
@@ -102,26 +125,33 @@ class Dump:
     def has_weights(self) -> bool:
         return all(f"weights.{n}" in self.tensors for n in WEIGHT_NAMES)
 
-    def without_weights(self, seed: int | None = None) -> "Dump":
-        """This dump without its weights, which it names by their SHA-256 (and the seed of
-        `random_weights` that made them, when there is one: never for weights with biases, which
-        random_weights does not make)."""
-        if seed is not None and any(f"weights.{n}" in self.tensors for n in BIAS_NAMES):
-            ref.errors.fail("seed", "None for weights with biases (random_weights cannot make them again)", seed)
+    def without_weights(self, seed: int | None = None, biases_seed: int | None = None) -> "Dump":
+        """This dump without its weights, which it names by their SHA-256, and by the seeds of
+        `random_weights` and `random_biases` that made them, when there are such (weights with
+        biases name both seeds, or neither)."""
+        has_biases = any(f"weights.{n}" in self.tensors for n in BIAS_NAMES)
+        if seed is not None and has_biases != (biases_seed is not None):
+            want = "the seed of random_biases too" if has_biases else "no biases seed (the layer has no biases)"
+            ref.errors.fail("biases_seed", want, biases_seed)
         tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
-        meta = dict(self.meta, weights={"sha256": weights_digest(self.weights()), "random_weights_seed": seed})
-        return Dump(tensors, meta, self.source)
+        named = {"sha256": weights_digest(self.weights()), "random_weights_seed": seed}
+        if biases_seed is not None:
+            named["random_biases_seed"] = biases_seed
+        return Dump(tensors, dict(self.meta, weights=named), self.source)
 
     def copy(self) -> "Dump":
         return Dump({k: v.clone() for k, v in self.tensors.items()}, dict(self.meta), self.source)
 
     def save(self, path: str | Path) -> None:
+        tensors = {k: v.detach().cpu() for k, v in self.tensors.items()}
+        if self.sampled:  # the kept rows only (load puts them back in place)
+            tensors.update(_cut(tensors))
         torch.save(
             {
                 "format": FORMAT,
                 "version": VERSION,
                 "meta": self.meta,
-                "tensors": {k: v.detach().cpu().contiguous() for k, v in self.tensors.items()},
+                "tensors": {k: v.contiguous() for k, v in tensors.items()},
             },
             path,
         )
@@ -160,7 +190,13 @@ class Dump:
         missing = [k for k in required if k not in obj["tensors"]]
         if missing:
             raise DumpFormatError(f"{path}: dump lacks {', '.join(missing)}")
-        return cls(obj["tensors"], obj["meta"], str(path))
+        tensors = obj["tensors"]
+        if SAMPLE_ROWS in tensors:
+            try:
+                tensors.update(_uncut(tensors, ref.MoEConfig(**obj["meta"]["config"])))
+            except (KeyError, RuntimeError, IndexError, TypeError) as exc:
+                raise DumpFormatError(f"{path}: a sampled dump whose kept rows do not fit its masks ({exc})") from None
+        return cls(tensors, obj["meta"], str(path))
 
 
 def _what_it_is(path: Path) -> str:
@@ -180,6 +216,63 @@ def global_weights(dumps: list[Dump]) -> ref.ExpertWeights:
         if all(f"weights.{n}" in d.tensors for d in ordered)
     }
     return ref.ExpertWeights(*(torch.cat([d[f"weights.{n}"] for d in ordered]) for n in WEIGHT_NAMES), **biases)
+
+
+# A sampled dump (sample_tokens): its masks, and the tensors written for the kept rows only.
+SAMPLE_ROWS, SAMPLE_TOKENS = "sample.rows", "sample.tokens"
+SAMPLED_ROWS = (P.D4_POOL_X, P.D4_POOL_X_SF, P.D5_ACC1, P.D6_L2_ACTS, P.D6_L2_SF, P.D7_ACC2)  # [P, ...]
+SAMPLED_TOKENS = ("inputs.x", P.D9_Y)  # [T, ...]; and D8.combine [K, T_max, H] along its tokens
+
+
+def _cut(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    rows, tokens = t[SAMPLE_ROWS], t[SAMPLE_TOKENS]
+    out = {n: t[n][rows] for n in SAMPLED_ROWS}
+    out.update({n: t[n][tokens] for n in SAMPLED_TOKENS})
+    out[P.D8_COMBINE] = t[P.D8_COMBINE][:, : tokens.numel()][:, tokens]
+    return out
+
+
+def _uncut(t: dict[str, torch.Tensor], cfg: ref.MoEConfig) -> dict[str, torch.Tensor]:
+    """The full-shape tensors of a sampled dump's kept rows, zero elsewhere."""
+    rows, tokens = t[SAMPLE_ROWS], t[SAMPLE_TOKENS]
+
+    def place(cut: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros((mask.numel(), *cut.shape[1:]), dtype=cut.dtype)
+        full[mask] = cut
+        return full
+
+    out = {n: place(t[n], rows) for n in SAMPLED_ROWS}
+    out.update({n: place(t[n], tokens) for n in SAMPLED_TOKENS})
+    cut = t[P.D8_COMBINE]
+    combine = torch.zeros((cut.shape[0], cfg.max_tokens_per_rank, cut.shape[2]), dtype=cut.dtype)
+    combine[:, : tokens.numel()][:, tokens] = cut
+    out[P.D8_COMBINE] = combine
+    return out
+
+
+def sample_tokens(dumps: list[Dump], tokens: list[list[int]]) -> list[Dump]:
+    """The dumps of one call (rank order) cut to `tokens[r]` of each rank r: of its own tensors the
+    kept tokens' x, combine rows and y, and on every rank the pool rows that hold a kept token's
+    slots; the rest of those tensors is zeroed (and not written by `save`)."""
+    if len(tokens) != len(dumps):
+        ref.errors.fail("tokens", f"one list of token indices per rank ({len(dumps)})", f"{len(tokens)} lists")
+    keep = []
+    for d, ts in zip(dumps, tokens):
+        mask = torch.zeros(d["inputs.topk_idx"].shape[0], dtype=torch.bool)
+        mask[torch.as_tensor(ts, dtype=torch.long)] = True
+        keep.append(mask)
+    out = []
+    for d in dumps:
+        meta = d[P.D4_POOL_META].long().cpu()
+        rows = torch.zeros(meta.shape[0], dtype=torch.bool)
+        for s, mask in enumerate(keep):
+            mine = (meta[:, 0] == s) & (meta[:, 1] >= 0) & (meta[:, 1] < mask.numel())
+            rows[mine] = mask[meta[mine, 1]]
+        t = {k: v.cpu() for k, v in d.tensors.items()}
+        t[SAMPLE_ROWS], t[SAMPLE_TOKENS] = rows, keep[d.rank]
+        t.update(_uncut({**t, **_cut(t)}, d.config))  # zero what is not kept: the dump is what its file holds
+        out.append(Dump(t, dict(d.meta), d.source))
+    return out
 
 
 WEIGHT_NAMES = ("w1", "w1_sf", "w2", "w2_sf")
@@ -221,6 +314,9 @@ def with_weights(
         )
         t0 = time.perf_counter()
         weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed)
+        biases = {(d.meta.get("weights") or {}).get("random_biases_seed") for d in dumps if not d.has_weights}
+        if biases != {None}:
+            weights.b1, weights.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=biases.pop())
         say(f"weights regenerated in {time.perf_counter() - t0:.1f} s")
     e_l = cfg.local_experts
     out = []

@@ -31,15 +31,13 @@ def exact_sums(d: Dump, point: str, *, absolute: bool = False) -> torch.Tensor:
     _, a, a_sf, w, w_sf = GEMMS[point]
     gemm = ref.fast_gemm_f64 if fast_operands(d) else ref.block_scaled_gemm_f64
     fn = (lambda *args: gemm(*args, absolute=True)) if absolute else gemm
-    return ref.grouped_gemm(
-        d[a], d[a_sf], d[P.D4_EXPERT_OFFSETS], d[w], d[w_sf], valid=ref.valid_rows(d.tensors), fn=fn
-    )
+    return ref.grouped_gemm(d[a], d[a_sf], d[P.D4_EXPERT_OFFSETS], d[w], d[w_sf], valid=d.rows_checked(), fn=fn)
 
 
 def error_ratios(d: Dump, point: str) -> torch.Tensor:
     """|acc - exact| / (τ Σ|ab|) over the valid, finite elements (the GEMM_BOUND statistic)."""
     acc = d[GEMMS[point][0]].to(torch.float64)
-    valid = ref.valid_rows(d.tensors)
+    valid = d.rows_checked()
     err = (acc - exact_sums(d, point)).abs()[valid]
     scale = float(d.meta["tau"][point]) * exact_sums(d, point, absolute=True)[valid]
     ok = torch.isfinite(err) & (scale > 0)
@@ -65,7 +63,7 @@ def overflow_reach(d: Dump, point: str, abs_sum: torch.Tensor) -> torch.Tensor:
 def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     tensor = GEMMS[point][0]
-    acc, valid = d[tensor], ref.valid_rows(d.tensors)
+    acc, valid = d[tensor], d.rows_checked()
     g = guard(point, tensor, rank, bool(valid.any()) or int(d[P.D2_RECV_TOTALS].sum()) == 0, "no valid pool row")
     if g:
         return [g]

@@ -26,7 +26,7 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
     want = buf.clone()
     written = torch.zeros(buf.shape[:2], dtype=torch.bool)
     for owner in dumps:
-        valid = ref.valid_rows(owner.tensors)
+        valid = owner.rows_checked()
         meta = owner[P.D4_POOL_META].long()
         in_range = (meta[:, 1] >= 0) & (meta[:, 1] < buf.shape[1]) & (meta[:, 2] >= 0) & (meta[:, 2] < buf.shape[0])
         rows = (valid & in_range & (meta[:, 0] == rank)).nonzero().flatten()
@@ -40,7 +40,7 @@ def check_d8(dumps: list[Dump], rank: int) -> list[CheckResult]:
             written[k, t] = True
     idx = d["inputs.topk_idx"]
     slots = torch.zeros_like(written)
-    slots[:, : idx.shape[0]] = (idx >= 0).T
+    slots[:, : idx.shape[0]] = (idx >= 0).T & d.tokens_checked()[None, :]
     cover = exact(
         P.D8,
         f"{P.D8_COMBINE} (slots written)",

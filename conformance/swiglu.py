@@ -12,7 +12,7 @@ from .result import CheckResult
 
 def check_d6(dumps: list[Dump], rank: int) -> list[CheckResult]:
     d, cfg = dumps[rank], dumps[rank].config
-    valid = ref.valid_rows(d.tensors)
+    valid = d.rows_checked()  # of a sampled dump, the rows it holds
     b1 = d.tensors.get("weights.b1")  # SPEC §8's gate/up biases, where the layer has them
     want = ref.l1_epilogue(d[P.D5_ACC1], d[P.D4_POOL_WEIGHTS], valid, **ref.activation_args(cfg, d.tensors, b1))
     locate = pool_locator(d, rank)

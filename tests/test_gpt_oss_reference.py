@@ -16,7 +16,14 @@ import torch
 
 from megamoe import reference as ref
 from megamoe.conformance import suite
-from megamoe.conformance.dump import Dump, global_weights, reference_dumps, weights_digest, with_weights
+from megamoe.conformance.dump import (
+    Dump,
+    DumpFormatError,
+    global_weights,
+    reference_dumps,
+    weights_digest,
+    with_weights,
+)
 from megamoe.reference import points as P
 from megamoe.reference import silu_tables
 
@@ -385,8 +392,17 @@ def test_a_plain_swiglu_dump_that_carries_a_b2_is_checked_without_it():
     assert suite.check(dumps).ok
 
 
-def test_a_dump_with_biases_cannot_name_a_random_weights_seed_for_them():
+def test_a_dump_with_biases_names_the_seed_of_its_biases_beside_that_of_its_weights():
     inputs, weights = _call()
     dump = reference_dumps(CFG, inputs, weights)[0]
-    with pytest.raises(ref.MegaMoEInputError, match="argument 'seed': expected None for weights with biases"):
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'biases_seed': expected the seed of random_biases too"):
         dump.without_weights(seed=5)
+    cfg = CFG
+    made = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=5)
+    made.b1, made.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=6)
+    dumps = reference_dumps(cfg, inputs, made)
+    back = with_weights([d.without_weights(seed=5, biases_seed=6) for d in dumps])
+    assert all(torch.equal(a["weights.b1"], b["weights.b1"]) for a, b in zip(back, dumps))
+    assert suite.check(back).ok
+    with pytest.raises(DumpFormatError, match="not the ones this dump was made with"):
+        with_weights([d.without_weights(seed=5, biases_seed=7) for d in dumps])
