@@ -48,7 +48,8 @@ STAGES: tuple[tuple[str, str, Callable], ...] = tuple((p, P.stage_of(p), CHECKER
 
 # What the table's columns mean; printed under it by `megamoe check`, and in docs/conformance.md.
 LEGEND = """\
-elements: how many elements the check compared (valid pool rows only for pool-shaped tensors).
+elements: how many elements the check compared (valid pool rows only for pool-shaped tensors; of a
+  sampled dump, the rows and tokens it holds).
 mismatches: how many of them broke the check's rule.
 max error: GEMM_BOUND rows: the largest |acc - exact| / (tau * sum|a*b|) over the elements, the
   bound's own scale, so a value <= 1 passes and 0.25 means a quarter of the allowed error;

@@ -3,8 +3,10 @@ conformance suite on every CI run — and a fault planted in one is still caught
 
 sm90_<promotion>_rank<r>.pt: the standalone GEMM core (D5-D8 the kernel's). fused_<case>_rank<r>.pt:
 the fused kernel, every dump point D1-D10 its own, saved without weights (regenerated here from the
-seed the files name)."""
+seed the files name). sampled_<case>_rank0.pt: the fused kernel at gpt-oss-20b's shape, cut to a
+few tokens of each call (conformance.dump.sample_tokens)."""
 
+import functools
 import re
 from pathlib import Path
 
@@ -15,7 +17,19 @@ from megamoe import reference as ref
 from megamoe.conformance.dump import Dump, DumpFormatError, with_weights
 from megamoe.conformance.suite import STAGES, check
 
-from .gpu.record_fixtures import FUSED_BUDGET, FUSED_CASES, FUSED_WEIGHTS_SEED, fused_size_estimate
+from .gpu.record_fixtures import (
+    FUSED_BUDGET,
+    FUSED_CASES,
+    FUSED_WEIGHTS_SEED,
+    GPT_OSS_SEEDS,
+    SAMPLED_BUDGET,
+    SAMPLED_CASES,
+    fused_size_estimate,
+    gpt_oss_config,
+    gpt_oss_weights,
+    sampled_file,
+    sampled_size_estimate,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -174,3 +188,53 @@ def test_check_takes_one_dump_file_as_a_string_or_a_path_as_well_as_a_list_of_th
         check([path, 3])
     with pytest.raises(ref.MegaMoEInputError, match=r"argument 'weights': expected ExpertWeights, got dict"):
         check(path, weights={})
+
+
+# ---- the fused kernel at gpt-oss-20b's shape, sampled ----------------------------------------
+SAMPLED = {c: FIXTURES / sampled_file(c) for c in SAMPLED_CASES if (FIXTURES / sampled_file(c)).exists()}
+RECORD_SAMPLED = (
+    "no gpt-oss-20b fixture in tests/fixtures yet: record them on an H200 with "
+    "`MEGAMOE_CACHE_DIR=$PWD/.jitcache python -m tests.gpu.record_fixtures tests/fixtures --sampled-only`"
+)
+SAMPLED_PARAMS = list(SAMPLED) or [
+    pytest.param(None, marks=pytest.mark.skip(reason=RECORD_SAMPLED), id="none-recorded")
+]
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt_oss_weights() -> ref.ExpertWeights:
+    return gpt_oss_weights()  # E 32 at 2880: ~40 s on two cores, once per session
+
+
+def _load_sampled(case: str) -> list[Dump]:
+    return with_weights([Dump.load(SAMPLED[case])], _gpt_oss_weights())
+
+
+@pytest.mark.parametrize("case", SAMPLED_PARAMS)
+def test_every_dump_point_of_a_recorded_gpt_oss_20b_call_passes_on_the_cpu_for_the_tokens_it_holds(case):
+    tokens, keep = SAMPLED_CASES[case]
+    bare = Dump.load(SAMPLED[case])
+    assert bare.sampled and not bare.has_weights and bare.config == gpt_oss_config()
+    assert bare.meta["kernel_mode"] == "sm90-fused-k32" and "sm90 fused kernel" in bare.meta["build_id"]
+    seeds = bare.meta["weights"]
+    assert (seeds["random_weights_seed"], seeds["random_biases_seed"]) == GPT_OSS_SEEDS
+    assert bare["inputs.topk_idx"].shape[0] == tokens and bare.tokens_checked().nonzero().flatten().tolist() == keep
+    report = check(_load_sampled(case))
+    assert report.ok, report.text()
+    for point, _, _ in STAGES:
+        assert report.status(point) == "pass", (point, report.text())
+
+
+def test_a_fault_planted_in_a_recorded_gpt_oss_20b_dump_is_caught_at_its_stage():
+    if not SAMPLED:
+        pytest.skip(RECORD_SAMPLED)
+    d = _load_sampled(next(iter(SAMPLED)))[0].copy()
+    d.tensors["D6.l2_acts"][int(d.rows_checked().nonzero()[0]), 7] ^= 0x01
+    assert check([d]).first_failure == "D6"
+
+
+def test_the_gpt_oss_20b_fixtures_take_under_their_budget_recorded_and_planned():
+    planned = {c: sampled_size_estimate(c) for c in SAMPLED_CASES}
+    assert sum(planned.values()) < SAMPLED_BUDGET, planned
+    recorded = sum(p.stat().st_size for p in SAMPLED.values())
+    assert recorded < SAMPLED_BUDGET, f"{recorded:,} bytes in {len(SAMPLED)} sampled fixtures"

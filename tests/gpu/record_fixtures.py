@@ -1,8 +1,9 @@
 """Record the kernel's dumps of a few small calls on a GPU, as CI fixtures (SPEC §5: a dump captured
 on a GPU is checked later on a CPU).
 
-    python -m tests.gpu.record_fixtures OUT_DIR                 # both sets below
+    python -m tests.gpu.record_fixtures OUT_DIR                 # every set below
     python -m tests.gpu.record_fixtures OUT_DIR --fused-only    # the fused kernel's only
+    python -m tests.gpu.record_fixtures OUT_DIR --sampled-only  # the gpt-oss-20b calls only
 
 writes
   OUT_DIR/sm90_<promotion>_rank<r>.pt   the standalone GEMM core (reference D1-D4, the kernel's
@@ -14,7 +15,11 @@ writes
                                         ranks run as two processes by megamoe.multirank.spawn),
                                         saved WITHOUT weights: the file names the random_weights
                                         seed and the weights' SHA-256, and the checker regenerates
-                                        them (conformance/dump.py with_weights).
+                                        them (conformance/dump.py with_weights);
+  OUT_DIR/sampled_<case>_rank0.pt       the fused kernel at gpt-oss-20b's shape (E 32, H = I = 2880,
+                                        top-4, SPEC §8's activation and biases), T = 1, 64 and 1000
+                                        (SAMPLED_CASES), each cut to a few tokens (sample_tokens),
+                                        without weights (both seeds named).
 tests/test_fixtures.py checks them with the conformance suite on every CI run.
 
 Size of a fused fixture (torch.save stores the tensors uncompressed): the pool-shaped dump points
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import math
 import sys
 from pathlib import Path
 
@@ -203,6 +209,99 @@ def record_fused(out: Path) -> list[Path]:
     return written
 
 
+# ---- the fused kernel at gpt-oss-20b's shape, sampled ---------------------------------------
+# SPEC §8's layer at its real size (E 32, H = I = 2880, top-4, b1 and b2, the exact mode). A whole
+# call's dumps take ~10 MB at T = 1 and ~240 MB at T = 1000 (a pool row alone ~40 KB), so each file
+# keeps a few tokens (conformance.dump.sample_tokens: their x, pool rows, combine rows and y; all of
+# the routing, counts, source lists, pool metadata and counters), without weights (regenerated
+# from the two seeds the files name).
+GPT_OSS_SHAPE = dict(hidden=2880, intermediate=2880, num_experts=32, top_k=4, num_ranks=1, activation="swiglu_oai")
+GPT_OSS_SEEDS = (1, 2)  # random_weights', random_biases'
+GPT_OSS_T_MAX = 1000  # one layer for every case
+SAMPLED_BUDGET = 3_000_000  # bytes of every sampled_*.pt together
+SAMPLED_CASES = {  # name: (T, the tokens kept), inputs make_inputs(seed=7, uniform routing)
+    "gpt_oss_20b_t1": (1, [0]),
+    "gpt_oss_20b_t64": (64, [0, 21, 42, 63]),
+    "gpt_oss_20b_t1000": (1000, [0, 333, 666, 999]),
+}
+
+
+def gpt_oss_config() -> ref.MoEConfig:
+    return ref.MoEConfig(**GPT_OSS_SHAPE, max_tokens_per_rank=GPT_OSS_T_MAX)
+
+
+def gpt_oss_weights(device="cpu") -> ref.ExpertWeights:
+    """The weights and biases of every SAMPLED_CASES call (global: E = 32)."""
+    cfg, (w_seed, b_seed) = gpt_oss_config(), GPT_OSS_SEEDS
+    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=w_seed, device=device)
+    w.b1, w.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=b_seed, device=device)
+    return w
+
+
+def sampled_file(case: str) -> str:
+    return f"sampled_{case}_rank0.pt"
+
+
+def sampled_size_estimate(case: str) -> int:
+    """About the bytes of sampled_<case>_rank0.pt, from the dump-point table: every tensor at its
+    size for T and the pool's most rows (T K + E (block_m - 1)), the kept ones at the rows they
+    keep (K a token), inputs and counters included; the masks and torch.save's framing on top."""
+    from megamoe.conformance.dump import SAMPLED_ROWS
+    from megamoe.jit import contract as C
+    from megamoe.reference import points as P
+
+    cfg = gpt_oss_config()
+    tokens, keep = SAMPLED_CASES[case]
+    pool = tokens * cfg.top_k + cfg.num_experts * (cfg.block_m - 1)
+    dims = P.dump_dims(cfg, tokens=tokens, pool_rows=pool, counter_words=len(C.COUNTERS) * pool // cfg.block_m)
+    kept = {**dict.fromkeys(SAMPLED_ROWS, cfg.top_k * len(keep)), P.D9_Y: len(keep), P.D8_COMBINE: None}
+    total = 0
+    for name, t in P.TABLE.items():
+        shape = list(t.shape_of(dims))
+        if name == P.D8_COMBINE:
+            shape[1] = len(keep)
+        elif name in kept:
+            shape[0] = kept[name]
+        total += math.prod(shape) * t.dtype.itemsize
+    inputs = len(keep) * cfg.hidden + tokens * (cfg.hidden // 32 + cfg.top_k * (8 + 4))  # x kept rows only
+    return total + inputs + pool + tokens + 64 * 1024
+
+
+def record_sampled(out: Path) -> list[Path]:
+    """Run every SAMPLED_CASES call through the fused layer's debug build, cut its dumps to the
+    case's tokens, check those here as CI will (a fixture that does not conform is not written),
+    and save them without weights."""
+    from megamoe.conformance.dump import sample_tokens
+    from megamoe.conformance.suite import check
+    from megamoe.moe import MegaMoE
+
+    cfg = gpt_oss_config()
+    weights = gpt_oss_weights("cuda")
+    layer = MegaMoE(cfg, weights)
+    written = []
+    for case, (tokens, keep) in SAMPLED_CASES.items():
+        inp = ref.make_inputs(cfg, tokens, seed=7, device="cuda")[0]
+        _, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
+        torch.cuda.synchronize()
+        cut = sample_tokens(dumps, [keep])
+        report = check(cut)
+        if not report.ok:
+            sys.exit(f"sampled case {case!r}: the kernel's dumps do not conform; not recorded\n{report.text()}")
+        d = cut[0]
+        d.meta["build_id"] = (
+            f"sm90 fused kernel {d.meta['build_id']}, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+        )
+        path = out / sampled_file(case)
+        d.without_weights(*GPT_OSS_SEEDS).save(path)
+        written.append(path)
+        print(f"{path}  {path.stat().st_size:,} bytes (estimated {sampled_size_estimate(case):,})")
+    total = sum(p.stat().st_size for p in written)
+    print(f"sampled fixtures: {total:,} bytes (budget {SAMPLED_BUDGET:,})")
+    if total >= SAMPLED_BUDGET:
+        sys.exit(f"the sampled fixtures take {total:,} bytes, over budget: keep fewer tokens")
+    return written
+
+
 def record_standalone(out: Path) -> None:
     from .test_gemm_conformance import kernel_dumps
 
@@ -224,13 +323,15 @@ def record_standalone(out: Path) -> None:
             print(out / f"sm90_{promotion}_rank{d.rank}.pt")
 
 
-def main(out: Path, fused_only: bool = False) -> None:
+def main(out: Path, fused_only: bool = False, sampled_only: bool = False) -> None:
     if not torch.cuda.is_available():
         sys.exit("record_fixtures needs a CUDA GPU (it records the kernel's own dumps)")
     out.mkdir(parents=True, exist_ok=True)
     if not fused_only:
         record_standalone(out)
-    record_fused(out)
+    if not sampled_only:
+        record_fused(out)
+    record_sampled(out)
 
 
 if __name__ == "__main__":
@@ -240,6 +341,9 @@ if __name__ == "__main__":
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("out_dir", type=Path, help="where the .pt files go (tests/fixtures to update CI's)")
-    parser.add_argument("--fused-only", action="store_true", help="record only the fused kernel's fused_*.pt")
+    parser.add_argument(
+        "--fused-only", action="store_true", help="record only the fused kernel's fused_*.pt and sampled_*.pt"
+    )
+    parser.add_argument("--sampled-only", action="store_true", help="record only the sampled_*.pt (gpt-oss-20b)")
     args = parser.parse_args()
-    main(args.out_dir, fused_only=args.fused_only)
+    main(args.out_dir, fused_only=args.fused_only or args.sampled_only, sampled_only=args.sampled_only)
