@@ -163,9 +163,11 @@ def tolerance_report(
 def kernel_report(dumps: list, log=None) -> dict:
     """The same report for the fused kernel: its debug dumps (one per rank, `MegaMoE(...)(...,
     debug=True)`) against the float64 oracle of their own inputs and weights. The local rows take
-    each stage's input from the kernel's dumps, so they measure the kernel's own rounding."""
-    from megamoe.conformance.dump import global_weights
+    each stage's input from the kernel's dumps, so they measure the kernel's own rounding. Dumps
+    saved without their weights get them back from their seed (conformance.dump.with_weights)."""
+    from megamoe.conformance.dump import global_weights, with_weights
 
+    dumps = with_weights(sorted(dumps, key=lambda d: d.rank), progress=log)
     result = ref.ReferenceResult(y=[d[P.D9_Y] for d in dumps], dumps=dumps)
     return tolerance_report(
         dumps[0].config, [d.inputs() for d in dumps], global_weights(dumps), result, log, source="fused kernel"
