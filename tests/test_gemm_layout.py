@@ -87,3 +87,18 @@ def test_sizes_in_multiples_of_32_are_padded_in_the_kernel_layout_and_come_back_
     assert not kw.w2_sf[:, :, 160:].any() and not kw.w1_sf[:, 1, :, 1:].any()  # groups 5-7 of block 1: padding
     for got, want in zip(untransform_weights(kw), (w.w1, w.w1_sf, w.w2, w.w2_sf)):
         assert torch.equal(got, want)
+
+
+def test_the_scales_derived_at_padded_sizes_are_those_of_the_real_rows():
+    # The padding rows (scale byte 0) are no row's spread: the fold blocks and the row spread at
+    # H 160, I 96 (rows padded to 256) equal those of the same weights' real rows alone.
+    from megamoe import reference as ref
+    from megamoe.jit.layout import transform_weights
+
+    w = ref.random_weights(3, 160, 96, seed=4)
+    kw = transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    assert kw.row_spread == max(ref.quantize.weight_row_spread(sf) for sf in (w.w1_sf, w.w2_sf))
+    assert kw.row_spread <= ref.quantize.FAST_ROW_SPREAD
+    for sf, rows, fold in ((kw.w1_sf, 192, kw.w1_fold), (kw.w2_sf, 160, kw.w2_fold)):
+        _, base, _ = L.fast_scales_kernel_layout(sf[:, :, :rows])
+        assert torch.equal(fold, L.fold_blocks(sf[:, :, :rows], base))

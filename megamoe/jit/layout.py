@@ -120,15 +120,18 @@ FOLD_BINADES = 11
 FOLD_ROW_SPREAD = 32
 
 
-def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor) -> torch.Tensor:
+def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
     contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base B_r and B_r
     within FOLD_ROW_SPREAD of the expert's largest B_e. There the exact mode's prefill path
     predecodes the weights through the fast mode's scaled tables and promotes each k32 product with
-    one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh)."""
+    one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh). `rows`: the real
+    rows (2I or H), the rest the layout's zero padding, which any fold leaves zero."""
     base = row_base.to(torch.int32)
     span = base - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
     ok = (span <= FOLD_BINADES) & (base.amax(dim=1, keepdim=True) - base <= FOLD_ROW_SPREAD)
+    if rows is not None:
+        ok[:, rows:] = True
     E, R = ok.shape
     blocks = -(-R // contract.PREFILL_ROWS)
     ok = torch.nn.functional.pad(ok, (0, blocks * contract.PREFILL_ROWS - R), value=True)
@@ -163,11 +166,17 @@ class KernelWeights:
     def __post_init__(self):
         self.w1_lut, self.w1_row_base, self.w1_expert_base = fast_scales_kernel_layout(self.w1_sf)
         self.w2_lut, self.w2_row_base, self.w2_expert_base = fast_scales_kernel_layout(self.w2_sf)
-        self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base)
-        self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base)
+        # Over the real rows only: a padding row's base (0) is no row's spread (the expert bases
+        # are unchanged by it: 0 is no maximum unless the whole expert is zero).
+        real1, real2 = 2 * self.intermediate, self.hidden
+        self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base, real1)
+        self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base, real2)
         self.row_spread = max(
-            int((eb[:, None].int() - rb.int()).max()) if rb.numel() else 0
-            for eb, rb in ((self.w1_expert_base, self.w1_row_base), (self.w2_expert_base, self.w2_row_base))
+            int((eb[:, None].int() - rb[:, :real].int()).max()) if rb.numel() else 0
+            for eb, rb, real in (
+                (self.w1_expert_base, self.w1_row_base, real1),
+                (self.w2_expert_base, self.w2_row_base, real2),
+            )
         )
 
     @property
