@@ -130,9 +130,11 @@ class Dump:
         `random_weights` and `random_biases` that made them, when there are such (weights with
         biases name both seeds, or neither)."""
         has_biases = any(f"weights.{n}" in self.tensors for n in BIAS_NAMES)
-        if seed is not None and has_biases != (biases_seed is not None):
-            want = "the seed of random_biases too" if has_biases else "no biases seed (the layer has no biases)"
-            ref.errors.fail("biases_seed", want, biases_seed)
+        if biases_seed is not None and (seed is None or not has_biases):
+            why = "no random_weights seed" if seed is None else "a layer without biases"
+            ref.errors.fail("biases_seed", f"None for {why}", biases_seed)
+        if seed is not None and has_biases and biases_seed is None:
+            ref.errors.fail("biases_seed", "the seed of random_biases too", biases_seed)
         tensors = {k: v for k, v in self.tensors.items() if not k.startswith("weights.")}
         named = {"sha256": weights_digest(self.weights()), "random_weights_seed": seed}
         if biases_seed is not None:
@@ -256,10 +258,15 @@ def sample_tokens(dumps: list[Dump], tokens: list[list[int]]) -> list[Dump]:
     slots; the rest of those tensors is zeroed (and not written by `save`)."""
     if len(tokens) != len(dumps):
         ref.errors.fail("tokens", f"one list of token indices per rank ({len(dumps)})", f"{len(tokens)} lists")
+    if [d.rank for d in dumps] != list(range(len(dumps))):
+        ref.errors.fail("dumps", "every rank's dump of one call, in rank order", [d.rank for d in dumps])
     keep = []
     for d, ts in zip(dumps, tokens):
-        mask = torch.zeros(d["inputs.topk_idx"].shape[0], dtype=torch.bool)
-        mask[torch.as_tensor(ts, dtype=torch.long)] = True
+        n = d["inputs.topk_idx"].shape[0]
+        if any(not 0 <= int(t) < n for t in ts):
+            ref.errors.fail("tokens", f"rank {d.rank}'s token indices in [0, {n})", list(ts))
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[torch.as_tensor(list(ts), dtype=torch.long)] = True
         keep.append(mask)
     out = []
     for d in dumps:
@@ -268,9 +275,10 @@ def sample_tokens(dumps: list[Dump], tokens: list[list[int]]) -> list[Dump]:
         for s, mask in enumerate(keep):
             mine = (meta[:, 0] == s) & (meta[:, 1] >= 0) & (meta[:, 1] < mask.numel())
             rows[mine] = mask[meta[mine, 1]]
-        t = {k: v.cpu() for k, v in d.tensors.items()}
+        t = {k: v.detach().cpu().clone() for k, v in d.tensors.items()}  # its own: the call's dumps stay
         t[SAMPLE_ROWS], t[SAMPLE_TOKENS] = rows, keep[d.rank]
-        t.update(_uncut({**t, **_cut(t)}, d.config))  # zero what is not kept: the dump is what its file holds
+        # What is not kept, zeroed: the sampled dump holds what its file will (save cuts, load puts back).
+        t.update(_uncut({**t, **_cut(t)}, d.config))
         out.append(Dump(t, dict(d.meta), d.source))
     return out
 
@@ -315,6 +323,10 @@ def with_weights(
         t0 = time.perf_counter()
         weights = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=seed)
         biases = {(d.meta.get("weights") or {}).get("random_biases_seed") for d in dumps if not d.has_weights}
+        if len(biases) != 1:
+            raise DumpFormatError(
+                f"the dumps of one call name different random_biases seeds: {sorted(map(str, biases))}"
+            )
         if biases != {None}:
             weights.b1, weights.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=biases.pop())
         say(f"weights regenerated in {time.perf_counter() - t0:.1f} s")

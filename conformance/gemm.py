@@ -10,7 +10,7 @@ from megamoe.reference import points as P
 
 from .compare import gemm_bound, gemm_exact, guard, pool_locator
 from .dump import Dump
-from .result import CheckResult
+from .result import GEMM_BOUND, NA, CheckResult
 
 # dump point -> (accumulator, activation codes, activation scales, weights, weight scales)
 GEMMS = {
@@ -64,6 +64,8 @@ def check_gemm(point: str, dumps: list[Dump], rank: int) -> list[CheckResult]:
     d = dumps[rank]
     tensor = GEMMS[point][0]
     acc, valid = d[tensor], d.rows_checked()
+    if d.sampled and not valid.any():  # none of the kept tokens' slots came to this rank
+        return [CheckResult(point, tensor, GEMM_BOUND, rank, NA, message="the sampled dump holds no row of this rank")]
     g = guard(point, tensor, rank, bool(valid.any()) or int(d[P.D2_RECV_TOTALS].sum()) == 0, "no valid pool row")
     if g:
         return [g]

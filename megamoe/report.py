@@ -164,14 +164,26 @@ def kernel_report(dumps: list, log=None) -> dict:
     """The same report for the fused kernel: its debug dumps (one per rank, `MegaMoE(...)(...,
     debug=True)`) against the float64 oracle of their own inputs and weights. The local rows take
     each stage's input from the kernel's dumps, so they measure the kernel's own rounding. Dumps
-    saved without their weights get them back from their seed (conformance.dump.with_weights)."""
+    saved without their weights get them back from their seed (conformance.dump.with_weights).
+
+    The report pairs each pool row with the oracle's row of the same index, so it takes dumps whose
+    pool is the reference's, row for row (the fused kernel fills it in that order; SPEC §3 allows
+    any), and whole dumps only (not `sample_tokens`'), refusing others in one line."""
     from megamoe.conformance.dump import global_weights, with_weights
 
     dumps = with_weights(sorted(dumps, key=lambda d: d.rank), progress=log)
+    if any(d.sampled for d in dumps):
+        ref.errors.fail("dumps", "whole dumps (a sampled dump holds some pool rows only)", "sampled dumps")
+    cfg, inputs = dumps[0].config, [d.inputs() for d in dumps]
+    for d in dumps:
+        pool = ref.build_pool(inputs, d.rank, cfg)
+        same = torch.equal(d[P.D4_EXPERT_OFFSETS].cpu().long(), pool.expert_offsets.cpu().long()) and torch.equal(
+            d[P.D4_POOL_META].cpu().long()[pool.valid.cpu()], pool.meta.cpu().long()[pool.valid.cpu()]
+        )
+        if not same:
+            ref.errors.fail("dumps", "the reference's pool order (the report pairs rows by index)", f"rank {d.rank}'s")
     result = ref.ReferenceResult(y=[d[P.D9_Y] for d in dumps], dumps=dumps)
-    return tolerance_report(
-        dumps[0].config, [d.inputs() for d in dumps], global_weights(dumps), result, log, source="fused kernel"
-    )
+    return tolerance_report(cfg, inputs, global_weights(dumps), result, log, source="fused kernel")
 
 
 # What the table's rows and columns mean; printed under the table (the README's "Command line" says it in short).

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import torch
 
 from megamoe import reference as ref
@@ -91,3 +93,24 @@ def test_the_kernels_report_reads_its_dumps_and_equals_the_references_on_the_ref
     y[3, 5] = (y[3, 5].float() * (1 + 2**-6)).to(y.dtype)
     row = {s["stage"]: s for s in kernel_report(dumps)["stages"]}["combine (D9 y) local"]
     assert row["max_ulp"] >= 1.5
+
+
+def test_the_kernels_report_refuses_a_pool_in_another_order_and_sampled_dumps():
+    from megamoe.conformance.dump import reference_dumps, sample_tokens
+    from megamoe.conformance.suite import check
+    from megamoe.reference import points as P
+    from megamoe.report import kernel_report
+
+    dumps = reference_dumps(CFG, ref.make_inputs(CFG, 24, seed=2), ref.random_weights(8, 256, 128, seed=2))
+    # Two valid rows of one expert swapped in every pool-shaped tensor: conformant (SPEC §3 leaves
+    # the order within an expert free), but the report would pair them with the wrong oracle rows.
+    d = dumps[0]
+    a, b = [int(p) for p in ref.valid_rows(d.tensors).nonzero()[:2]]
+    for name, t in d.tensors.items():
+        if name.startswith(("D4.pool", "D5.", "D6.l2", "D7.")) and name != P.D4_EXPERT_OFFSETS:
+            t[[a, b]] = t[[b, a]]
+    assert check(dumps).ok
+    with pytest.raises(ref.MegaMoEInputError, match="the reference's pool order"):
+        kernel_report(dumps)
+    with pytest.raises(ref.MegaMoEInputError, match="whole dumps"):
+        kernel_report(sample_tokens(dumps, [[0], [1]]))
