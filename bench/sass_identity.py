@@ -25,6 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 _NORMALISE = [
     (re.compile(r"/\*[0-9a-f]{4,}\*/"), ""),  # addresses
     (re.compile(r"\.L_x_\d+"), "L"),  # branch labels
+    # a static function's mangled name carries a hash of its file's text (_INTERNAL_175c6bf0_...):
+    # it changes with any edit of the file, a comment's too
+    (re.compile(r"_INTERNAL_[0-9a-f]{8}_"), "_INTERNAL_"),
 ]
 
 

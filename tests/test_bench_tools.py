@@ -125,7 +125,7 @@ def test_the_sanitizer_table_names_an_unknown_tool_or_target_and_needs_compute_s
     assert "needs compute-sanitizer" in capsys.readouterr().err
 
 
-def test_the_sass_fingerprint_ignores_addresses_and_labels_and_sees_an_immediate():
+def test_the_sass_fingerprint_ignores_addresses_labels_and_file_hashes_and_sees_an_immediate():
     from bench.sass_identity import fingerprint
 
     a = "        /*0040*/                   IADD3 R1, R1, -0x7e, RZ ;\n        /*0050*/  BRA `(.L_x_12) ;\n"
@@ -133,6 +133,9 @@ def test_the_sass_fingerprint_ignores_addresses_and_labels_and_sees_an_immediate
     other = "        /*0040*/                   IADD3 R1, R1, -0x7d, RZ ;\n        /*0050*/  BRA `(.L_x_12) ;\n"
     assert fingerprint(a) == fingerprint(moved)
     assert fingerprint(a)[0] != fingerprint(other)[0]
+    # a static function's name, whose hash comes from its file's text (a comment's edit moves it)
+    call = "        /*0060*/  CALL.REL.NOINC `($k$_ZN64_INTERNAL_{}_33_k_cu_ca058f0d7megamoe3rowEv) ;\n"
+    assert fingerprint(call.format("175c6bf0")) == fingerprint(call.format("7f02075b"))
 
 
 # The end of a one-rank site's output on the H200 (bench.hangs, withheld arrival): CUDA's message
