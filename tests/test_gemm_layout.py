@@ -99,6 +99,14 @@ def test_the_scales_derived_at_padded_sizes_are_those_of_the_real_rows():
     kw = transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
     assert kw.row_spread == max(ref.quantize.weight_row_spread(sf) for sf in (w.w1_sf, w.w2_sf))
     assert kw.row_spread <= ref.quantize.FAST_ROW_SPREAD
-    for sf, rows, fold in ((kw.w1_sf, 192, kw.w1_fold), (kw.w2_sf, 160, kw.w2_fold)):
+    for sf, rows, k, fold in ((kw.w1_sf, 192, 160, kw.w1_fold), (kw.w2_sf, 160, 96, kw.w2_fold)):
         _, base, _ = L.fast_scales_kernel_layout(sf[:, :, :rows])
-        assert torch.equal(fold, L.fold_blocks(sf[:, :, :rows], base))
+        assert torch.equal(fold, L.fold_blocks(sf[:, :, :rows], base, k=k))
+    # Nor are the K padding's groups (scale byte 0, K 160 -> 256, 96 -> 128) a row's span: scale
+    # bytes within 5 binades of each other fold everywhere.
+    g = torch.Generator().manual_seed(5)
+    for name in ("w1_sf", "w2_sf"):
+        t = getattr(w, name)
+        t.copy_(torch.randint(115, 121, t.shape, generator=g, dtype=torch.uint8))
+    kw = transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    assert kw.w1_fold.all() and kw.w2_fold.all()

@@ -120,15 +120,22 @@ FOLD_BINADES = 11
 FOLD_ROW_SPREAD = 32
 
 
-def fold_blocks(sfk: torch.Tensor, row_base: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+def fold_blocks(
+    sfk: torch.Tensor, row_base: torch.Tensor, rows: int | None = None, k: int | None = None
+) -> torch.Tensor:
     """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
     contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base B_r and B_r
     within FOLD_ROW_SPREAD of the expert's largest B_e. There the exact mode's prefill path
     predecodes the weights through the fast mode's scaled tables and promotes each k32 product with
-    one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh). `rows`: the real
-    rows (2I or H), the rest the layout's zero padding, which any fold leaves zero."""
+    one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh). `rows` and `k`: the
+    real rows (2I or H) and K (H or I); the rest is the layout's zero padding (zero codes, scale
+    byte 0), which any fold leaves zero and which is no row's span."""
     base = row_base.to(torch.int32)
-    span = base - sfk.to(torch.int32).amin(dim=(1, 3))  # [E, R]
+    groups = sfk.to(torch.int32)  # [E, K/128, R, 4]
+    if k is not None:  # the K padding's groups (scale byte 0) out of the minimum
+        kg = torch.arange(sfk.shape[1] * 4, device=sfk.device).view(sfk.shape[1], 1, 4) < k // 32
+        groups = torch.where(kg, groups, torch.iinfo(torch.int32).max)
+    span = base - groups.amin(dim=(1, 3))  # [E, R]
     ok = (span <= FOLD_BINADES) & (base.amax(dim=1, keepdim=True) - base <= FOLD_ROW_SPREAD)
     if rows is not None:
         ok[:, rows:] = True
@@ -153,14 +160,14 @@ class KernelWeights:
     w2_sf: torch.Tensor  # [E, I_pad/128, R2, 4] uint8
     hidden: int
     intermediate: int
-    w1_lut: torch.Tensor = dataclasses.field(init=False)  # [E, H/128, 2I, 4] uint8, 8 d
-    w1_row_base: torch.Tensor = dataclasses.field(init=False)  # [E, 2I] uint8
+    w1_lut: torch.Tensor = dataclasses.field(init=False)  # [E, H_pad/128, R1, 4] uint8, 8 d
+    w1_row_base: torch.Tensor = dataclasses.field(init=False)  # [E, R1] uint8
     w1_expert_base: torch.Tensor = dataclasses.field(init=False)  # [E] uint8
     w2_lut: torch.Tensor = dataclasses.field(init=False)
     w2_row_base: torch.Tensor = dataclasses.field(init=False)
     w2_expert_base: torch.Tensor = dataclasses.field(init=False)
-    w1_fold: torch.Tensor = dataclasses.field(init=False)  # [E, 2I/256] uint8 (fold_blocks)
-    w2_fold: torch.Tensor = dataclasses.field(init=False)  # [E, H/256] uint8
+    w1_fold: torch.Tensor = dataclasses.field(init=False)  # [E, ceil(R1/256)] uint8 (fold_blocks)
+    w2_fold: torch.Tensor = dataclasses.field(init=False)  # [E, ceil(R2/256)] uint8
     row_spread: int = dataclasses.field(init=False)  # max B_e - B_r over both layers (FAST_ROW_SPREAD)
 
     def __post_init__(self):
@@ -169,8 +176,8 @@ class KernelWeights:
         # Over the real rows only: a padding row's base (0) is no row's spread (the expert bases
         # are unchanged by it: 0 is no maximum unless the whole expert is zero).
         real1, real2 = 2 * self.intermediate, self.hidden
-        self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base, real1)
-        self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base, real2)
+        self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base, real1, self.hidden)
+        self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base, real2, self.intermediate)
         self.row_spread = max(
             int((eb[:, None].int() - rb[:, :real].int()).max()) if rb.numel() else 0
             for eb, rb, real in (
