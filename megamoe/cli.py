@@ -490,7 +490,8 @@ def _run_fused(args: argparse.Namespace) -> int:
     call = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     _, dumps = layer(*call, debug=True)
     _log(f"kernel built, loaded and run (debug build) in {time.perf_counter() - t0:.1f} s; checking every dump point")
-    report = check(dumps, end_to_end=True, progress=_log)
+    # y against the float64 oracle: the kernel's report below (its end-to-end rows), one oracle run
+    report = check(dumps, progress=_log)
     print(report.text())
     _print_report(args, kernel_report(dumps, log=_log), "the kernel's debug build")
     kernel_us = _graph_time_us(lambda: layer(*call))
@@ -510,6 +511,7 @@ def _run_expert_parallel(args: argparse.Namespace) -> int:
     through symmetric memory; all on one GPU when there is one), every rank's dump points checked
     together by the suite, then each rank's CUDA-graph time."""
     from megamoe import multirank
+    from megamoe.conformance.dump import with_weights
     from megamoe.conformance.suite import check
     from megamoe.report import kernel_report
 
@@ -523,8 +525,10 @@ def _run_expert_parallel(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     per_rank = multirank.spawn(_expert_parallel_rank, cfg.num_ranks, args=(args,))
     _log(f"{cfg.num_ranks} ranks started, built and run in {time.perf_counter() - t0:.1f} s; checking every dump point")
-    dumps = [dump for dump, _ in per_rank]
-    report = check(dumps, end_to_end=True, progress=_log)
+    # Weights put back once (random ones are regenerated from their seed) for the suite and the
+    # report; y against the float64 oracle: the report's end-to-end rows, one oracle run.
+    dumps = with_weights([dump for dump, _ in per_rank], progress=_log)
+    report = check(dumps, progress=_log)
     print(report.text())
     _print_report(args, kernel_report(dumps, log=_log), f"the kernel's debug build, {cfg.num_ranks} ranks")
     times = ", ".join(f"rank {r}: {us:.1f}" for r, (_, us) in enumerate(per_rank))
