@@ -34,15 +34,20 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 HAZARDS: dict[str, Counter] = {}  # racecheck's hazards of each target, by site (hazard_sites)
 
 
-def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0) -> None:
+def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0, **shape) -> None:
+    """One release and one debug call of the fused layer; `shape` overrides SHAPE's fields (with
+    activation "swiglu_oai", the layer gets biases)."""
     import torch
 
     from megamoe import multirank
     from megamoe import reference as ref
     from megamoe.moe import MegaMoE
 
-    cfg = ref.MoEConfig(**SHAPE, num_ranks=ranks)
-    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda")
+    cfg = ref.MoEConfig(**{**SHAPE, **shape}, num_ranks=ranks)
+    w = ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1)
+    if cfg.activation == "swiglu_oai":
+        w.b1, w.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1)
+    w = w.to("cuda")
     layer = MegaMoE(cfg, w, group=multirank.group() if ranks > 1 else None, promotion=promotion, engine=engine)
     inp = ref.make_inputs(cfg, 32, seed=1, distribution="skewed", masked_ratio=0.1, device="cuda")[rank]
     with layer.named_failures():
@@ -92,6 +97,10 @@ TARGETS = {
     "fused-swapab-k128": lambda: _fused("swapab", "k128"),
     "fused-prefill-k32": lambda: _fused("prefill", "k32"),
     "fused-prefill-k128": lambda: _fused("prefill", "k128"),
+    # SPEC §8's activation and sizes: K tails (352, 192 of 384, 256) and both layers' last 256-row
+    # block half a block (L1 384 rows, L2 384: layout.padded_rows), on each engine
+    "fused-prefill-oai-padded": lambda: _fused("prefill", "k32", hidden=352, intermediate=192, activation="swiglu_oai"),
+    "fused-swapab-oai-padded": lambda: _fused("swapab", "k32", hidden=352, intermediate=192, activation="swiglu_oai"),
     "fused-R2": lambda: _two_ranks(),
     "gemm-swapab-tile8": lambda: _gemm(8, False),
     "gemm-wide-tile": lambda: _gemm(None, False),

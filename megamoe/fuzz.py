@@ -8,8 +8,8 @@ Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone (and two ge
 for what came later: SPEC §8's sizes and activation), so a case is reproduced by its two numbers
 whatever else ran; every failure prints the command that runs it again. A case draws: R in {1, 2,
 4} (several ranks as processes, `megamoe.multirank.spawn`), H and I (multiples the promotion
-supports: in a quarter of the exact swap-AB cases multiples of 32 that are not of 128), SPEC §8's
-activation with biases (a fifth of the cases off the prefill engine), E, top-k, T_max, T per rank (0, T_max, or between; uneven across ranks), the
+supports: in a quarter of the exact mode's cases multiples of 32 that are not of 128), SPEC §8's
+activation with biases (a fifth of the cases), E, top-k, T_max, T per rank (0, T_max, or between; uneven across ranks), the
 routing (uniform, skewed, one-hot, empty experts; masked fractions 0 to 1; routing weights softmax,
 spanning many binades with either sign, or pairs of exactly cancelling experts), the clamp, the
 SiLU table, the promotion and the engine, and what is done to the scale bytes of the activations
@@ -132,25 +132,24 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     route_weights = rnd.choices(ROUTE_WEIGHTS, (6, 2.5, 1.5))[0]
     if route_weights == "cancel" and (top_k < 3 or experts < top_k + 1):
         route_weights = "wide"
-    # The engine: mostly the layer's own choice; each engine fixed now and then (the prefill engine
-    # only where the shape fits it: H and 2I multiples of 256).
-    fits = hidden % 256 == 0 and (2 * intermediate) % 256 == 0
-    engine = rnd.choices(ENGINES, (6, 1.5, 2.5 if fits else 0))[0]
+    # The engine: mostly the layer's own choice; each engine fixed now and then (both run every
+    # layer the kernel takes).
+    engine = rnd.choices(ENGINES, (6, 1.5, 2.5))[0]
     clamp = rnd.choices((None, rnd.choice((0.25, 1.5, 7.0)), round(rnd.uniform(0.1, 10.0), 3)), (5, 3, 2))[0]
     fast_math = rnd.random() < 0.5
     x_scales, w_scales = (rnd.choices(SCALE_MODES, (4, 2.5, 1.5, 2))[0] for _ in range(2))
     nan_payloads = rnd.random() < 0.15
-    # SPEC §8's sizes (multiples of 32, not of 128) in a quarter of the exact mode's swap-AB cases:
+    # SPEC §8's sizes (multiples of 32, not of 128) in a quarter of the exact mode's cases:
     # H and I 32-96 off their draw (down, or up from 128). From a generator of their own, so the draws
     # above are what they were before these sizes came (a seed's other cases unchanged).
     tails = random.Random(f"{seed}:{index}:tails")
-    if promotion == "k32" and engine != "prefill" and tails.random() < 0.25:
+    if promotion == "k32" and tails.random() < 0.25:
         hidden += 32 * tails.randint(1, 3) * (-1 if hidden > 128 else 1)
         intermediate += 32 * tails.randint(1, 3) * (-1 if intermediate > 128 else 1)
-    # SPEC §8's activation, with biases, in a fifth of the cases off the prefill engine (its own
-    # generator too); it clamps at its limit, not at a drawn clamp.
+    # SPEC §8's activation, with biases, in a fifth of the cases (its own generator too); it clamps
+    # at its limit, not at a drawn clamp.
     oai = random.Random(f"{seed}:{index}:activation")
-    activation = "swiglu_oai" if engine != "prefill" and oai.random() < 0.2 else "swiglu"
+    activation = "swiglu_oai" if oai.random() < 0.2 else "swiglu"
     if activation == "swiglu_oai":
         clamp = None
     return Case(

@@ -6,14 +6,14 @@ and with which kernel specialisation.
   checked), the swap-AB kernel's largest token tile (pick_max_tile) and consumer warpgroups
   (pick_wgs), the specialisation of a launch (spec_for) and every one the tests and the benchmark
   launch (used_specs);
-* the fused layer (megamoe.moe): its GEMM engine per call (choose_engine, FUSED_PREFILL_MIN_ROWS,
-  prefill_engine_fits).
+* the fused layer (megamoe.moe): its GEMM engine per call (choose_engine, FUSED_PREFILL_MIN_ROWS).
 """
 
 from __future__ import annotations
 
 from megamoe import reference as ref
 from megamoe.reference import MegaMoEInputError
+from megamoe.reference.config import ACTIVATIONS
 from megamoe.reference.errors import fail
 
 from .jit import build as jb
@@ -163,13 +163,12 @@ def used_specs() -> list[jb.GemmSpec]:
 
 def fused_specs() -> list[jb.FusedSpec]:
     """Every specialisation of the fused layer's kernel (promotion, engine, activation, its table,
-    debug): what MegaMoE can launch (the CI compile gate builds these too). SPEC §8's activation
-    runs on the swap-AB engine only."""
+    debug): what MegaMoE can launch (the CI compile gate builds these too)."""
     return [
         jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine, activation=activation)
         for promotion in PROMOTIONS
         for engine in jb.FUSED_ENGINES
-        for activation in (("swiglu", "swiglu_oai") if engine == "swapab" else ("swiglu",))
+        for activation in ACTIVATIONS
         for fm in (True, False)
         for dbg in (False, True)
     ]
@@ -185,15 +184,9 @@ FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
     """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
     prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
-    (T R K / E: every rank's call as large as this one, routed uniformly) where the shape fits it."""
+    (T R K / E: every rank's call as large as this one, routed uniformly). Both engines run every
+    layer the fused kernel takes (SPEC §8's activation and sizes included)."""
     if engine != "auto":
         return engine
     rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
-    return "prefill" if prefill_engine_fits(cfg) and rows >= FUSED_PREFILL_MIN_ROWS[promotion] else "swapab"
-
-
-def prefill_engine_fits(cfg: ref.MoEConfig) -> bool:
-    """Whether the prefill engine runs this layer: its CTA tiles are 256 weight rows of both layers
-    (2I and H) and 128 intermediate channels, and it runs SPEC §3's SwiGLU only (not yet §8's)."""
-    shape = cfg.hidden % PREFILL_ROWS == 0 and (2 * cfg.intermediate) % PREFILL_ROWS == 0
-    return shape and cfg.activation == "swiglu"
+    return "prefill" if rows >= FUSED_PREFILL_MIN_ROWS[promotion] else "swapab"

@@ -233,13 +233,15 @@ class FusedLauncher(_Launcher):
         return min(sms, kern.num_sms)
 
     def scratch(self, cfg, dev: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefill engine's predecoded weights of each layer ([E_l, K/128, R/256] tiles of
-        contract.PREFILL_TILE_BYTES), the scratch buffers megamoe.gemm's prefill path uses for the
-        same size on this device and stream."""
+        """The prefill engine's predecoded weights of each layer ([E_l, K/128, ceil(R/256)] tiles of
+        contract.PREFILL_TILE_BYTES over K padded to whole blocks and the rows of the kernel layout,
+        layout.padded_rows: kernel/gemm/predecode.cuh prefill_blocks), the scratch buffers
+        megamoe.gemm's prefill path uses for the same size on this device and stream."""
 
         def layer_scratch(layer: int) -> torch.Tensor:
-            k, n_rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
-            tiles = cfg.local_experts * (k // contract.BLOCK_K) * (n_rows // contract.PREFILL_ROWS)
+            k, rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
+            blocks = -(-padded_rows(rows) // contract.PREFILL_ROWS)
+            tiles = cfg.local_experts * (contract.padded_k(k) // contract.BLOCK_K) * blocks
             return RT.prefill_scratch(dev, stream, layer, tiles * contract.PREFILL_TILE_BYTES[self.spec.promotion])
 
         return tuple(layer_scratch(layer) for layer in (1, 2))

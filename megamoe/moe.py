@@ -66,7 +66,7 @@ from .launchers import FusedLauncher
 
 # The engine choice is megamoe.heuristics'; named here too (megamoe.moe.choose_engine).
 from .heuristics import FUSED_PREFILL_MIN_ROWS as FUSED_PREFILL_MIN_ROWS
-from .heuristics import choose_engine, prefill_engine_fits
+from .heuristics import choose_engine
 
 PROMOTIONS = jb.PROMOTIONS
 
@@ -160,13 +160,6 @@ class MegaMoE:
             fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
         if self.engine not in ("auto", *jb.FUSED_ENGINES):
             fail("engine", f"one of {('auto', *jb.FUSED_ENGINES)}", repr(self.engine))
-        if self.engine == "prefill" and not prefill_engine_fits(cfg):
-            fail(
-                "engine",
-                "'auto' or 'swapab' for this layer (the prefill engine needs H and 2I multiples of 256 and"
-                " activation 'swiglu')",
-                (cfg.hidden, cfg.intermediate, cfg.activation),
-            )
         if promotion == "k128" and (cfg.hidden % 512 or cfg.intermediate % 512):
             # the scale warp reads one 4-byte word of per-128 scale bytes per four K blocks
             fail(

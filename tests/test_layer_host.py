@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from megamoe import gemm as G
 from megamoe import reference as ref
-from megamoe.heuristics import prefill_engine_fits
+from megamoe.heuristics import choose_engine
 from megamoe.moe import MegaMoE
 from megamoe.reference import MegaMoEInputError
 
@@ -41,11 +41,21 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
         MegaMoE(CFG.to_dict(), weights)
 
 
-def test_a_layer_of_the_gpt_oss_variant_is_refused_on_the_prefill_engine_which_runs_spec_3_only():
-    cfg = ref.MoEConfig(**dict(CFG.to_dict(), block_m=64, activation="swiglu_oai"))
-    with pytest.raises(MegaMoEInputError, match=r"argument 'engine': expected 'auto' or 'swapab' for this layer"):
-        MegaMoE(cfg, ref.random_weights(4, 256, 128), engine="prefill")
-    assert not prefill_engine_fits(cfg) and prefill_engine_fits(ref.MoEConfig(**dict(CFG.to_dict(), block_m=64)))
+def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_gpt_oss_included():
+    # 128 expected rows an expert (exact mode): gpt-oss-20b (E 32, top-4, H = I = 2880) from T = 1024.
+    oai = ref.MoEConfig(
+        hidden=2880,
+        intermediate=2880,
+        num_experts=32,
+        top_k=4,
+        num_ranks=1,
+        max_tokens_per_rank=4096,
+        activation="swiglu_oai",
+    )
+    assert choose_engine(oai, "k32", 1000) == "swapab" and choose_engine(oai, "k32", 1024) == "prefill"
+    assert choose_engine(oai, "k32", 4096, "swapab") == "swapab"
+    plain = ref.MoEConfig(**dict(oai.to_dict(), activation="swiglu"))
+    assert choose_engine(plain, "k32", 1024) == "prefill"
 
 
 def test_a_layer_whose_sizes_the_reference_takes_but_the_kernel_does_not_is_refused_naming_the_size():

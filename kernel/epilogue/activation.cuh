@@ -9,7 +9,7 @@
 // The bias adds are the epilogues' (they know the row's channel and the token's weight):
 //   D6 step 1 (§8): g = bf16(acc_gate + b1_gate), u = bf16(acc_up + b1_up) (bias_or_neg_zero);
 //   D8 (§8):        o = acc2 + fp32(w_route · b2[h]) (routed_bias), then bf16.
-// The swap-AB engine runs both policies; the prefill engine the plain one (prefill_rows.cuh).
+// Both engines run both policies (the prefill engine adds the biases in prefill_rows.cuh).
 #pragma once
 
 #include <cstdint>

@@ -7,9 +7,10 @@
 //   prefill_l2_out       mainloop: D6 (SwiGLU with the routing weight, requant) or D8 (bf16 rows to
 //                        their combine rows) from the staged tile, in 8- and 16-byte stores.
 // The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and l2_combine_rows.cuh (the
-// activation policy's routed, requant_scale_byte: one definition). The prefill path runs the plain
-// SwiGLU only (SPEC §3): the gpt-oss variant's b1 would be added before the staging's rounding. D6 step 1 (gate and up rounded to bf16)
-// is the staging itself, and D8 is bf16 of the same value: staging loses nothing either layer reads.
+// activation policy's routed, requant_scale_byte, bias_or_neg_zero's -0.0: one definition); SPEC
+// §8's biases are added before the staging's rounding. D6 step 1 (gate and up, biased, rounded to
+// bf16) is the staging itself, and D8 is bf16 of the same value as the swap-AB epilogue's: staging
+// loses nothing either layer reads.
 // (With the whole epilogue in the consumers, it took 12 % of their time, ncu, with the tensor cores
 // idle.)
 //
@@ -45,12 +46,17 @@ __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int t
 
 // The consumers' part: the row factors 2^(B_r - B_e) <= 1 where the mainloop used the scaled
 // tables (kRowFactors: the fast mode, the exact mode's folded items; static weight data, here per
-// column), the debug dumps (the fp32 values D5 / D7 compare), then the tile into the staging buffer
-// once the epilogue warps have released it (epi_empty, parity phase ^ 1), and one arrival per
-// thread on epi_full.
-// layer (1 or 2) only picks the debug dump's layout: one instantiation serves the fused kernel's two
-// layers (a second beside it made ptxas spill the exact mode's mainloops).
-template <bool kDebug, bool kRowFactors>
+// column), the debug dumps (the fp32 values D5 / D7 compare), SPEC §8's biases (Act::kOai: b1 at D6
+// step 1, fp32(w_route · b2) at D8, both before the staging's bf16 rounding, as the swap-AB
+// epilogues add them), then the tile into the staging buffer once the epilogue warps have released
+// it (epi_empty, parity phase ^ 1), and one arrival per thread on epi_full.
+// layer (1 or 2) picks the debug dump's layout and the bias's form: one instantiation serves the
+// fused kernel's two layers (a second beside it made ptxas spill the exact mode's mainloops).
+// A layer's last block may be half a block (predecode.cuh prefill_blocks): its half h = 1 holds no
+// row of the layout (its accumulators are whatever the scratch's zeros give), so it reads no row
+// factor and no bias and dumps nothing; the rows past the layer's real outputs (2I's channels past
+// I, H's padding rows) are dumped and biased nowhere either, and the epilogue warps store none.
+template <typename Act, bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
                                                    uint32_t phase, int layer) {
@@ -58,14 +64,16 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
+  const int row_tile = wi.n_block * 256;  // the tile's first weight row of the layout
   if constexpr (kRowFactors) {
-    const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + wi.n_block * 256 + 2 * t;
+    const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + row_tile + 2 * t;
     const int expert_base = __ldg(p.w_expert_base + wi.expert);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h) {
+      const bool in_layout = row_tile + 128 * h < p.n_rows;  // n_rows: a multiple of 128
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const uint32_t pair = __ldg(reinterpret_cast<const uint16_t*>(rb + 128 * h + 8 * j));
+        const uint32_t pair = in_layout ? __ldg(reinterpret_cast<const uint16_t*>(rb + 128 * h + 8 * j)) : 0u;
         const float f0 = exp2i(static_cast<int>(pair & 0xFFu) - expert_base);
         const float f1 = exp2i(static_cast<int>(pair >> 8) - expert_base);
 #pragma unroll
@@ -74,7 +82,15 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
           acc[h][4 * j + 2 * r + 1] = __fmul_rn(acc[h][4 * j + 2 * r + 1], f1);
         }
       }
+    }
   }
+  // Column (h, j, c) of the thread's: L1 channel ch1 of the layer (gate rows at even j, up rows at
+  // odd j: D5 as [row][gate | up]), L2 hidden row h2.
+  const int64_t inter = p.n_out / 2;
+  auto ch1 = [&](int h, int j, int c) -> int64_t {
+    return static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
+  };
+  auto h2 = [&](int h, int j, int c) -> int64_t { return row_tile + 128 * h + 8 * j + 2 * t + c; };
   if constexpr (kDebug) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -88,15 +104,42 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float v = acc[h][4 * j + 2 * r + c];
-            if (layer == 1) {  // D5 as [row][gate | up]: channel 64 h + 8 (j / 2) + 2t + c
-              const int64_t inter = p.n_out / 2;
-              const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
-              p.dump[row * 2 * inter + (j % 2) * inter + ch] = v;
-            } else {  // D7 as [row][hidden]
-              p.dump[row * p.n_out + static_cast<int64_t>(wi.n_block) * 256 + 128 * h + 8 * j + 2 * t + c] = v;
+            if (layer == 1) {
+              if (ch1(h, j, c) < inter) p.dump[row * 2 * inter + (j % 2) * inter + ch1(h, j, c)] = v;
+            } else if (h2(h, j, c) < p.n_out) {  // D7 as [row][hidden]
+              p.dump[row * p.n_out + h2(h, j, c)] = v;
             }
           }
     }
+  }
+  if constexpr (Act::kOai) {
+    // The bias pair of the thread's two columns 2t, 2t + 1 (adjacent in b1 and in b2: one 4-byte
+    // load), or two -0.0 where there is none (bias_or_neg_zero's identity: x + -0.0 is x); L2's
+    // routing weights of the thread's two tokens (plain loads: the pull wrote them, as l1_epilogue's).
+    float wr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      wr[r] = layer == 2 && tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int64_t col = layer == 1 ? (j % 2) * inter + ch1(h, j, 0) : h2(h, j, 0);
+        const bool real = layer == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out;
+        const uint32_t pair =
+            p.bias != nullptr && real
+                ? __ldg(reinterpret_cast<const uint32_t*>(p.bias + static_cast<int64_t>(wi.expert) * p.n_out + col))
+                : 0x80008000u;
+        const float b[2] = {__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u)};
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            // L2: routed_bias's term (-0.0 without b2, whose add keeps every value).
+            const float term = layer == 1 ? b[c] : p.bias != nullptr ? __fmul_rn(wr[r], b[c]) : -0.0f;
+            acc[h][4 * j + 2 * r + c] = __fadd_rn(acc[h][4 * j + 2 * r + c], term);
+          }
+      }
   }
   ptx::mbar_wait(epi_empty, phase ^ 1, kWaitEmpty, -1, p.err);
 #pragma unroll
@@ -126,14 +169,14 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
 // kFused (the fused kernel): an item's 128 channels are one K128 block of L2, so in the fast mode
 // (kRebase) the warp also writes them rebased per 128 channels (rebase_k128: the largest of the
 // token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
-// block's 4 scale groups in the block's L1-completion counter (complete at I / 32, as the swap-AB
-// epilogue counts them), after a proxy fence: the L2 TMA reads what it wrote.
+// block's scale groups (4, or a half block's real ones) in the block's L1-completion counter
+// (complete at I / 32, as the swap-AB epilogue counts them), after a proxy fence: the L2 TMA reads
+// what it wrote.
 template <typename Act, bool kFused = false, bool kRebase = false>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
-  static_assert(!Act::kOai, "the prefill path runs SPEC §3's SwiGLU only");
   const int64_t inter = p.n_out / 2;
-  const int64_t ld = p.out_stride;  // the intermediate's row stride (= I: the prefill path's sizes)
+  const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int64_t n_sf = ld / 32;
   const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;  // the tile's first channel
   const float bound = clamp_bound(p);
@@ -177,7 +220,10 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       qw[i] = static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i], mult), __fmul_rn(a[4 * i + 1], mult))) |
               static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i + 2], mult), __fmul_rn(a[4 * i + 3], mult)))
                   << 16;
-    if (tok < wi.valid) {
+    // Only the tile's 32-channel groups below I (a half block's last tile holds padding past it,
+    // SPEC §8's sizes in multiples of 32): the others are computed and never stored, and the
+    // intermediate's padding stays the workspace's zeros.
+    if (tok < wi.valid && ch_cta + 32 * grp < inter) {
       const int64_t row = wi.row0 + tok;
       *reinterpret_cast<uint2*>(out + row * ld + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
       if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
@@ -203,9 +249,10 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
   if constexpr (kFused) {
     __syncwarp();
     if (lane == 0 && first < wi.valid) {
+      const int64_t groups = (inter - ch_cta) / 32;  // re-read, not held across the loop (56 registers)
       ptx::fence_proxy_async_global();
       __threadfence();
-      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, 4);
+      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups < 4 ? static_cast<int>(groups) : 4);
     }
   }
 }
@@ -223,7 +270,8 @@ __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkIt
   for (int i = 0; i < 64; ++i) {
     if (first + i >= wi.valid) break;  // the same for the whole warp
     int row = __shfl_sync(0xFFFFFFFFu, i < 32 ? row_lo : row_hi, i % 32);
-    if (row < 0) continue;
+    // H's padding rows past n_out (H a multiple of 32: a lane's 8 are all in or all out).
+    if (row < 0 || col >= p.n_out) continue;
     // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.
     __nv_bfloat16* dst = combine_buffer(p, row);
     const uint4 v = ptx::ld_shared_v4(prefill_staging_addr(staging, first + i, lane));

@@ -91,7 +91,7 @@ struct PrefillRing {
   // the tokens' fp32 k32 scales (with the expert base) there, [4 k32 steps][128 tokens], and the
   // consumers read them as the fast mode reads its sx.
   __device__ __forceinline__ static bool folded(const GemmParams& p, const WorkItem& wi) {
-    return __ldg(p.w_fold + wi.expert * (p.n_rows / kPrefillRows) + wi.n_block) != 0;
+    return __ldg(p.w_fold + wi.expert * prefill_blocks(p) + wi.n_block) != 0;
   }
   __device__ __forceinline__ float* fold_scales(int stage) const {
     return reinterpret_cast<float*>(w + stage * kW + kPrefillTileFast);
@@ -154,7 +154,7 @@ struct PrefillSmem {
 // The predecoded tile of (expert, K block, block of 256 rows).
 template <bool kPerK32>
 __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& p, int expert, int kb, int n_block) {
-  const int64_t tiles = (static_cast<int64_t>(expert) * (p.k / kBlockK) + kb) * (p.n_rows / kPrefillRows) + n_block;
+  const int64_t tiles = (static_cast<int64_t>(expert) * (p.k / kBlockK) + kb) * prefill_blocks(p) + n_block;
   return p.w_e4m3 + tiles * PrefillRing<kPerK32>::kW;
 }
 
@@ -349,7 +349,7 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
 // trap record (pa's, the same in both: a constant) and nothing else of the layer, which is found
 // again after it from the schedule: the layer's parameters, or its number, held across the exact
 // mode's two-scale mainloop made ptxas spill there (664, then 336 bytes).
-template <typename Cfg, bool kDebug, bool kPerK32, bool kScaled, int kLayerA, int kLayerB>
+template <typename Cfg, typename Act, bool kDebug, bool kPerK32, bool kScaled, int kLayerA, int kLayerB>
 __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmParams& pb, int item,
                                              const PrefillSmem<Cfg>& sm, RingCursor& cur, const WorkItem& wi, int wg,
                                              int sx0, uint32_t phase) {
@@ -360,7 +360,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
 #pragma unroll
     for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = 0.0f;
   {
-    const bool second = kTwo && item >= layer_items<kPrefillRows>(*sm.sched, pa);
+    const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
     const int num_kb = (second ? pb.k : pa.k) / kBlockK;
     if constexpr (kScaled) {
       prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
@@ -368,8 +368,8 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
       prefill_mainloop_k32<Cfg>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
     }
   }
-  const bool second = kTwo && item >= layer_items<kPrefillRows>(*sm.sched, pa);
-  prefill_stage_tile<kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
+  const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
+  prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
                                       phase, second ? kLayerB : kLayerA);
 }
 
@@ -408,7 +408,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
   if (threadIdx.x < 128) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const PrefillSmem<Cfg> sm;
-    const int num_items = launch_items<kPrefillRows, kTwo>(*sm.sched, pa, pb);
+    const int num_items = launch_items<kPrefillRows, kTwo, true>(*sm.sched, pa, pb);
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (warp == 0 && lane == 0) {
@@ -416,9 +416,9 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
       if constexpr (kTwo) ptx::prefetch_tma_desc(&pb.tmap_x64);
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
         int local = item;
-        const GemmParams& p = item_layer<kPrefillRows, kTwo>(local, *sm.sched, pa, pb);
+        const GemmParams& p = item_layer<kPrefillRows, kTwo, true>(local, *sm.sched, pa, pb);
         const int num_kb = p.k / kBlockK;
-        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
+        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, prefill_blocks(p));
         wait_token_block(p, wi);   // the fused kernel's gates; standalone, it returns at once
         // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
         const int w_bytes = kPerK32 && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
@@ -437,16 +437,16 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         }
       }
     } else if (warp == 1) {
-      stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, false, kTwo>(pa, pb, sm.ring, *sm.sched, cur,
-                                                                                      warp, lane);
+      stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, false, kTwo, true>(pa, pb, sm.ring, *sm.sched,
+                                                                                            cur, warp, lane);
     } else if (warp >= 2) {
       const uint32_t staging = ptx::smem_addr(sm.staging);
       uint32_t phase = 0;
       for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
         int local = item;
-        const GemmParams& p = item_layer<kPrefillRows, kTwo>(local, *sm.sched, pa, pb);
+        const GemmParams& p = item_layer<kPrefillRows, kTwo, true>(local, *sm.sched, pa, pb);
         const bool second = kTwo && &p == &pb;
-        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, p.n_rows / kPrefillRows);
+        const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, prefill_blocks(p));
         ptx::mbar_wait(sm.epi_full, phase, kWaitFull, -1, p.err);
         if ((second ? kLayerB : kLayerA) == 1)
           prefill_l1_out<Act, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
@@ -462,24 +462,24 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
   const PrefillSmem<Cfg> sm;
   const int ctid = ptx::thread_idx() - 128;
   const int wg = ctid / 128;
-  const int num_items = launch_items<kPrefillRows, kTwo>(*sm.sched, pa, pb);
+  const int num_items = launch_items<kPrefillRows, kTwo, true>(*sm.sched, pa, pb);
   // The warpgroup's first token row of the thread: 16 wq + g (the other is + 8).
   const int sx0 = 64 * wg + 16 * (ctid / 32 % 4) + ctid % 32 / 4;
   uint32_t phase = 0;
   for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
     // One instantiation of each mainloop serves both layers (with one per layer, ptxas spilled the
     // exact mode's mainloops in the fused kernel: 664 bytes); the branches are uniform.
-    const int na = layer_items<kPrefillRows>(*sm.sched, pa);
+    const int na = layer_items<kPrefillRows, true>(*sm.sched, pa);
     const bool second = kTwo && item >= na;
     const GemmParams& p = second ? pb : pa;
     const WorkItem wi =
-        decode_item<kPrefillTokens, kPrefillRows>(second ? item - na : item, *sm.sched, p.n_rows / kPrefillRows);
+        decode_item<kPrefillTokens, kPrefillRows>(second ? item - na : item, *sm.sched, prefill_blocks(p));
     if constexpr (!kPerK32)
-      prefill_item<Cfg, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     else if (Ring::folded(p, wi))
-      prefill_item<Cfg, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     else
-      prefill_item<Cfg, kDebug, true, false, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, true, false, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
     phase ^= 1;
   }
   return false;

@@ -1,6 +1,7 @@
 // The predecode pass of the prefill path: every FP4 weight of a layer decoded once per call, written
 // as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of one
-// expert, K block and 256 rows, each one bulk copy; contract kPrefillTile*). Decoding inside the
+// expert, K block and 256 rows, each one bulk copy, the last of a layer's rows possibly half a block:
+// prefill_blocks; contract kPrefillTile*). Decoding inside the
 // prefill kernel instead costs more than half the tensor rate (bench/NOTES.md v14); here it costs
 // 1.5 bytes of HBM traffic per weight (the exact mode's two-scale blocks ~1.66: their scale bytes in,
 // fp32 scales out).
@@ -25,8 +26,17 @@
 #include "../common/ue8m0.cuh"
 #include "contract.cuh"
 #include "fp4_decode.cuh"
+#include "scheduler.cuh"
 
 namespace megamoe {
+
+// A layer's blocks of 256 weight rows (the prefill kernel's CTA tile, and its predecoded tiles'
+// height): the last one is half a block where the rows (padded to 128: layout.py padded_rows) are
+// not a multiple of 256; the missing half of its tiles is never written (the scratch buffer's zeros,
+// megamoe/runtime.py prefill_scratch) and never stored from (prefill_rows.cuh).
+__device__ __forceinline__ int prefill_blocks(const GemmParams& p) {
+  return row_blocks<kPrefillRows, true>(p.n_rows);
+}
 
 constexpr int kPredecodeWarps = 8;
 constexpr int kPredecodeThreads = 32 * kPredecodeWarps;
@@ -70,7 +80,7 @@ __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64
   const uint8_t* w_frag = p.w + grp * 1024;
   const int row_a = static_cast<int>(row0) + lane / 4;
   const uint8_t* offs = p.w_sf + (ekb * p.n_rows) * 4;
-  const int n_rb = p.n_rows / kPrefillRows;
+  const int n_rb = prefill_blocks(p);
   const int64_t expert = ekb / (p.k / kBlockK);
   PredecodeIn in;
   in.lo = *reinterpret_cast<const uint4*>(w_frag + lane * 16);
@@ -105,7 +115,7 @@ __device__ __forceinline__ void predecode_store(const GemmParams& p, int64_t grp
   decode_rows16_sw128(in.lo, in.hi, lane, in.off_a, in.off_b, lut, ptx::smem_addr(mine));
   __syncwarp();
   // Out: the tile of (expert, kb, row0 / 256) holds this group at (row0 % 256) / 16 * 2048.
-  uint8_t* tile = p.w_e4m3 + (ekb * (p.n_rows / kPrefillRows) + row0 / kPrefillRows) * kTile;
+  uint8_t* tile = p.w_e4m3 + (ekb * prefill_blocks(p) + row0 / kPrefillRows) * kTile;
   uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
   if (kPerK32 && !in.fold) {
@@ -124,8 +134,8 @@ __device__ __forceinline__ void stage_scaled_luts(uint8_t* lut) {
     reinterpret_cast<uint2*>(lut)[threadIdx.x] = make_uint2(scaled_lut_lo(threadIdx.x), scaled_lut_hi(threadIdx.x));
 }
 
-// The pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R % 256 == 0,
-// so it divides).
+// The standalone pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (its
+// R % 256 == 0, megamoe/heuristics.py prefill_path, so it divides).
 template <bool kPerK32>
 __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   extern __shared__ __align__(1024) uint8_t smem[];

@@ -91,12 +91,14 @@ struct RingCursor {
 // their own orders). warp / lane: the caller's. The items are layer pa's, or with kTwo pa's then
 // pb's (the fused kernel: scheduler.cuh launch_items).
 // kDynamic: the items come from the TMA thread's queue (scheduler.cuh), else the static round robin.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false, bool kTwo = false>
+// kPartial: a layer's last block of kRows rows may be partial (the prefill kernel: row_blocks).
+template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false, bool kTwo = false,
+          bool kPartial = false>
 __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const GemmParams& pb, const Ring& r,
                                                    const Schedule& sched, RingCursor& cur, int warp, int lane,
                                                    ItemQueue* queue = nullptr) {
   using R = Ring;
-  const int num_items = launch_items<kRows, kTwo>(sched, pa, pb);
+  const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
   // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
   // scale bytes serves four stages (k128: one byte per K128 block; K % 512 == 0), loaded when its
   // first stage comes; or one stage (k32: the four K32 groups), loaded a stage ahead so its
@@ -108,11 +110,11 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
   for (int item = blockIdx.x; item < num_items;
        item = kDynamic ? take_item(*queue, warp) : item + static_cast<int>(gridDim.x)) {
     int local = item;
-    const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
+    const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
     const int num_kb = p.k / kBlockK;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, p.n_rows / kRows);
+    const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
     // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
     // in the fused kernel other SMs write them.
     if (lane == 0) wait_token_block(p, wi);

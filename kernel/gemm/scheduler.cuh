@@ -162,22 +162,32 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
 // its L2 items (kTwo), numbered [0, na) then [na, na + nb). One schedule serves both layers (the
 // same pool), so an item's layer and its index there follow from the schedule alone; nothing about
 // the split is held across a role's loop (the producer's roles have 40 registers).
-template <int kRows>
-__device__ __forceinline__ int layer_items(const Schedule& s, const GemmParams& p) {
-  return s.num_items(p.n_rows / kRows);
+//
+// A layer's blocks of kRows weight rows: its rows are padded to the swap-AB kernels' CTA tiles
+// (megamoe/jit/layout.py padded_rows), so those kernels' blocks are whole; the prefill kernel's
+// 256-row blocks (kPartial) may end in a half block where a size is not a multiple of 256 (SPEC §8:
+// 2880), whose other half is no row of the layout (prefill_rows.cuh guards it).
+template <int kRows, bool kPartial = false>
+__host__ __device__ constexpr int row_blocks(int n_rows) {
+  return kPartial ? (n_rows + kRows - 1) / kRows : n_rows / kRows;
 }
 
-template <int kRows, bool kTwo>
+template <int kRows, bool kPartial = false>
+__device__ __forceinline__ int layer_items(const Schedule& s, const GemmParams& p) {
+  return s.num_items(row_blocks<kRows, kPartial>(p.n_rows));
+}
+
+template <int kRows, bool kTwo, bool kPartial = false>
 __device__ __forceinline__ int launch_items(const Schedule& s, const GemmParams& pa, const GemmParams& pb) {
-  return layer_items<kRows>(s, pa) + (kTwo ? layer_items<kRows>(s, pb) : 0);
+  return layer_items<kRows, kPartial>(s, pa) + (kTwo ? layer_items<kRows, kPartial>(s, pb) : 0);
 }
 
 // The layer of item `item` of the launch; `item` becomes its index among that layer's items.
-template <int kRows, bool kTwo>
+template <int kRows, bool kTwo, bool kPartial = false>
 __device__ __forceinline__ const GemmParams& item_layer(int& item, const Schedule& s, const GemmParams& pa,
                                                         const GemmParams& pb) {
   if constexpr (kTwo) {
-    const int na = layer_items<kRows>(s, pa);
+    const int na = layer_items<kRows, kPartial>(s, pa);
     if (item >= na) {
       item -= na;
       return pb;

@@ -36,13 +36,10 @@ def _check_promotion(promotion: str) -> None:
         raise ValueError(f"promotion: expected one of {PROMOTIONS}, got {promotion!r}")
 
 
-def _check_activation(activation: str, engine: str = "swapab") -> None:
-    """FusedSpec's activation field: one of reference.config.ACTIVATIONS (SPEC §3, §8); the
-    prefill engine runs "swiglu" only (yet)."""
+def _check_activation(activation: str) -> None:
+    """FusedSpec's activation field: one of reference.config.ACTIVATIONS (SPEC §3, §8)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
-    if activation != "swiglu" and engine == "prefill":
-        raise ValueError(f"activation: the prefill path runs 'swiglu' only, got {activation!r}")
 
 
 def activation_policy(activation: str, fast_math: bool) -> str:
@@ -176,7 +173,7 @@ class FusedSpec:
         _check_promotion(self.promotion)
         if self.engine not in FUSED_ENGINES:
             raise ValueError(f"engine: expected one of {FUSED_ENGINES}, got {self.engine!r}")
-        _check_activation(self.activation, self.engine)
+        _check_activation(self.activation)
 
     @property
     def wgs(self) -> int:

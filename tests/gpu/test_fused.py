@@ -92,18 +92,24 @@ def test_the_dsv3_slice_conforms(promotion, engine):
     assert report.ok, report.text()
 
 
-@pytest.mark.parametrize("hidden,intermediate", [(2880, 2880), (160, 192)], ids=["2880", "160-192"])
-def test_sizes_in_multiples_of_32_conform_in_the_exact_mode_padded_inside_the_layouts(hidden, intermediate):
-    # SPEC §8: H in multiples of 32, I of 64; x stays [T, H], its scales [T, H / 32].
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(
+    "hidden,intermediate", [(2880, 2880), (160, 192), (384, 96)], ids=["2880", "160-192", "384-96"]
+)
+def test_sizes_in_multiples_of_32_conform_in_the_exact_mode_padded_inside_the_layouts(hidden, intermediate, engine):
+    # SPEC §8: H and I in multiples of 32; x stays [T, H], its scales [T, H / 32]. The layouts'
+    # rows (padded to 128) in the prefill engine's 256-row blocks: 2880: L1 5760 (22.5 blocks), L2
+    # 2944 (11.5); 160-192: L1 384 (1.5), L2 160 real of 256; 384-96: L1 96 channels of 128, L2
+    # 384 (1.5).
     cfg = _cfg(hidden=hidden, intermediate=intermediate, num_experts=8, top_k=4, activation_clamp=1.5)
     inp = _inputs(cfg, 100, "skewed", 0.1)
     assert inp.x_sf.shape == (100, hidden // 32)
-    y, dumps = _call(cfg, inp, "k32", debug=True)
-    assert dumps[0].meta["build_id"].split("_")[3] == "swapab"
+    y, dumps = _call(cfg, inp, "k32", engine, debug=True)
+    assert dumps[0].meta["build_id"].split("_")[3] == engine
     report = check(dumps)
     assert report.ok, report.text()
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
-    y_release = _call(cfg, inp, "k32")
+    y_release = _call(cfg, inp, "k32", engine)
     assert torch.equal(y_release.view(torch.int16), y.view(torch.int16))
 
 

@@ -1,8 +1,8 @@
 """The fused layer running gpt-oss's activation (SPEC §8, `activation="swiglu_oai"`): its D6 (b1
 before the bf16 rounding, the clamp at bf16(limit), the glu table, (up + 1), the routing weight)
-and D8 (acc2 + fp32(w_route · b2), one rounding each) in the swap-AB engine's epilogues, every dump
-point through the conformance suite, on one rank and both promotions, with and without biases; the
-release build against the debug build; the prefill engine refused for the variant.
+and D8 (acc2 + fp32(w_route · b2), one rounding each) in both engines' epilogues, every dump point
+through the conformance suite, on one rank and both promotions, with and without biases; the
+release build against the debug build; a per-call clamp refused for the variant.
 
 Run: pytest -s tests/gpu/test_fused_oai.py"""
 
@@ -44,10 +44,14 @@ def _weights(cfg=CFG, biases=True, seed=3):
 _LAYERS: dict = {}
 
 
-def _layer(promotion: str, biases: bool = True) -> MegaMoE:
-    key = (promotion, biases)
+# Both engines of the fused kernel layer (the layer's own choice at these sizes is the swap-AB one).
+ENGINES = ["swapab", "prefill"]
+
+
+def _layer(promotion: str, biases: bool = True, engine: str = "swapab") -> MegaMoE:
+    key = (promotion, biases, engine)
     if key not in _LAYERS:
-        _LAYERS[key] = MegaMoE(CFG, _weights(biases=biases), promotion=promotion)
+        _LAYERS[key] = MegaMoE(CFG, _weights(biases=biases), promotion=promotion, engine=engine)
     return _LAYERS[key]
 
 
@@ -60,14 +64,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("biases", [True, False], ids=["biases", "no-biases"])
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
-def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, masked, mode, promotion, biases):
-    layer = _layer(promotion, biases)
+def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, masked, mode, promotion, biases, engine):
+    layer = _layer(promotion, biases, engine)
     inp = ref.make_inputs(CFG, tokens, seed=11, distribution=distribution, masked_ratio=masked, device="cuda")[0]
     y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True, **mode)
-    assert dumps[0].meta["build_id"].split("_")[3] == "swapab"
+    assert dumps[0].meta["build_id"].split("_")[3] == engine
     assert ("weights.b1" in dumps[0].tensors) == biases
     report = check(dumps, end_to_end=tokens > 0 and masked < 1.0)
     print(report.text())
@@ -75,12 +80,12 @@ def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, 
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
 
 
-@pytest.mark.parametrize("tokens", [1, 64, 100])
-def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens):
+@pytest.mark.parametrize("tokens,engine", [(1, "swapab"), (64, "swapab"), (100, "swapab"), (100, "prefill")])
+def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens, engine):
     # gpt-oss-20b's expert shape (H = I = 2880, top-4) with 8 of its 32 experts: the exact mode, x
     # [T, 2880] and its scales [T, 90] as they are, padded only inside the kernel's layouts.
     cfg = dataclasses.replace(CFG, hidden=2880, intermediate=2880)
-    layer = MegaMoE(cfg, _weights(cfg), promotion="k32")
+    layer = MegaMoE(cfg, _weights(cfg), promotion="k32", engine=engine)
     inp = ref.make_inputs(cfg, tokens, seed=2, device="cuda")[0]
     y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
     report = check(dumps)
@@ -88,9 +93,10 @@ def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens):
     assert torch.equal(y, layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
-def test_the_release_build_gives_the_debug_builds_bits(promotion):
-    layer = _layer(promotion)
+def test_the_release_build_gives_the_debug_builds_bits(promotion, engine):
+    layer = _layer(promotion, engine=engine)
     inp = ref.make_inputs(CFG, 128, seed=5, distribution="skewed", device="cuda")[0]
     y_dbg, _ = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
     y = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
@@ -98,12 +104,10 @@ def test_the_release_build_gives_the_debug_builds_bits(promotion):
     assert torch.equal(y.view(torch.int16), y_dbg.view(torch.int16))
 
 
-def test_the_prefill_engine_and_a_per_call_clamp_are_refused_for_the_variant():
-    with pytest.raises(ref.MegaMoEInputError, match="argument 'engine'"):
-        MegaMoE(CFG, _weights(), engine="prefill")
-    layer = _layer("k32")
+def test_a_per_call_clamp_is_refused_for_the_variant_and_auto_takes_either_engine():
+    layer = MegaMoE(CFG, _weights(), promotion="k32")
     inp = ref.make_inputs(CFG, 8, seed=1, device="cuda")[0]
     with pytest.raises(ref.MegaMoEInputError, match="argument 'activation_clamp'"):
         layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, activation_clamp=3.0)
-    # a large call stays on the swap-AB engine (the prefill engine runs SPEC §3 only)
-    assert layer.engine_for(CFG.max_tokens_per_rank) == "swapab"
+    # 128 expected rows an expert (T K / E = 128 at T 256): the prefill engine, as for SPEC §3
+    assert layer.engine_for(8) == "swapab" and layer.engine_for(256) == "prefill"

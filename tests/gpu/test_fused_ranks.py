@@ -152,7 +152,7 @@ def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ran
     assert all(r["untouched"] for r in per_rank)
 
 
-def _padded_sizes(rank: int, ranks: int) -> tuple:
+def _padded_sizes(rank: int, ranks: int, engine: str) -> tuple:
     """One rank's call at SPEC §8's sizes (H = 160, I = 96: multiples of 32, padded inside the
     kernel's layouts) with gpt-oss's activation and biases, and odd token counts: x_sf's T * H / 32
     staged bytes are not whole words, and the peers' scale rows are read byte by byte."""
@@ -168,16 +168,17 @@ def _padded_sizes(rank: int, ranks: int) -> tuple:
     )
     w = ref.random_weights(8, 160, 96, seed=WEIGHT_SEED)
     w.b1, w.b2 = ref.random_biases(8, 160, 96, seed=WEIGHT_SEED)
-    layer = MegaMoE(cfg, w.to("cuda"), group=multirank.group(), promotion="k32")
+    layer = MegaMoE(cfg, w.to("cuda"), group=multirank.group(), promotion="k32", engine=engine)
     inp = ref.make_inputs(cfg, [33, 17, 64, 1][:ranks], seed=5, distribution="skewed")[rank].to("cuda")
     with layer.named_failures():
         y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
     return y.cpu(), dumps[0]
 
 
+@pytest.mark.parametrize("engine", ["swapab", "prefill"])
 @pytest.mark.parametrize("ranks", [2])
-def test_sizes_in_multiples_of_32_conform_on_every_rank_with_gpt_oss_activation(ranks):
-    per_rank = multirank.spawn(_padded_sizes, ranks, timeout=300)
+def test_sizes_in_multiples_of_32_conform_on_every_rank_with_gpt_oss_activation(ranks, engine):
+    per_rank = multirank.spawn(_padded_sizes, ranks, args=(engine,), timeout=300)
     report = check([d for _, d in per_rank])
     assert report.ok, report.text()
     for y, d in per_rank:
