@@ -30,7 +30,7 @@ SITES = [
     ("l2_done", 2, 1, "swapab"),
     ("epoch", 2, 1, "swapab"),
 ]
-# A small layer whose shape both engines run (H and 2I multiples of 256), T tokens on every rank.
+# A small layer (both engines, both promotions), T tokens on every rank.
 SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=64)
 TOKENS = 64
 

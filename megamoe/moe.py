@@ -21,10 +21,11 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   taken in the dynamic order (L2 items after every L1 item, each waiting only for its pool block's
   L1 tiles); in the exact mode H and I in multiples of 32 (SPEC §8), padded to its K blocks and row
   tiles inside the weights' layout and the workspace; both activations (SPEC §3, §8);
-* "prefill" (prefill sizes; H and 2I multiples of 256; SPEC §3's SwiGLU only): every weight of both layers
-  decoded once per call to E4M3 inside the launch (into a scratch buffer of E_l * 3 * H * I bytes,
-  9/8 of it in the exact mode, shared with megamoe.gemm's prefill path per device and stream), then
-  tokens as wgmma M, 128 a CTA tile.
+* "prefill" (prefill sizes): every weight of both layers decoded once per call to E4M3 inside the
+  launch (into a scratch buffer of E_l * 3 * H * I bytes at whole sizes, 9/8 of it in the exact
+  mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128
+  a CTA tile of 256 weight rows (a layer's last block half a block where its padded rows are not a
+  multiple of 256); the same sizes and activations as the swap-AB engine.
 
 Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
@@ -91,6 +92,14 @@ class _Workspace:
         return self.buffer.data_ptr() + self.layout[name][0]
 
 
+def kernel_bias(b: torch.Tensor) -> torch.Tensor:
+    """A bias (SPEC §8) as the kernels read it: contiguous, its first element 4-byte aligned (the
+    prefill engine reads a column pair as one 4-byte word; a view at an odd element offset, which
+    the swap-AB engine's 2-byte loads would take, is copied)."""
+    b = b.contiguous()
+    return b if b.data_ptr() % 4 == 0 else b.clone()
+
+
 class MegaMoE:
     """The fused layer of one rank. `weights`: canonical `ExpertWeights` of all E experts (this
     rank's E_l are taken) or of this rank's E_l experts only, on the GPU the layer runs on."""
@@ -120,7 +129,7 @@ class MegaMoE:
         dev, local = self.device, self.weights
         self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
         # SPEC §8's biases as the kernel reads them: bf16 [E_l, 2I] and [E_l, H], canonical rows.
-        self._biases = tuple(None if b is None else b.contiguous() for b in (local.b1, local.b2))
+        self._biases = tuple(None if b is None else kernel_bias(b) for b in (local.b1, local.b2))
         layout, total = C.workspace_layout(cfg)
         self.dims = C.workspace_dims(cfg)
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)

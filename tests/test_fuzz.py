@@ -45,8 +45,10 @@ def test_every_draw_is_a_shape_the_layer_takes():
         ("both activations", lambda cs: {c.activation for c in cs} == {"swiglu", "swiglu_oai"}),
         (
             "SPEC §8's activation and sizes on the prefill engine",
-            lambda cs: any(c.engine == "prefill" and c.activation == "swiglu_oai" for c in cs)
-            and any(c.engine == "prefill" and (c.hidden % 256 or c.intermediate % 128) for c in cs),
+            lambda cs: (
+                any(c.engine == "prefill" and c.activation == "swiglu_oai" for c in cs)
+                and any(c.engine == "prefill" and (c.hidden % 256 or c.intermediate % 128) for c in cs)
+            ),
         ),
         ("every engine", lambda cs: {c.engine for c in cs} == set(fuzz.ENGINES)),
         ("every activation scale mode", lambda cs: {c.x_scales for c in cs} == set(fuzz.SCALE_MODES)),

@@ -8,8 +8,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from megamoe import gemm as G
 from megamoe import reference as ref
+from megamoe.cli import GPT_OSS_MODELS, GPT_OSS_SHAPE
 from megamoe.heuristics import choose_engine
-from megamoe.moe import MegaMoE
+from megamoe.moe import MegaMoE, kernel_bias
 from megamoe.reference import MegaMoEInputError
 
 from .test_gemm_host import _small_call_args
@@ -44,13 +45,7 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
 def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_gpt_oss_included():
     # 128 expected rows an expert (exact mode): gpt-oss-20b (E 32, top-4, H = I = 2880) from T = 1024.
     oai = ref.MoEConfig(
-        hidden=2880,
-        intermediate=2880,
-        num_experts=32,
-        top_k=4,
-        num_ranks=1,
-        max_tokens_per_rank=4096,
-        activation="swiglu_oai",
+        **GPT_OSS_SHAPE, num_experts=GPT_OSS_MODELS["gpt-oss-20b"], max_tokens_per_rank=4096, activation="swiglu_oai"
     )
     assert choose_engine(oai, "k32", 1000) == "swapab" and choose_engine(oai, "k32", 1024) == "prefill"
     assert choose_engine(oai, "k32", 4096, "swapab") == "swapab"
@@ -151,3 +146,14 @@ def test_the_kernel_layout_refuses_weights_the_kernels_cannot_take_naming_them()
     w = ref.random_weights(2, 256, 128)
     with pytest.raises(MegaMoEInputError, match=r"argument 'w2_sf': expected dtype torch.uint8"):
         G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf.float())
+
+
+def test_a_bias_view_at_an_odd_element_offset_is_copied_for_the_kernels_4_byte_loads():
+    # The prefill engine reads b1 / b2 two columns at a time, one 4-byte word.
+    flat = torch.arange(2 * 64 + 1, dtype=torch.bfloat16)
+    odd = flat[1:].view(2, 64)
+    assert odd.data_ptr() % 4 == 2
+    b = kernel_bias(odd)
+    assert b.data_ptr() % 4 == 0 and torch.equal(b, odd)
+    even = flat[:128].view(2, 64)
+    assert kernel_bias(even).data_ptr() == even.data_ptr()  # no copy where none is needed

@@ -90,7 +90,7 @@ SITES = [
     (
         "L1 rows of the prefill engine -> L1-completion counter",
         "epilogue/prefill_rows.cuh",
-        "red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, 4)",
+        "red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups",
         ["red.release.gpu"],
         [PROXY_FENCE, GPU_FENCE],
         [],

@@ -53,9 +53,10 @@ __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int t
 // layer (1 or 2) picks the debug dump's layout and the bias's form: one instantiation serves the
 // fused kernel's two layers (a second beside it made ptxas spill the exact mode's mainloops).
 // A layer's last block may be half a block (predecode.cuh prefill_blocks): its half h = 1 holds no
-// row of the layout (its accumulators are whatever the scratch's zeros give), so it reads no row
-// factor and no bias and dumps nothing; the rows past the layer's real outputs (2I's channels past
-// I, H's padding rows) are dumped and biased nowhere either, and the epilogue warps store none.
+// row of the layout (its predecoded tiles there are never written: the scratch's zeros, or what
+// another user of the buffer left; either way never stored), so it reads no row factor and no bias
+// and dumps nothing; the rows past the layer's real outputs (2I's channels past I, H's padding rows)
+// are dumped and biased nowhere either, and the epilogue warps store none.
 template <typename Act, bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
@@ -169,7 +170,7 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
 // kFused (the fused kernel): an item's 128 channels are one K128 block of L2, so in the fast mode
 // (kRebase) the warp also writes them rebased per 128 channels (rebase_k128: the largest of the
 // token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
-// block's scale groups (4, or a half block's real ones) in the block's L1-completion counter
+// block's scale groups (4, or those below I in the layer's last tile) in the block's L1-completion counter
 // (complete at I / 32, as the swap-AB epilogue counts them), after a proxy fence: the L2 TMA reads
 // what it wrote.
 template <typename Act, bool kFused = false, bool kRebase = false>
@@ -220,9 +221,10 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       qw[i] = static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i], mult), __fmul_rn(a[4 * i + 1], mult))) |
               static_cast<uint32_t>(ptx::cvt_e4m3x2(__fmul_rn(a[4 * i + 2], mult), __fmul_rn(a[4 * i + 3], mult)))
                   << 16;
-    // Only the tile's 32-channel groups below I (a half block's last tile holds padding past it,
+    // Only the tile's 32-channel groups below I (the layer's last tile may hold padding past it,
     // SPEC §8's sizes in multiples of 32): the others are computed and never stored, and the
-    // intermediate's padding stays the workspace's zeros.
+    // intermediate's padding stays the workspace's zeros. (The fast mode's rebase below has no such
+    // guard: its H and I are multiples of 512, every tile whole.)
     if (tok < wi.valid && ch_cta + 32 * grp < inter) {
       const int64_t row = wi.row0 + tok;
       *reinterpret_cast<uint2*>(out + row * ld + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
@@ -249,10 +251,12 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
   if constexpr (kFused) {
     __syncwarp();
     if (lane == 0 && first < wi.valid) {
-      const int64_t groups = (inter - ch_cta) / 32;  // re-read, not held across the loop (56 registers)
+      // The tile's groups below I, at most 4 (computed here, not held across the loop: 56 registers).
+      const int64_t below_i = (inter - ch_cta) / 32;
+      const int groups = below_i < 4 ? static_cast<int>(below_i) : 4;
       ptx::fence_proxy_async_global();
       __threadfence();
-      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups < 4 ? static_cast<int>(groups) : 4);
+      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups);
     }
   }
 }

@@ -369,8 +369,8 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
     }
   }
   const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
-  prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty, sm.epi_full,
-                                      phase, second ? kLayerB : kLayerA);
+  prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty,
+                                           sm.epi_full, phase, second ? kLayerB : kLayerA);
 }
 
 // Before the roles split: the layout check and the barriers (thread 0; the schedule is the caller's,

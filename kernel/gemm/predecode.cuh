@@ -33,7 +33,8 @@ namespace megamoe {
 // A layer's blocks of 256 weight rows (the prefill kernel's CTA tile, and its predecoded tiles'
 // height): the last one is half a block where the rows (padded to 128: layout.py padded_rows) are
 // not a multiple of 256; the missing half of its tiles is never written (the scratch buffer's zeros,
-// megamoe/runtime.py prefill_scratch) and never stored from (prefill_rows.cuh).
+// megamoe/runtime.py prefill_scratch, or what another user of it left) and never stored from
+// (prefill_rows.cuh).
 __device__ __forceinline__ int prefill_blocks(const GemmParams& p) {
   return row_blocks<kPrefillRows, true>(p.n_rows);
 }

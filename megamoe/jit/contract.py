@@ -103,7 +103,7 @@ PARAMS = (
         "w_fold",
         "ptr",
         "const uint8_t*",
-        "prefill, promotion k32: [E, R/256] 1 where every row of the 256-row block has all its scale bytes within"
+        "prefill, promotion k32: [E, ceil(R/256)] 1 where every row of the 256-row block has all its scale bytes within"
         " FOLD_BINADES of its row base, and that within FOLD_ROW_SPREAD of the expert's: that block's weights are"
         " predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)",
     ),
@@ -111,7 +111,7 @@ PARAMS = (
         "w_e4m3",
         "ptr",
         "uint8_t*",
-        "prefill: the weights decoded to E4M3, [E, K/128, R/256] tiles of PREFILL_TILE_BYTES: [256][128] bytes"
+        "prefill: the weights decoded to E4M3, [E, K/128, ceil(R/256)] tiles of PREFILL_TILE_BYTES: [256][128] bytes"
         " with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by"
         " the prefill kernel)",
     ),

@@ -68,7 +68,9 @@ CASES = [
 @pytest.mark.parametrize("biases", [True, False], ids=["biases", "no-biases"])
 @pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
-def test_every_dump_point_of_the_gpt_oss_variant_conforms(distribution, tokens, masked, mode, promotion, biases, engine):
+def test_every_dump_point_of_the_gpt_oss_variant_conforms(
+    distribution, tokens, masked, mode, promotion, biases, engine
+):
     layer = _layer(promotion, biases, engine)
     inp = ref.make_inputs(CFG, tokens, seed=11, distribution=distribution, masked_ratio=masked, device="cuda")[0]
     y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True, **mode)
