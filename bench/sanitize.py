@@ -7,8 +7,9 @@
 
 Each (tool, target) runs `compute-sanitizer --tool TOOL --target-processes all` over this module's
 `--run TARGET` in a new process, and the table gives the tool's summary line (errors, or
-racecheck's hazards). Targets: the fused layer on each engine and promotion at R = 1, the fused
-layer at R = 2 (two processes on one GPU: --target-processes all follows them), and the GEMM core's
+racecheck's hazards). Targets: the fused layer on each engine and promotion at R = 1, on each
+engine at SPEC §8's activation and sizes (K tails, a layer's last 256-row block half a block), the
+fused layer at R = 2 (two processes on one GPU: --target-processes all follows them), and the GEMM core's
 standalone paths (swap-AB at a decode tile, the wide tile, the prefill path with its predecode
 pass, L2). The shapes are small: the tools slow a kernel by 10-1000x.
 
