@@ -37,7 +37,7 @@ from megamoe.reference import MegaMoEInputError
 from . import runtime as RT
 from .jit import build as jb
 from .jit import contract, driver
-from .jit.layout import KernelWeights, padded_rows
+from .jit.layout import KernelWeights, padded_rows, prefill_blocks
 from .launch import gemm_params, weight_fields
 
 
@@ -240,8 +240,7 @@ class FusedLauncher(_Launcher):
 
         def layer_scratch(layer: int) -> torch.Tensor:
             k, rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
-            blocks = -(-padded_rows(rows) // contract.PREFILL_ROWS)
-            tiles = cfg.local_experts * (contract.padded_k(k) // contract.BLOCK_K) * blocks
+            tiles = cfg.local_experts * (contract.padded_k(k) // contract.BLOCK_K) * prefill_blocks(padded_rows(rows))
             return RT.prefill_scratch(dev, stream, layer, tiles * contract.PREFILL_TILE_BYTES[self.spec.promotion])
 
         return tuple(layer_scratch(layer) for layer in (1, 2))

@@ -140,7 +140,7 @@ def fold_blocks(
     if rows is not None:
         ok[:, rows:] = True
     E, R = ok.shape
-    blocks = -(-R // contract.PREFILL_ROWS)
+    blocks = prefill_blocks(R)
     ok = torch.nn.functional.pad(ok, (0, blocks * contract.PREFILL_ROWS - R), value=True)
     return ok.view(E, blocks, contract.PREFILL_ROWS).all(dim=2).to(torch.uint8)
 
@@ -200,6 +200,13 @@ ROW_TILE = 2 * contract.ROWS_PER_WG
 def padded_rows(rows: int) -> int:
     """A layer's weight rows in the kernel layout: `rows` (2I or H) padded to whole ROW_TILE tiles."""
     return -(-rows // ROW_TILE) * ROW_TILE
+
+
+def prefill_blocks(layout_rows: int) -> int:
+    """The prefill kernel's blocks of contract.PREFILL_ROWS weight rows over a layer's rows in the
+    kernel layout (padded_rows), the last one half a block where they are not a multiple of 256 (the
+    kernel's prefill_blocks, kernel/gemm/predecode.cuh): its fold flags' and predecoded tiles' count."""
+    return -(-layout_rows // contract.PREFILL_ROWS)
 
 
 def _pad(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
