@@ -414,22 +414,38 @@ def make_fused(cfg, weights, promotion: str = "k32", engine: str = "auto"):
 ROUTINGS = {"uniform": "uniform", "zipf": "skewed"}  # the table's name: make_inputs' distribution
 
 
+def layer_config(shape: str, tokens: int) -> ref.MoEConfig:
+    """The layer of a named shape on one rank holding all E experts, for calls of up to `tokens`."""
+    hidden, inter = LAYER_SHAPES[shape]
+    return ref.MoEConfig(
+        hidden,
+        inter,
+        E,
+        LAYER_TOP_K[shape],
+        num_ranks=1,
+        max_tokens_per_rank=tokens,
+        block_m=ALIGN,
+        activation=ACTIVATION.get(shape, "swiglu"),
+    )
+
+
+def shape_weights(shape: str) -> ref.ExpertWeights:
+    """The benchmark's weights of a named shape on the GPU (random, SEED; gpt-oss's with biases)."""
+    hidden, inter = LAYER_SHAPES[shape]
+    progress(f"{shape}: drawing and quantizing the weights of {E} experts on the CPU (a minute or two)")
+    weights = ref.random_weights(E, hidden, inter, seed=SEED, device="cuda")
+    if ACTIVATION.get(shape) == "swiglu_oai":  # SPEC §8's biases, as gpt-oss's checkpoints have them
+        weights.b1, weights.b2 = ref.random_biases(E, hidden, inter, seed=SEED, device="cuda")
+    return weights
+
+
 def bench_case(
     shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto", routing: str = "uniform"
 ) -> dict:
     """One row of the table: every column at (shape, T, routing) on the same inputs."""
     hidden, inter = LAYER_SHAPES[shape]
     top_k = LAYER_TOP_K[shape]
-    cfg = ref.MoEConfig(
-        hidden,
-        inter,
-        E,
-        top_k,
-        num_ranks=1,
-        max_tokens_per_rank=tokens,
-        block_m=ALIGN,
-        activation=ACTIVATION.get(shape, "swiglu"),
-    )
+    cfg = layer_config(shape, tokens)
     inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS[routing], device="cuda")[0]
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     counts = ref.send_counts(inp.topk_idx, E)
@@ -581,11 +597,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = []
     for shape in args.shapes:
-        hidden, inter = LAYER_SHAPES[shape]
-        progress(f"{shape}: drawing and quantizing the weights of {E} experts on the CPU (a minute or two)")
-        weights = ref.random_weights(E, hidden, inter, seed=SEED, device="cuda")
-        if ACTIVATION.get(shape) == "swiglu_oai":  # SPEC §8's biases, as gpt-oss's checkpoints have them
-            weights.b1, weights.b2 = ref.random_biases(E, hidden, inter, seed=SEED, device="cuda")
+        weights = shape_weights(shape)
         # Prepared once per shape, outside every timed region; a failure here is the column's error.
         try:
             kw = transform_weights(weights.w1, weights.w1_sf, weights.w2, weights.w2_sf)

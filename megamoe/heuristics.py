@@ -174,6 +174,17 @@ def fused_specs() -> list[jb.FusedSpec]:
     ]
 
 
+def timeline_specs() -> list[jb.FusedSpec]:
+    """The fused kernel's timeline builds (measurement builds: megamoe.timeline, bench.timeline) the CI
+    compile gate builds: each promotion, engine and activation, with the fast SiLU."""
+    return [
+        jb.FusedSpec(promotion=promotion, engine=engine, activation=activation, timeline=True)
+        for promotion in PROMOTIONS
+        for engine in jb.FUSED_ENGINES
+        for activation in ACTIVATIONS
+    ]
+
+
 # The prefill engine from this many expected pool rows per local expert (choose_engine), per
 # promotion. Measured on the DSV3 slice (bench/NOTES.md v21, one call, us, swap-AB / prefill
 # engine): fast mode 986 / 1338 at 128 rows (T = 512), 3466 / 2552 at 512; exact mode 845 / 1470 at

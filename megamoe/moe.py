@@ -3,6 +3,7 @@
     layer = MegaMoE(cfg, weights)                     # once per layer configuration
     y = layer(x, x_sf, topk_idx, topk_weights)        # bf16 [T, H]
     y, dumps = layer(x, x_sf, topk_idx, topk_weights, debug=True)   # + every dump point D1-D10
+    y, tl = layer(x, x_sf, topk_idx, topk_weights, timeline=True)   # + where the kernel's time went
 
 `MegaMoE` owns this rank's workspace (megamoe/jit/contract.py WORKSPACE: every region's offset,
 dtype and shape, sized for the worst case any peer can cause), the compiled kernel
@@ -33,7 +34,7 @@ exchanged, and the configurations are compared) and every rank calls it the same
 Each rank owns experts [rank E_l, (rank + 1) E_l) and returns y for its own tokens (T may differ
 per rank, 0 included). Before each launch the ranks agree with one host collective on a gloo group
 (`megamoe.ranks.agree`): one rank's bad input (or a kernel that failed to build) is refused on
-every rank, and so are calls whose options (debug, fast_math, clamp, record_stats) differ between
+every rank, and so are calls whose options (debug, fast_math, clamp, record_stats, timeline) differ between
 ranks, so no rank waits in the kernel for a peer that never launches. `megamoe.multirank.spawn`
 runs R ranks as processes, on one GPU when there is one.
 
@@ -41,6 +42,10 @@ Debug calls (`debug=True`) run the debug build, which keeps the fp32 accumulator
 snapshots the counters before its cleanup; the dumps come back as `megamoe.conformance.dump.Dump`
 objects for `megamoe.conformance.suite.check`. Before a debug call the pool, the intermediate and
 the combine buffer are poisoned (NaN / 0xFF), so a stage that writes nothing cannot pass.
+
+Timeline calls (`timeline=True`) run the timeline build: the release build with %globaltimer stamps
+of each CTA's phases and items, returned as a `megamoe.timeline.Timeline` once the call has finished
+(it synchronises); y is the release build's. `python -m bench.timeline` prints one.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from .jit import contract as C
 from .jit import driver
 from .jit.layout import transform_weights
 from .launchers import FusedLauncher
+from .timeline import Timeline
 
 # The engine choice is megamoe.heuristics'; named here too (megamoe.moe.choose_engine).
 from .heuristics import FUSED_PREFILL_MIN_ROWS as FUSED_PREFILL_MIN_ROWS
@@ -211,10 +217,21 @@ class MegaMoE:
         """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine)."""
         return choose_engine(self.cfg, self.promotion, tokens, self.engine)
 
-    def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str) -> driver.Launch:
+    def _spec(self, fast_math: bool, debug: bool, engine: str, timeline: bool = False) -> jb.FusedSpec:
+        """The kernel build of a call in this mode."""
+        return jb.FusedSpec(
+            fast_math=fast_math,
+            debug=debug,
+            promotion=self.promotion,
+            engine=engine,
+            activation=self.cfg.activation,
+            timeline=timeline,
+        )
+
+    def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str, timeline: bool = False) -> driver.Launch:
         # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path).
         stream = self._stream() if engine == "prefill" else None
-        key = (fast_math, debug, clamp_arg, engine, stream)
+        key = (fast_math, debug, clamp_arg, engine, stream, timeline)
         launch = self._launches.get(key)
         if launch is None:
             # SPEC §8: the gpt-oss variant clamps at bf16(limit), rounded as §2 rounds c.
@@ -225,15 +242,7 @@ class MegaMoE:
                     torch.zeros(P, 2 * self.cfg.intermediate, dtype=torch.float32, device=self.device),
                     torch.zeros(P, self.cfg.hidden, dtype=torch.float32, device=self.device),
                 )
-            launcher = FusedLauncher(
-                jb.FusedSpec(
-                    fast_math=fast_math,
-                    debug=debug,
-                    promotion=self.promotion,
-                    engine=engine,
-                    activation=self.cfg.activation,
-                )
-            )
+            launcher = FusedLauncher(self._spec(fast_math, debug, engine, timeline))
             launch, scratch = launcher.launch(
                 cfg=self.cfg,
                 dims=self.dims,
@@ -267,8 +276,11 @@ class MegaMoE:
         debug: bool = False,
         check_inputs: bool = True,
         out: torch.Tensor | None = None,
+        timeline: bool = False,
     ):
-        """y = the layer on this rank's tokens (bf16 [T, H]); with debug=True, (y, dumps).
+        """y = the layer on this rank's tokens (bf16 [T, H]); with debug=True, (y, dumps); with
+        timeline=True, (y, megamoe.timeline.Timeline): the call ran on the timeline build, whose y is
+        the release build's and whose stamps say where the kernel's time went (bench.timeline).
 
         activation_clamp / fast_math default to the config's. record_stats adds each local
         expert's received tokens to `recv_stats` (D10; False leaves them as they are).
@@ -276,13 +288,27 @@ class MegaMoE:
         expert, an expert id out of range, a NaN scale byte: they synchronise with the GPU, so they
         are also skipped while a CUDA graph is being captured); shapes, dtypes and devices are
         always checked. out: a bf16 [T, H] tensor to write y into (else a new one)."""
+        if debug and timeline:
+            fail("timeline", "False with debug=True (the dump build has no stamps)", timeline)
         launch, y, dcfg, x_sf = self._ready(
-            x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, debug, check_inputs, out
+            x,
+            x_sf,
+            topk_idx,
+            topk_weights,
+            activation_clamp,
+            fast_math,
+            record_stats,
+            debug,
+            check_inputs,
+            out,
+            timeline,
         )
         if debug:
             self._poison()
             stats_before = self.ws["recv_stats"].clone()
         launch(self._stream())
+        if timeline:
+            return y, self._timeline(dcfg.fast_math, self.engine_for(x.shape[0]))
         if not debug:
             return y
         inputs = ref.RankInputs(x, x_sf, topk_idx, topk_weights)
@@ -321,7 +347,18 @@ class MegaMoE:
         return PreparedLayer(own, y, self.device.index, self._stream(), tensors)
 
     def _ready(
-        self, x, x_sf, topk_idx, topk_weights, activation_clamp, fast_math, record_stats, debug, check_inputs, out
+        self,
+        x,
+        x_sf,
+        topk_idx,
+        topk_weights,
+        activation_clamp,
+        fast_math,
+        record_stats,
+        debug,
+        check_inputs,
+        out,
+        timeline=False,
     ):
         """A call's host work before its launch: the checks (agreed between the ranks), y, and the
         mode's launch with this call's pointers, T and record_stats patched in. Returns (launch, y,
@@ -335,7 +372,7 @@ class MegaMoE:
         try:
             self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
             engine = self.engine_for(x.shape[0])
-            launch = self._launch(fm, debug, clamp_arg, engine)
+            launch = self._launch(fm, debug, clamp_arg, engine, timeline)
         except Exception as e:
             if self._host is None:
                 raise
@@ -345,13 +382,25 @@ class MegaMoE:
             # until the timeouts trap. Its checks and its kernel's build are agreed, and the options
             # that choose the kernel and its work.
             opts = dict(
-                debug=debug, fast_math=fm, activation_clamp=_float_or_none(clamp_arg), record_stats=record_stats
+                debug=debug,
+                fast_math=fm,
+                activation_clamp=_float_or_none(clamp_arg),
+                record_stats=record_stats,
+                timeline=timeline,
             )
             ranks.agree(self._host, refused, ranks.call_options(**opts), tuple(opts))
         T = x.shape[0]
         y = torch.empty(T, cfg.hidden, dtype=torch.bfloat16, device=self.device) if out is None else out
         FusedLauncher.patch_call(launch, x, x_sf, topk_idx, topk_weights, y, record_stats)
         return launch, y, dataclasses.replace(cfg, activation_clamp=clamp_arg, fast_math=fm), x_sf
+
+    def _timeline(self, fast_math: bool, engine: str) -> Timeline:
+        """The stamps of the timeline build's last call in this mode, once it has finished."""
+        torch.cuda.current_stream(self.device).synchronize()
+        launcher = FusedLauncher(self._spec(fast_math, False, engine, timeline=True))
+        kern = launcher.kernel(self.device.index)
+        raw = driver.module_global(kern.module, "megamoe_timeline")
+        return Timeline.from_bytes(raw, launcher.grid(kern, self._sms), engine)
 
     def _check_call(self, x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs: bool, out) -> None:
         """SPEC §7 on this rank's call; raises MegaMoEInputError naming the argument."""
@@ -480,9 +529,7 @@ class MegaMoE:
             self.weights,
             [points],
             kernel_mode=f"sm90-fused-{self.promotion}",
-            build_id=jb.FusedSpec(
-                fast_math=fast_math, debug=True, promotion=self.promotion, engine=self.engine_for(y.shape[0])
-            ).name,
+            build_id=self._spec(fast_math, True, self.engine_for(y.shape[0])).name,
             tau=self.tau,
             recv_stats_before=[stats_before],
             recv_stats_recorded=recorded,

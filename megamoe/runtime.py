@@ -136,6 +136,7 @@ class Kernel:
     layout size, threads and stages are __constant__s of the module)."""
 
     spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec
+    module: object  # the loaded cubin (driver.module_global reads its globals)
     fn: object
     smem_bytes: int
     threads: int
@@ -158,6 +159,7 @@ def kernel(spec: jb.GemmSpec | jb.FusedSpec | jb.PrefillSpec | jb.PredecodeSpec,
             raise RuntimeError(f"{spec.name}: the cubin has {threads} threads, the spec {spec.threads}")
         _KERNELS[key] = Kernel(
             spec,
+            mod,
             driver.get_function(mod, spec.kernel, smem),
             smem,
             threads,

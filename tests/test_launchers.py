@@ -38,7 +38,7 @@ def device(monkeypatch):
 
     def kernel(spec, dev):
         fn = rec.fns.setdefault(spec, 0x1000 * (1 + len(rec.fns)))
-        return runtime.Kernel(spec, fn, SMEM, spec.threads, 4, SMS)
+        return runtime.Kernel(spec, None, fn, SMEM, spec.threads, 4, SMS)
 
     def item_counter(dev):
         rec.counters.append(0xC0000 + 8 * len(rec.counters))

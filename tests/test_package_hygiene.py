@@ -107,6 +107,7 @@ RUNTIME = (
     "megamoe.ops",
     "megamoe.ranks",
     "megamoe.multirank",
+    "megamoe.timeline",
     "megamoe.jit",
 )
 

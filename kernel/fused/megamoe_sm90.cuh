@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "../common/ptx.cuh"
+#include "../common/timeline.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/gemm_sm90.cuh"
 #include "../gemm/gemm_sm90_prefill.cuh"
@@ -133,6 +134,7 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
   uint8_t* mine = smem + 1024 + warp * 2048;
   stage_scaled_luts(lut);
   __syncthreads();
+  timeline::cta_stamp(kTlPulled);
   const int64_t g1 = static_cast<int64_t>(fp.l1.num_experts) * (fp.l1.k / kBlockK) * (fp.l1.n_rows / 16);
   const int64_t total = g1 + static_cast<int64_t>(fp.l2.num_experts) * (fp.l2.k / kBlockK) * (fp.l2.n_rows / 16);
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -158,18 +160,21 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
     }
   }
   __syncthreads();
+  timeline::cta_stamp(kTlDecoded);
   if (threadIdx.x == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     ptx::fence_proxy_async_global();
     __threadfence();
     ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
     wait_counter<false>(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
+    timeline::stamp(kTlDecodedAll);
     ptx::fence_proxy_async_global();   // the tiles were written by generic stores; TMA reads them
   }
 }
 
 template <typename Engine, bool kPerK32, bool kDebug>
 __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
+  timeline::cta_stamp(kTlEntry);
   Engine::setup(fp.l1.err);
   int* scratch = reinterpret_cast<int*>(Engine::scratch());
   const int groups = fp.local_experts * fp.num_ranks;
@@ -183,6 +188,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
       int* sig = call_signals(fp, call_epoch(fp));
       signal_all_ranks(fp, sig, kSignalPosted);
       wait_counter<true>(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
+      timeline::stamp(kTlPosted);
     }
     __syncwarp();
     build_layout(fp, Engine::sched(), tables);
@@ -192,6 +198,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
         sched, fp.local_experts, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
   }
   __syncthreads();
+  timeline::cta_stamp(kTlScheduled);
   pull_rows<!kPerK32>(fp, tables);
   if constexpr (Engine::kPredecode) {
     // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks).
@@ -199,6 +206,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   }
   ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
   __syncthreads();
+  timeline::cta_stamp(kTlGemm);
 
   if (!Engine::run(fp)) return;   // the consumers
 
@@ -206,16 +214,19 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   // shared memory (the ring's, free now) by cp.async, many in flight a thread (combine.cuh).
   const int tid = ptx::thread_idx();
   if (tid == 0) {
+    timeline::stamp(kTlWritten);
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
     wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err,
                        ptx::kLastWaitTimeoutNs);
+    timeline::stamp(kTlL2Done);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);
   combine_tokens<kTailThreads>(fp, tid, Engine::scratch());
   cleanup_counters<kDebug>(fp, Engine::sched(), tid, kTailThreads);
   ptx::named_barrier(kTailBarrier, kTailThreads);
   if (tid == 0) {
+    timeline::stamp(kTlCombined);
     const int epoch = call_epoch(fp);
     int* sig = call_signals(fp, epoch);
     __threadfence();

@@ -429,4 +429,29 @@ enum WsRegion : uint64_t {
 };
 constexpr uint64_t kWsCounters = kWsSignals | kWsArrivals | kWsL1Done | kWsRebaseCount;
 
+// The fused kernel's timeline build (contract.py TIMELINE_*, kernel/common/timeline.cuh): the rows of
+// megamoe_timeline, one per CTA: its phases' stamps, its item count, then its items' tags and stamps.
+enum TimelinePhase : int {
+  kTlEntry = 0,  // the CTA starts
+  kTlPosted = 1,  // every rank's CTAs posted their counts (thread 0 past the dispatch counter)
+  kTlScheduled = 2,  // the pool layout and the schedule built (the CTA's barrier after them)
+  kTlPulled = 3,  // prefill engine: the CTA's share of the pull done (the predecode's first barrier)
+  kTlDecoded = 4,  // prefill engine: the CTA's share of the predecode done
+  kTlDecodedAll = 5,  // prefill engine: every CTA's share decoded (thread 0 past the predecode counter)
+  kTlGemm = 6,  // the GEMM roles start (the CTA's barrier before them)
+  kTlIssued = 7,  // the TMA thread issued its last item's last stage
+  kTlWritten = 8,  // the CTA's last item written (the producers' tail starts)
+  kTlL2Done = 9,  // every rank's CTAs wrote their L2 rows (thread 0 past the L2-done counter)
+  kTlCombined = 10,  // the CTA's combine and cleanup done
+  kTlPhases = 11,
+};
+enum TimelineItemStamp : int {
+  kTlItemTaken = 0,  // the TMA thread starts the item
+  kTlItemGated = 1,  // its gate passed: its pool rows (L1) or their L1 tiles (L2) are there
+  kTlItemIssued = 2,  // its last stage issued (the ring then holds the rest of the item)
+};
+constexpr int kTimelineItems = 256, kTimelineCtas = 256;
+constexpr int kTimelineItemWords = 4, kTimelineStride = 1036;
+constexpr int kTimelineItemTag = 32;   // tag = layer << kTimelineItemTag | index
+
 }  // namespace megamoe

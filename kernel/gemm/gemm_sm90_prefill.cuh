@@ -50,6 +50,7 @@
 #include <type_traits>
 
 #include "../common/ptx.cuh"
+#include "../common/timeline.cuh"
 #include "../common/ue8m0.cuh"
 #include "../epilogue/prefill_rows.cuh"
 #include "contract.cuh"
@@ -419,7 +420,9 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         const GemmParams& p = item_layer<kPrefillRows, kTwo, true>(local, *sm.sched, pa, pb);
         const int num_kb = p.k / kBlockK;
         const WorkItem wi = decode_item<kPrefillTokens, kPrefillRows>(local, *sm.sched, prefill_blocks(p));
+        timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
         wait_token_block(p, wi);   // the fused kernel's gates; standalone, it returns at once
+        timeline::item_stamp(kTlItemGated);
         // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
         const int w_bytes = kPerK32 && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
         for (int kb = 0; kb < num_kb; ++kb) {
@@ -435,7 +438,9 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
                         &sm.ring.full[s]);
           cur.advance<S>();
         }
+        timeline::item_stamp(kTlItemIssued);
       }
+      timeline::stamp(kTlIssued);
     } else if (warp == 1) {
       stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, false, kTwo, true>(pa, pb, sm.ring, *sm.sched,
                                                                                             cur, warp, lane);

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "../common/ptx.cuh"
+#include "../common/timeline.cuh"
 #include "../common/ue8m0.cuh"
 #include "contract.cuh"
 #include "scheduler.cuh"
@@ -207,7 +208,9 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
       const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, p.n_rows / kRows);
+      timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
       wait_token_block(p, wi);
+      timeline::item_stamp(kTlItemGated);
       const uint8_t* w_base =
           p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
       const uint8_t* wsf_base = p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
@@ -230,8 +233,10 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
                       &r.full[stage]);
         cur.advance<kStages>();
       }
+      timeline::item_stamp(kTlItemIssued);
       item = last_posted(*queue);
     }
+    timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
     stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo>(pa, pb, r, sched, cur, warp, lane, queue);

@@ -167,6 +167,9 @@ class FusedSpec:
     promotion: str  # "k32" (exact mode) or "k128" (fast mode), as GemmSpec.promotion
     engine: str = "swapab"  # FUSED_ENGINES
     activation: str = "swiglu"  # SPEC §3, or "swiglu_oai" (§8)
+    # The release build with %globaltimer stamps of each CTA's phases and items (kernel/common/timeline.cuh,
+    # megamoe.timeline): a measurement build, never the one a plain call runs.
+    timeline: bool = False
     kernel = "megamoe_fused"  # the cubin's entry point
 
     def __post_init__(self):
@@ -174,6 +177,8 @@ class FusedSpec:
         if self.engine not in FUSED_ENGINES:
             raise ValueError(f"engine: expected one of {FUSED_ENGINES}, got {self.engine!r}")
         _check_activation(self.activation)
+        if self.timeline and self.debug:
+            raise ValueError("timeline: a stamped release build; debug=True is the dump build (choose one)")
 
     @property
     def wgs(self) -> int:
@@ -184,7 +189,8 @@ class FusedSpec:
     @property
     def name(self) -> str:
         act = _activation_tag(self.activation, self.fast_math)
-        return f"megamoe_fused_{self.promotion}_{self.engine}_{act}{'_dbg' if self.debug else ''}"
+        build = "_dbg" if self.debug else "_tl" if self.timeline else ""
+        return f"megamoe_fused_{self.promotion}_{self.engine}_{act}{build}"
 
     @property
     def threads(self) -> int:
@@ -202,7 +208,7 @@ class FusedSpec:
         fields = {"ENGINE": engine, "PROMOTION": self.promotion, "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
-        return tmpl
+        return ("#define MEGAMOE_TIMELINE 1\n" if self.timeline else "") + tmpl
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

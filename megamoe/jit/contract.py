@@ -302,6 +302,57 @@ class Region:
     dump: str = ""
 
 
+# The fused kernel's timeline build (build.FusedSpec.timeline; megamoe.timeline reads it back, bench.timeline
+# prints it): %globaltimer stamps (ns) of each CTA's phases and of its first TIMELINE_ITEMS items, in the
+# cubin's __device__ array megamoe_timeline, [TIMELINE_CTAS][TIMELINE_STRIDE] uint64. A CTA's row: one word
+# per phase (0: not reached, or not a phase of its engine), its item count, then per item its tag
+# (TIMELINE_ITEM_TAG: the layer and the item's index among that layer's items) and its stamps.
+TIMELINE_PHASES = (
+    ("entry", "the CTA starts"),
+    ("posted", "every rank's CTAs posted their counts (thread 0 past the dispatch counter)"),
+    ("scheduled", "the pool layout and the schedule built (the CTA's barrier after them)"),
+    ("pulled", "prefill engine: the CTA's share of the pull done (the predecode's first barrier)"),
+    ("decoded", "prefill engine: the CTA's share of the predecode done"),
+    ("decoded_all", "prefill engine: every CTA's share decoded (thread 0 past the predecode counter)"),
+    ("gemm", "the GEMM roles start (the CTA's barrier before them)"),
+    ("issued", "the TMA thread issued its last item's last stage"),
+    ("written", "the CTA's last item written (the producers' tail starts)"),
+    ("l2_done", "every rank's CTAs wrote their L2 rows (thread 0 past the L2-done counter)"),
+    ("combined", "the CTA's combine and cleanup done"),
+)
+TIMELINE_ITEM_STAMPS = (
+    ("taken", "the TMA thread starts the item"),
+    ("gated", "its gate passed: its pool rows (L1) or their L1 tiles (L2) are there"),
+    ("issued", "its last stage issued (the ring then holds the rest of the item)"),
+)
+TIMELINE_ITEMS = 256
+TIMELINE_CTAS = 256
+TIMELINE_ITEM_WORDS = 1 + len(TIMELINE_ITEM_STAMPS)
+TIMELINE_STRIDE = len(TIMELINE_PHASES) + 1 + TIMELINE_ITEMS * TIMELINE_ITEM_WORDS
+TIMELINE_ITEM_TAG = 32  # an item's tag: layer << 32 | its index among the layer's items
+
+
+def _camel(name: str) -> str:
+    return "".join(w[:1].upper() + w[1:] for w in name.split("_"))
+
+
+def timeline_header_lines() -> list[str]:
+    return [
+        "// The fused kernel's timeline build (contract.py TIMELINE_*, kernel/common/timeline.cuh): the rows of",
+        "// megamoe_timeline, one per CTA: its phases' stamps, its item count, then its items' tags and stamps.",
+        "enum TimelinePhase : int {",
+        *[f"  kTl{_camel(n)} = {i},  // {d}" for i, (n, d) in enumerate(TIMELINE_PHASES)],
+        f"  kTlPhases = {len(TIMELINE_PHASES)},",
+        "};",
+        "enum TimelineItemStamp : int {",
+        *[f"  kTlItem{_camel(n)} = {i},  // {d}" for i, (n, d) in enumerate(TIMELINE_ITEM_STAMPS)],
+        "};",
+        f"constexpr int kTimelineItems = {TIMELINE_ITEMS}, kTimelineCtas = {TIMELINE_CTAS};",
+        f"constexpr int kTimelineItemWords = {TIMELINE_ITEM_WORDS}, kTimelineStride = {TIMELINE_STRIDE};",
+        f"constexpr int kTimelineItemTag = {TIMELINE_ITEM_TAG};   // tag = layer << kTimelineItemTag | index",
+    ]
+
+
 _CTYPE = {"int32": "int*", "int64": "int64_t*", "uint8": "uint8_t*", "float32": "float*", "bfloat16": "uint16_t*"}
 _ITEMSIZE = {"int32": 4, "int64": 8, "uint8": 1, "float32": 4, "bfloat16": 2}
 
@@ -569,7 +620,7 @@ def accessor_lines(r: Region) -> list[str]:
 
 
 def _region_bit(name: str) -> str:
-    return "kWs" + "".join(w[:1].upper() + w[1:] for w in name.split("_"))
+    return "kWs" + _camel(name)
 
 
 def fused_header_lines() -> list[str]:
@@ -658,6 +709,8 @@ def header() -> str:
         *GEMM_PARAMS.cpp(),
         "",
         *fused_header_lines(),
+        "",
+        *timeline_header_lines(),
         "",
         "}  // namespace megamoe",
         "",

@@ -107,17 +107,23 @@ def load_module(cubin: Path, device: int) -> ctypes.c_void_p:
     return mod
 
 
-def module_constant(mod: ctypes.c_void_p, name: str) -> int:
-    """An int32 `__constant__` of a loaded module (what the kernel says about itself: its shared
-    memory size, threads, stages)."""
+def module_global(mod: ctypes.c_void_p, name: str) -> bytes:
+    """The bytes of a loaded module's global `name` (`__constant__` or `__device__`), copied to the host
+    (synchronously: after the work on the device that wrote it, which the caller waits for)."""
     dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
     check(
         lib().cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), mod, name.encode()),
         f"cuModuleGetGlobal({name})",
     )
-    v = ctypes.c_int32()
-    check(lib().cuMemcpyDtoH_v2(ctypes.byref(v), dptr.value, 4), f"cuMemcpyDtoH({name})")
-    return v.value
+    buf = ctypes.create_string_buffer(size.value)
+    check(lib().cuMemcpyDtoH_v2(buf, dptr.value, size.value), f"cuMemcpyDtoH({name})")
+    return buf.raw
+
+
+def module_constant(mod: ctypes.c_void_p, name: str) -> int:
+    """An int32 `__constant__` of a loaded module (what the kernel says about itself: its shared
+    memory size, threads, stages)."""
+    return int.from_bytes(module_global(mod, name)[:4], "little", signed=True)
 
 
 def get_function(mod: ctypes.c_void_p, name: str, dyn_smem: int) -> ctypes.c_void_p:

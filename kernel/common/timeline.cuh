@@ -1,0 +1,78 @@
+// The fused kernel's timeline build: %globaltimer stamps of each CTA's phases and of its items, for
+// finding where a call's time goes (bench/NOTES.md v22 did it with a build that was not kept). The build
+// is megamoe/jit/build.py FusedSpec(timeline=True), which defines MEGAMOE_TIMELINE; the stamps land in the
+// cubin's array megamoe_timeline (one row per CTA, its layout in contract.cuh: kTl*, kTimeline*), read back
+// by megamoe/timeline.py after the call. In every other build each function here is empty, so the release
+// and debug kernels' machine code is what it was without them (bench.sass_identity).
+//
+// Between calls only the item counts are cleared (at each CTA's entry): a module's globals start at zero,
+// and every call of a cubin writes the same phases (those of its engine), so a row holds the last call's
+// stamps.
+#pragma once
+
+#include <cstdint>
+
+#include "../gemm/contract.cuh"
+#include "ptx.cuh"
+
+#ifdef MEGAMOE_TIMELINE
+extern "C" {
+__device__ unsigned long long megamoe_timeline[megamoe::kTimelineCtas * megamoe::kTimelineStride];
+}
+#endif
+
+namespace megamoe::timeline {
+
+// Phase `phase` of this CTA, stamped by the calling thread.
+__device__ __forceinline__ void stamp(int phase) {
+#ifdef MEGAMOE_TIMELINE
+  if (blockIdx.x < kTimelineCtas)
+    megamoe_timeline[blockIdx.x * kTimelineStride + phase] = static_cast<unsigned long long>(ptx::global_ns());
+#endif
+}
+
+// Phase `phase` of this CTA, where every thread of the CTA passes: stamped by thread 0. The entry's
+// also zeroes the CTA's item count (item_stamp).
+__device__ __forceinline__ void cta_stamp(int phase) {
+#ifdef MEGAMOE_TIMELINE
+  if (threadIdx.x == 0) {
+    stamp(phase);
+    if (phase == kTlEntry && blockIdx.x < kTimelineCtas) megamoe_timeline[blockIdx.x * kTimelineStride + kTlPhases] = 0;
+  }
+#endif
+}
+
+// The TMA thread's items, in the order it takes them: the n-th item's tag and stamps, n its count so far,
+// which is kept in the row (the count word, zeroed at the CTA's entry) rather than in a register: the
+// producer's roles have 56 (a register count made ptxas spill the prefill engine's kernels).
+#ifdef MEGAMOE_TIMELINE
+__device__ __forceinline__ unsigned long long* row() {
+  return megamoe_timeline + blockIdx.x * kTimelineStride;
+}
+#endif
+
+// The next item: layer `layer` (1, 2), its index `index` among that layer's items.
+__device__ __forceinline__ void item_take(int layer, int index) {
+#ifdef MEGAMOE_TIMELINE
+  if (blockIdx.x >= kTimelineCtas) return;
+  const unsigned long long n = row()[kTlPhases];
+  if (n < kTimelineItems) {
+    unsigned long long* item = row() + kTlPhases + 1 + n * kTimelineItemWords;
+    item[0] = static_cast<unsigned long long>(layer) << kTimelineItemTag | static_cast<unsigned>(index);
+    item[1 + kTlItemTaken] = static_cast<unsigned long long>(ptx::global_ns());
+  }
+#endif
+}
+
+// Stamp `which` (kTlItem*) of the item taken last; kTlItemIssued, its last, also counts it.
+__device__ __forceinline__ void item_stamp(int which) {
+#ifdef MEGAMOE_TIMELINE
+  if (blockIdx.x < kTimelineCtas) {
+    const unsigned long long n = row()[kTlPhases];
+    if (n < kTimelineItems) row()[kTlPhases + 1 + n * kTimelineItemWords + 1 + which] = ptx::global_ns();
+    if (which == kTlItemIssued) row()[kTlPhases] = n + 1;
+  }
+#endif
+}
+
+}  // namespace megamoe::timeline

@@ -1,0 +1,144 @@
+"""Where a fused call's time went, by the kernel's own clock: the timeline build's stamps.
+
+    y, tl = layer(x, x_sf, topk_idx, topk_weights, timeline=True)
+    print(tl.format())
+
+The timeline build (jit.build.FusedSpec(timeline=True), kernel/common/timeline.cuh) is the release
+build with %globaltimer stamps (ns, one clock for every SM) that each CTA writes at its phases
+(contract.TIMELINE_PHASES) and its TMA thread at each item it takes (contract.TIMELINE_ITEM_STAMPS).
+Its y is the release build's, bit for bit (tests/gpu/test_timeline.py). Its time is close to it but
+not the same: a few global stores per item, and ptxas spills a little more in the prefill engine's
+kernels (bench/NOTES.md v31); time the layer with the release build (bench.layer), and split it with
+this one (bench.timeline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .jit import contract as C
+
+PHASES = tuple(name for name, _ in C.TIMELINE_PHASES)
+ITEM_STAMPS = tuple(name for name, _ in C.TIMELINE_ITEM_STAMPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """The stamped items of one layer: the CTA that took each, its index among the layer's items, and
+    its stamps (ITEM_STAMPS: taken, gated, issued), us from the call's first CTA entry."""
+
+    cta: np.ndarray  # int [n]
+    index: np.ndarray  # int [n]
+    stamps: np.ndarray  # float64 [n, len(ITEM_STAMPS)]
+
+    def stamp(self, name: str) -> np.ndarray:
+        return self.stamps[:, ITEM_STAMPS.index(name)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """One call of the timeline build. phases: [CTAs, len(PHASES)] us from the first CTA's entry (NaN
+    where a CTA did not stamp a phase: the predecode's phases on the swap-AB engine); counts: the items
+    each CTA took (the first contract.TIMELINE_ITEMS of a CTA's are stamped); items: per layer (1, 2)."""
+
+    engine: str
+    phases: np.ndarray
+    counts: np.ndarray
+    items: dict[int, Items]
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, ctas: int, engine: str) -> Timeline:
+        """The array megamoe_timeline of a timeline cubin (its bytes) after a launch of `ctas` CTAs."""
+        if ctas > C.TIMELINE_CTAS:
+            raise ValueError(f"ctas: at most {C.TIMELINE_CTAS} (contract.TIMELINE_CTAS) are stamped, got {ctas}")
+        words = np.frombuffer(raw, dtype=np.uint64).reshape(C.TIMELINE_CTAS, C.TIMELINE_STRIDE)[:ctas]
+        P = len(PHASES)
+        ns = words[:, :P].astype(np.float64)
+        ns[words[:, :P] == 0] = np.nan
+        t0 = np.nanmin(ns[:, PHASES.index("entry")])
+        counts = words[:, P].astype(np.int64)
+        per_cta = np.minimum(counts, C.TIMELINE_ITEMS)
+        recs = words[:, P + 1 :].reshape(ctas, C.TIMELINE_ITEMS, C.TIMELINE_ITEM_WORDS)
+        taken = np.arange(C.TIMELINE_ITEMS)[None, :] < per_cta[:, None]
+        cta = np.broadcast_to(np.arange(ctas)[:, None], taken.shape)[taken]
+        tags = recs[..., 0][taken]
+        stamps = (recs[..., 1:][taken].astype(np.float64) - t0) / 1e3
+        layer = (tags >> np.uint64(C.TIMELINE_ITEM_TAG)).astype(np.int64)
+        index = (tags & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        items = {
+            lay: Items(cta[layer == lay], index[layer == lay], stamps[layer == lay])
+            for lay in (1, 2)
+            if (layer == lay).any()
+        }
+        return cls(engine, (ns - t0) / 1e3, counts, items)
+
+    def phase(self, name: str) -> np.ndarray:
+        """[CTAs] us of one phase (NaN where not stamped)."""
+        return self.phases[:, PHASES.index(name)]
+
+    @property
+    def span_us(self) -> float:
+        """From the first CTA's entry to the last CTA's end of its combine."""
+        return float(np.nanmax(self.phase("combined")))
+
+    @property
+    def unstamped(self) -> int:
+        """Items taken past contract.TIMELINE_ITEMS of their CTA (counted, not stamped)."""
+        return int(np.maximum(self.counts - C.TIMELINE_ITEMS, 0).sum())
+
+    def phase_rows(self) -> list[tuple[str, float, float, float]]:
+        """(phase, min, median, max over the CTAs that stamped it) in us, for the phases stamped."""
+        rows = []
+        for i, name in enumerate(PHASES):
+            col = self.phases[:, i]
+            col = col[~np.isnan(col)]
+            if col.size:
+                rows.append((name, float(col.min()), float(np.median(col)), float(col.max())))
+        return rows
+
+    def layer_rows(self) -> list[dict]:
+        """Per layer: its items, the first taken and last issued (us), the gate waits (gated - taken) of
+        its items (median, max) and summed over each CTA's items (median and max over the CTAs)."""
+        rows = []
+        for lay, it in sorted(self.items.items()):
+            wait = it.stamp("gated") - it.stamp("taken")
+            per_cta = np.bincount(it.cta, weights=wait, minlength=self.phases.shape[0])
+            rows.append(
+                dict(
+                    layer=lay,
+                    items=int(it.index.size),
+                    first_taken=float(it.stamp("taken").min()),
+                    last_issued=float(it.stamp("issued").max()),
+                    gate_median=float(np.median(wait)),
+                    gate_max=float(wait.max()),
+                    gate_cta_median=float(np.median(per_cta)),
+                    gate_cta_max=float(per_cta.max()),
+                )
+            )
+        return rows
+
+    def format(self) -> str:
+        """The two tables: the phases over the CTAs, then the items of each layer."""
+        docs = dict(C.TIMELINE_PHASES)
+        out = [
+            f"engine {self.engine}, {self.phases.shape[0]} CTAs; us from the first CTA's entry (globaltimer)",
+            f"{'phase':<12} {'min':>9} {'median':>9} {'max':>9}  when",
+        ]
+        out += [f"{n:<12} {lo:9.1f} {med:9.1f} {hi:9.1f}  {docs[n]}" for n, lo, med, hi in self.phase_rows()]
+        out.append("")
+        out.append(
+            f"{'layer':<6} {'items':>6} {'first taken':>12} {'last issued':>12} {'gate wait median / max':>23}"
+            f" {'gate wait a CTA, median / max':>30}"
+        )
+        for r in self.layer_rows():
+            gate = f"{r['gate_median']:.1f} / {r['gate_max']:.1f}"
+            cta = f"{r['gate_cta_median']:.1f} / {r['gate_cta_max']:.1f}"
+            out.append(
+                f"L{r['layer']:<5} {r['items']:>6} {r['first_taken']:>12.1f} {r['last_issued']:>12.1f} {gate:>23}"
+                f" {cta:>30}"
+            )
+        if self.unstamped:
+            out.append(f"({self.unstamped} items past the first {C.TIMELINE_ITEMS} of their CTA: counted, not stamped)")
+        return "\n".join(out)

@@ -1,0 +1,62 @@
+"""The fused layer's timeline build (megamoe.timeline, kernel/common/timeline.cuh) on both engines and
+promotions: its y is the release build's bit for bit, every CTA stamps its engine's phases in their
+order, and the items its TMA threads stamped are each layer's items, each taken once.
+
+Run: pytest -s tests/gpu/test_timeline.py"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from megamoe import reference as ref
+from megamoe.moe import MegaMoE
+from megamoe.timeline import PHASES
+
+# H and I multiples of 512 (the fast mode's smallest), the variant's biases: both epilogues' full work.
+CFG = ref.MoEConfig(
+    hidden=512,
+    intermediate=512,
+    num_experts=8,
+    top_k=4,
+    num_ranks=1,
+    max_tokens_per_rank=256,
+    block_m=64,
+    activation="swiglu_oai",
+)
+PREDECODE = ("pulled", "decoded", "decoded_all")
+
+
+@pytest.mark.parametrize("engine", ["swapab", "prefill"])
+@pytest.mark.parametrize("promotion", ["k32", "k128"])
+def test_the_timeline_build_gives_the_release_bits_and_stamps_every_phase_and_item_once(promotion, engine):
+    w = ref.random_weights(CFG.num_experts, CFG.hidden, CFG.intermediate, seed=5)
+    w.b1, w.b2 = ref.random_biases(CFG.num_experts, CFG.hidden, CFG.intermediate, seed=5)
+    layer = MegaMoE(CFG, w.to("cuda"), promotion=promotion, engine=engine)
+    inp = ref.make_inputs(CFG, 200, seed=7, distribution="skewed", device="cuda")[0]
+    args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    y = layer(*args).clone()
+    for _ in range(2):  # the second call's stamps replace the first's (item counts zeroed at entry)
+        y_tl, tl = layer(*args, timeline=True)
+    torch.cuda.synchronize()
+    assert torch.equal(y_tl.view(torch.int16), y.view(torch.int16)), "the timeline build changed y"
+    assert tl.engine == engine
+
+    # Every CTA stamped every phase of its engine, in order (one clock for all SMs).
+    want = [p for p in PHASES if engine == "prefill" or p not in PREDECODE]
+    stamped = [p for p in PHASES if not np.isnan(tl.phase(p)).all()]
+    assert stamped == want, stamped
+    times = np.stack([tl.phase(p) for p in want], axis=1)
+    assert not np.isnan(times).any(), "a CTA missed a phase"
+    assert (np.diff(times, axis=1) >= 0).all(), "phases out of order"
+    assert tl.span_us > 0
+
+    # Each layer's items, each once, with taken <= gated <= issued.
+    assert tl.unstamped == 0
+    assert sorted(tl.items) == [1, 2]
+    for lay, it in tl.items.items():
+        assert np.array_equal(np.sort(it.index), np.arange(it.index.size)), f"L{lay}'s item indices"
+        assert (it.stamp("taken") <= it.stamp("gated")).all() and (it.stamp("gated") <= it.stamp("issued")).all()
+    assert int(tl.counts.sum()) == sum(it.index.size for it in tl.items.values())
+    print(tl.format())

@@ -1,0 +1,100 @@
+"""The timeline build's host side on the CPU: its spec and source, and megamoe.timeline reading a
+stamp array laid out as contract.TIMELINE_* says (the kernel's side: tests/gpu/test_timeline.py; the
+release cubins without the array: tests/test_compile_gate.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megamoe.jit import build as jb
+from megamoe.jit import contract as C
+from megamoe.timeline import ITEM_STAMPS, PHASES, Timeline
+
+
+def test_the_timeline_spec_is_its_own_build_with_the_define_and_refuses_the_debug_build():
+    spec = jb.FusedSpec(promotion="k32", engine="prefill", timeline=True)
+    release = jb.FusedSpec(promotion="k32", engine="prefill")
+    assert spec.name == release.name + "_tl"
+    assert spec.source().startswith("#define MEGAMOE_TIMELINE 1\n")
+    assert "MEGAMOE_TIMELINE" not in release.source()
+    assert jb.spec_key(spec) != jb.spec_key(release)
+    with pytest.raises(ValueError, match="timeline"):
+        jb.FusedSpec(promotion="k32", debug=True, timeline=True)
+
+
+def test_a_row_is_the_phases_the_count_and_the_items():
+    assert C.TIMELINE_STRIDE == len(C.TIMELINE_PHASES) + 1 + C.TIMELINE_ITEMS * (1 + len(C.TIMELINE_ITEM_STAMPS))
+    assert PHASES[0] == "entry" and PHASES[-1] == "combined"
+    assert ITEM_STAMPS == ("taken", "gated", "issued")
+
+
+def _array(ctas: int) -> np.ndarray:
+    return np.zeros((C.TIMELINE_CTAS, C.TIMELINE_STRIDE), dtype=np.uint64)
+
+
+def _put_item(a, cta: int, n: int, layer: int, index: int, stamps_ns) -> None:
+    base = len(PHASES) + 1 + n * C.TIMELINE_ITEM_WORDS
+    a[cta, base] = (layer << C.TIMELINE_ITEM_TAG) | index
+    a[cta, base + 1 : base + 1 + len(stamps_ns)] = stamps_ns
+
+
+def test_timeline_reads_phases_and_items_relative_to_the_first_entry():
+    a = _array(2)
+    t0 = 5_000_000_000  # the globaltimer's ns, far from 0
+    for cta, shift in ((0, 0), (1, 2000)):
+        for i, p in enumerate(PHASES):
+            if p in ("pulled", "decoded", "decoded_all"):
+                continue  # the swap-AB engine stamps no predecode
+            a[cta, i] = t0 + shift + 1000 * i
+    # CTA 0: L1 item 0 (gate wait 3 us), L2 item 0 (1 us); CTA 1: L1 item 1 (0 us).
+    _put_item(a, 0, 0, 1, 0, [t0 + 10_000, t0 + 13_000, t0 + 20_000])
+    _put_item(a, 0, 1, 2, 0, [t0 + 21_000, t0 + 22_000, t0 + 30_000])
+    _put_item(a, 1, 0, 1, 1, [t0 + 12_000, t0 + 12_000, t0 + 19_000])
+    a[0, len(PHASES)] = 2
+    a[1, len(PHASES)] = 1
+    a[5, 0] = 1  # a CTA past the launch's grid: never read
+    tl = Timeline.from_bytes(a.tobytes(), 2, "swapab")
+
+    assert tl.phase("entry").tolist() == [0.0, 2.0]
+    assert np.isnan(tl.phase("decoded")).all()
+    rows = {r[0]: r[1:] for r in tl.phase_rows()}
+    assert "decoded" not in rows and rows["combined"] == (10.0, 11.0, 12.0)
+    assert tl.span_us == 12.0
+    assert tl.counts.tolist() == [2, 1] and tl.unstamped == 0
+    assert tl.items[1].index.tolist() == [0, 1] and tl.items[1].cta.tolist() == [0, 1]
+    l1, l2 = tl.layer_rows()
+    assert (l1["items"], l1["first_taken"], l1["last_issued"]) == (2, 10.0, 20.0)
+    assert (l1["gate_median"], l1["gate_max"], l1["gate_cta_max"]) == (1.5, 3.0, 3.0)
+    assert (l2["layer"], l2["items"], l2["gate_max"]) == (2, 1, 1.0)
+    text = tl.format()
+    assert "engine swapab, 2 CTAs" in text and "\nL1 " in text and "decoded" not in text
+
+
+def test_items_past_a_ctas_capacity_are_counted_and_not_read():
+    a = _array(1)
+    a[0, 0] = 1
+    a[0, len(PHASES)] = C.TIMELINE_ITEMS + 3
+    for n in range(C.TIMELINE_ITEMS):
+        _put_item(a, 0, n, 1, n, [2, 3, 4])
+    tl = Timeline.from_bytes(a.tobytes(), 1, "prefill")
+    assert tl.unstamped == 3 and tl.items[1].index.size == C.TIMELINE_ITEMS
+    assert "3 items past the first" in tl.format()
+    with pytest.raises(ValueError, match="TIMELINE_CTAS"):
+        Timeline.from_bytes(a.tobytes(), C.TIMELINE_CTAS + 1, "prefill")
+
+
+def test_bench_timeline_refuses_bad_arguments_and_says_in_one_line_that_it_needs_a_gpu(capsys):
+    import torch
+
+    from bench import timeline
+
+    with pytest.raises(SystemExit):
+        timeline.parse_args(["--tokens", "0"])
+    assert "at least 1" in capsys.readouterr().err
+    args = timeline.parse_args(["--shape", "dsv3", "--tokens", "8"])
+    assert (args.shape, args.tokens, args.promotion, args.engine) == ("dsv3", 8, "k32", "auto")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        timeline.main(["--tokens", "8"])
