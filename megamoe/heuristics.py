@@ -11,6 +11,8 @@ and with which kernel specialisation.
 
 from __future__ import annotations
 
+import dataclasses
+
 from megamoe import reference as ref
 from megamoe.reference import MegaMoEInputError
 from megamoe.reference.config import ACTIVATIONS
@@ -175,14 +177,9 @@ def fused_specs() -> list[jb.FusedSpec]:
 
 
 def timeline_specs() -> list[jb.FusedSpec]:
-    """The fused kernel's timeline builds (measurement builds: megamoe.timeline, bench.timeline) the CI
-    compile gate builds: each promotion, engine and activation, with the fast SiLU."""
-    return [
-        jb.FusedSpec(promotion=promotion, engine=engine, activation=activation, timeline=True)
-        for promotion in PROMOTIONS
-        for engine in jb.FUSED_ENGINES
-        for activation in ACTIVATIONS
-    ]
+    """The fused kernel's timeline builds (measurement builds: megamoe.timeline, bench.timeline), which
+    the CI compile gate builds too: every release build's twin."""
+    return [dataclasses.replace(spec, timeline=True) for spec in fused_specs() if not spec.debug]
 
 
 # The prefill engine from this many expected pool rows per local expert (choose_engine), per

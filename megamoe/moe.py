@@ -288,8 +288,6 @@ class MegaMoE:
         expert, an expert id out of range, a NaN scale byte: they synchronise with the GPU, so they
         are also skipped while a CUDA graph is being captured); shapes, dtypes and devices are
         always checked. out: a bf16 [T, H] tensor to write y into (else a new one)."""
-        if debug and timeline:
-            fail("timeline", "False with debug=True (the dump build has no stamps)", timeline)
         launch, y, dcfg, x_sf = self._ready(
             x,
             x_sf,
@@ -370,6 +368,10 @@ class MegaMoE:
             x_sf = x_sf.view(torch.uint8)  # the packed form of the same bytes
         refused = launch = None
         try:
+            if timeline and debug:
+                fail("timeline", "False with debug=True (the dump build has no stamps)", timeline)
+            if timeline and torch.cuda.is_current_stream_capturing():
+                fail("timeline", "False while a CUDA graph is captured (its stamps are read after the call)", timeline)
             self._check_call(x, x_sf, topk_idx, topk_weights, clamp_arg, check_inputs, out)
             engine = self.engine_for(x.shape[0])
             launch = self._launch(fm, debug, clamp_arg, engine, timeline)

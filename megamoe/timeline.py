@@ -6,10 +6,11 @@
 The timeline build (jit.build.FusedSpec(timeline=True), kernel/common/timeline.cuh) is the release
 build with %globaltimer stamps (ns, one clock for every SM) that each CTA writes at its phases
 (contract.TIMELINE_PHASES) and its TMA thread at each item it takes (contract.TIMELINE_ITEM_STAMPS).
-Its y is the release build's, bit for bit (tests/gpu/test_timeline.py). Its time is close to it but
-not the same: a few global stores per item, and ptxas spills a little more in the prefill engine's
-kernels (bench/NOTES.md v31); time the layer with the release build (bench.layer), and split it with
-this one (bench.timeline).
+Its y should be the release build's bit for bit (tests/gpu/test_timeline.py asserts it; written
+without a GPU, not yet run on the H200). Its time is close to the release build's but not the same:
+a few global stores per item, and ptxas spills differently (the fast mode's prefill engine 596
+bytes against 316, bench/NOTES.md v31); time the layer with the release build (bench.layer), and
+split it with this one (bench.timeline, which prints both).
 """
 
 from __future__ import annotations
@@ -55,16 +56,18 @@ class Timeline:
             raise ValueError(f"ctas: at most {C.TIMELINE_CTAS} (contract.TIMELINE_CTAS) are stamped, got {ctas}")
         words = np.frombuffer(raw, dtype=np.uint64).reshape(C.TIMELINE_CTAS, C.TIMELINE_STRIDE)[:ctas]
         P = len(PHASES)
-        ns = words[:, :P].astype(np.float64)
+        # The clock's ns run to ~1.7e18 (float64 steps of 256 ns there): differences in integers first.
+        entry = words[:, PHASES.index("entry")]
+        t0 = np.int64(entry[entry != 0].min())
+        ns = (words[:, :P].astype(np.int64) - t0).astype(np.float64)
         ns[words[:, :P] == 0] = np.nan
-        t0 = np.nanmin(ns[:, PHASES.index("entry")])
         counts = words[:, P].astype(np.int64)
         per_cta = np.minimum(counts, C.TIMELINE_ITEMS)
         recs = words[:, P + 1 :].reshape(ctas, C.TIMELINE_ITEMS, C.TIMELINE_ITEM_WORDS)
         taken = np.arange(C.TIMELINE_ITEMS)[None, :] < per_cta[:, None]
         cta = np.broadcast_to(np.arange(ctas)[:, None], taken.shape)[taken]
         tags = recs[..., 0][taken]
-        stamps = (recs[..., 1:][taken].astype(np.float64) - t0) / 1e3
+        stamps = (recs[..., 1:][taken].astype(np.int64) - t0).astype(np.float64) / 1e3
         layer = (tags >> np.uint64(C.TIMELINE_ITEM_TAG)).astype(np.int64)
         index = (tags & np.uint64(0xFFFFFFFF)).astype(np.int64)
         items = {
@@ -72,7 +75,7 @@ class Timeline:
             for lay in (1, 2)
             if (layer == lay).any()
         }
-        return cls(engine, (ns - t0) / 1e3, counts, items)
+        return cls(engine, ns / 1e3, counts, items)
 
     def phase(self, name: str) -> np.ndarray:
         """[CTAs] us of one phase (NaN where not stamped)."""
@@ -100,11 +103,13 @@ class Timeline:
 
     def layer_rows(self) -> list[dict]:
         """Per layer: its items, the first taken and last issued (us), the gate waits (gated - taken) of
-        its items (median, max) and summed over each CTA's items (median and max over the CTAs)."""
+        its items (median, max) and summed over each CTA's items of the layer (median and max over the
+        CTAs that took any)."""
         rows = []
         for lay, it in sorted(self.items.items()):
             wait = it.stamp("gated") - it.stamp("taken")
             per_cta = np.bincount(it.cta, weights=wait, minlength=self.phases.shape[0])
+            per_cta = per_cta[np.bincount(it.cta, minlength=self.phases.shape[0]) > 0]
             rows.append(
                 dict(
                     layer=lay,

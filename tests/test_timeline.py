@@ -71,6 +71,21 @@ def test_timeline_reads_phases_and_items_relative_to_the_first_entry():
     assert "engine swapab, 2 CTAs" in text and "\nL1 " in text and "decoded" not in text
 
 
+def test_stamps_at_the_clocks_real_magnitude_keep_their_nanoseconds():
+    """%globaltimer counts ns since 1970 (~1.7e18, where float64 steps by 256 ns): 100 ns apart
+    must read 0.1 us apart."""
+    a = _array(1)
+    t0 = 1_733_000_000_123_456_789
+    for i in range(len(PHASES)):
+        a[0, i] = t0 + 100 * i
+    _put_item(a, 0, 0, 1, 0, [t0 + 1000, t0 + 1100, t0 + 1300])
+    a[0, len(PHASES)] = 1
+    tl = Timeline.from_bytes(a.tobytes(), 1, "prefill")
+    assert np.allclose(tl.phases[0], 0.1 * np.arange(len(PHASES)), rtol=0, atol=1e-9)
+    assert np.allclose(tl.items[1].stamps[0], [1.0, 1.1, 1.3], rtol=0, atol=1e-9)
+    assert np.isclose(tl.layer_rows()[0]["gate_max"], 0.1, rtol=0, atol=1e-9)
+
+
 def test_items_past_a_ctas_capacity_are_counted_and_not_read():
     a = _array(1)
     a[0, 0] = 1

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from megamoe import reference as ref
+from megamoe.jit import build as jb
+from megamoe.jit import contract as C
 from megamoe.moe import MegaMoE
 from megamoe.timeline import PHASES
 
@@ -26,6 +28,18 @@ CFG = ref.MoEConfig(
     activation="swiglu_oai",
 )
 PREDECODE = ("pulled", "decoded", "decoded_all")
+
+
+def expected_items(engine: str, promotion: str, topk_idx) -> dict[int, int]:
+    """Each layer's items: the experts' token blocks times the layer's blocks of weight rows (the
+    engine's CTA tile: 256 rows on the prefill engine and with four warpgroups, else 128; CFG's sizes
+    are multiples of both), token blocks of 128 (prefill) or BLOCK_M rows."""
+    wgs = jb.FusedSpec(promotion=promotion, engine=engine).wgs
+    rows = C.PREFILL_ROWS if engine == "prefill" else C.ROWS_PER_WG * wgs
+    block = C.PREFILL_TOKENS if engine == "prefill" else CFG.block_m
+    counts = ref.send_counts(topk_idx, CFG.num_experts)
+    blocks = int(((counts + block - 1) // block).sum())
+    return {1: blocks * (2 * CFG.intermediate // rows), 2: blocks * (CFG.hidden // rows)}
 
 
 @pytest.mark.parametrize("engine", ["swapab", "prefill"])
@@ -54,9 +68,10 @@ def test_the_timeline_build_gives_the_release_bits_and_stamps_every_phase_and_it
 
     # Each layer's items, each once, with taken <= gated <= issued.
     assert tl.unstamped == 0
+    want_items = expected_items(engine, promotion, inp.topk_idx)
     assert sorted(tl.items) == [1, 2]
     for lay, it in tl.items.items():
-        assert np.array_equal(np.sort(it.index), np.arange(it.index.size)), f"L{lay}'s item indices"
+        assert np.array_equal(np.sort(it.index), np.arange(want_items[lay])), f"L{lay}'s item indices"
         assert (it.stamp("taken") <= it.stamp("gated")).all() and (it.stamp("gated") <= it.stamp("issued")).all()
     assert int(tl.counts.sum()) == sum(it.index.size for it in tl.items.values())
     print(tl.format())
