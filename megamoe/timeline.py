@@ -59,23 +59,27 @@ class Timeline:
         # The clock's ns run to ~1.7e18 (float64 steps of 256 ns there): differences in integers first.
         entry = words[:, PHASES.index("entry")]
         t0 = np.int64(entry[entry != 0].min())
-        ns = (words[:, :P].astype(np.int64) - t0).astype(np.float64)
-        ns[words[:, :P] == 0] = np.nan
+
+        def us(stamps: np.ndarray) -> np.ndarray:
+            return (stamps.astype(np.int64) - t0).astype(np.float64) / 1e3
+
+        phases = us(words[:, :P])
+        phases[words[:, :P] == 0] = np.nan
         counts = words[:, P].astype(np.int64)
         per_cta = np.minimum(counts, C.TIMELINE_ITEMS)
         recs = words[:, P + 1 :].reshape(ctas, C.TIMELINE_ITEMS, C.TIMELINE_ITEM_WORDS)
         taken = np.arange(C.TIMELINE_ITEMS)[None, :] < per_cta[:, None]
         cta = np.broadcast_to(np.arange(ctas)[:, None], taken.shape)[taken]
         tags = recs[..., 0][taken]
-        stamps = (recs[..., 1:][taken].astype(np.int64) - t0).astype(np.float64) / 1e3
+        stamps = us(recs[..., 1:][taken])
         layer = (tags >> np.uint64(C.TIMELINE_ITEM_TAG)).astype(np.int64)
-        index = (tags & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        index = (tags & np.uint64((1 << C.TIMELINE_ITEM_TAG) - 1)).astype(np.int64)
         items = {
             lay: Items(cta[layer == lay], index[layer == lay], stamps[layer == lay])
             for lay in (1, 2)
             if (layer == lay).any()
         }
-        return cls(engine, ns / 1e3, counts, items)
+        return cls(engine, phases, counts, items)
 
     def phase(self, name: str) -> np.ndarray:
         """[CTAs] us of one phase (NaN where not stamped)."""

@@ -49,6 +49,10 @@ __device__ __forceinline__ void cta_stamp(int phase) {
 __device__ __forceinline__ unsigned long long* row() {
   return megamoe_timeline + blockIdx.x * kTimelineStride;
 }
+// Item n's words in the row: its tag, then its stamps.
+__device__ __forceinline__ unsigned long long* item_words(unsigned long long n) {
+  return row() + kTlPhases + 1 + n * kTimelineItemWords;
+}
 #endif
 
 // The next item: layer `layer` (1, 2), its index `index` among that layer's items.
@@ -57,7 +61,7 @@ __device__ __forceinline__ void item_take(int layer, int index) {
   if (blockIdx.x >= kTimelineCtas) return;
   const unsigned long long n = row()[kTlPhases];
   if (n < kTimelineItems) {
-    unsigned long long* item = row() + kTlPhases + 1 + n * kTimelineItemWords;
+    unsigned long long* item = item_words(n);
     item[0] = static_cast<unsigned long long>(layer) << kTimelineItemTag | static_cast<unsigned>(index);
     item[1 + kTlItemTaken] = static_cast<unsigned long long>(ptx::global_ns());
   }
@@ -69,7 +73,7 @@ __device__ __forceinline__ void item_stamp(int which) {
 #ifdef MEGAMOE_TIMELINE
   if (blockIdx.x < kTimelineCtas) {
     const unsigned long long n = row()[kTlPhases];
-    if (n < kTimelineItems) row()[kTlPhases + 1 + n * kTimelineItemWords + 1 + which] = ptx::global_ns();
+    if (n < kTimelineItems) item_words(n)[1 + which] = ptx::global_ns();
     if (which == kTlItemIssued) row()[kTlPhases] = n + 1;
   }
 #endif
