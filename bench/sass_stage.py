@@ -2,13 +2,16 @@
 (no GPU needed; nvcc builds them, nvdisasm reads them: the nvidia-cuda-nvdisasm wheel's, else the
 PATH's):
 
-    python -m bench.sass_stage            # one line per (promotion, token tile), and the prefill kernel
+    python -m bench.sass_stage            # one line per (promotion, token tile), and the prefill kernel,
+                                          # then one per hot loop of the fused kernel
 
 The hot loop is the innermost backward branch whose body holds wgmma (QGMMA) instructions; its
 instruction count divided by the K blocks it covers (wgmmas in it / wgmmas per K block) is the
 cost of one stage for one consumer warp, including loop control and the runtime guards. (The
 four-warpgroup 64-token kernel has one such loop per item width, 8 to 64 tokens: the count is the
-64-token one's.)"""
+64-token one's.) The fused kernel holds every hot loop of its engine, each layer's (L1's first):
+all of them are listed, with the local-memory loads and stores in them (spilled words, reloaded
+where the loop runs)."""
 
 from __future__ import annotations
 
@@ -51,6 +54,35 @@ def loops(sass: str):
             body = [t for ad, (_, t) in zip(addr, insts) if lo <= ad <= hi]
             out.append((lo, hi, body))
     return out
+
+
+# wgmmas a K block (of 128) in a loop of this wgmma width: the swap-AB kernels' four k32 steps of
+# one chunk (up to 64 tokens; the wide tiles are counted by stage_cost), the prefill kernel's two
+# halves of 128 weight rows (folded and fast mode: 64x128) or four quarters (the exact two-scale
+# mainloop: 64x64) per k32 step.
+def wgmmas_per_stage(width: int, prefill: bool) -> int:
+    return (8 if width == 128 else 16) if prefill else 4
+
+
+def hot_loops(sass: str) -> list[tuple[int, int, list[str]]]:
+    """The innermost loops that hold wgmmas, by address: those that no shorter such loop overlaps
+    (one inside them, or one whose range they cut into: a loop ptxas rotated so that an outer
+    branch lands inside the mainloop)."""
+    found = {(lo, hi): body for lo, hi, body in loops(sass) if any("QGMMA" in t for t in body)}
+    return [
+        (lo, hi, body)
+        for (lo, hi), body in sorted(found.items())
+        if not any(b - a < hi - lo and a <= hi and lo <= b for a, b in found)
+    ]
+
+
+def loop_cost(body: list[str], prefill: bool) -> tuple[int, float, int]:
+    """(wgmma width, instructions a stage and consumer warp, local loads and stores) of a hot loop."""
+    widths = [int(w) for w in re.findall(r"QGMMA\.64x(\d+)x32", "\n".join(body))]
+    width = max(widths)
+    stages = len(widths) / wgmmas_per_stage(width, prefill)
+    local = sum(re.match(r"\s*(@!?U?P\d\s+)?(LDL|STL)", t) is not None for t in body)
+    return width, len(body) / stages, local
 
 
 def stage_cost(
@@ -102,6 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     per, generic = cost if cost else (float("nan"), -1)
     print(f"{'prefill':9} {128:4d} {2:3d} {per:28.1f} {generic:22d}")
+    # The fused kernel (one activation: the loops are the same for both), every hot loop.
+    print()
+    print(
+        f"{'fused kernel':34} {'loop':>4} {'width':>5} {'instructions / stage / warp':>28} {'local ld/st in loop':>20}"
+    )
+    for promotion in ("k128", "k32"):
+        for engine in jb.FUSED_ENGINES:
+            spec = jb.FusedSpec(promotion=promotion, engine=engine, activation="swiglu_oai")
+            sass = subprocess.run([disasm, "-c", str(jb.build(spec).cubin)], capture_output=True, text=True, check=True)
+            for i, (_, _, body) in enumerate(hot_loops(sass.stdout)):
+                width, per, local = loop_cost(body, prefill=engine == "prefill")
+                print(f"{spec.name:34} {i:4d} {width:5d} {per:28.1f} {local:20d}")
     return 0
 
 

@@ -202,3 +202,32 @@ def test_racechecks_hazards_are_grouped_by_their_two_sites_and_the_first_accesss
 def test_the_robustness_battery_names_its_parts_when_given_another():
     run = subprocess.run(["bash", str(ROOT / "bench" / "robustness.sh"), "5"], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.startswith("usage: bash bench/robustness.sh [1 | 2 | 3 | 4]"), run.stderr
+
+
+# A SASS listing as nvdisasm prints it: an item loop around two hot loops (one with a spilled word),
+# and a loop that ptxas rotated into the second (its branch back lands inside it).
+_SASS = """
+.L_x_1:
+        /*0000*/                   MOV R1, R2 ;
+.L_x_2:
+        /*0010*/                   QGMMA.64x8x32.F32.E4M3.E4M3 R24, R32, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0020*/                   QGMMA.64x8x32.F32.E4M3.E4M3 R28, R36, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0030*/                   QGMMA.64x8x32.F32.E4M3.E4M3 R24, R40, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0040*/                   QGMMA.64x8x32.F32.E4M3.E4M3 R28, R44, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0050*/               @P0 BRA `(.L_x_2) ;
+.L_x_3:
+        /*0060*/                   LDL R4, [R1+0x4] ;
+.L_x_4:
+        /*0070*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R24, R32, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0080*/                   QGMMA.64x64x32.F32.E4M3.E4M3 R88, R36, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0090*/              @!P1 BRA `(.L_x_3) ;
+        /*00a0*/                   BRA `(.L_x_1) ;
+        /*00b0*/                   BRA `(.L_x_4) ;
+"""
+
+
+def test_sass_stage_finds_each_innermost_wgmma_loop_and_counts_a_stage_and_its_spills():
+    hot = sass_stage.hot_loops(_SASS)
+    assert [(lo, hi) for lo, hi, _ in hot] == [(0x10, 0x50), (0x60, 0x90)]  # not the loops around or into them
+    assert sass_stage.loop_cost(hot[0][2], prefill=False) == (8, 5.0, 0)  # 5 instructions, 4 wgmmas: one stage
+    assert sass_stage.loop_cost(hot[1][2], prefill=False) == (64, 8.0, 1)  # 4 instructions, half a stage
