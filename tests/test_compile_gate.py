@@ -112,12 +112,13 @@ def test_registers_are_the_launch_allocation(built):
     assert not bad, "\n".join(bad)
 
 
-# Measured (ptxas -v, nvcc 13.0, NOTES v22): the fast mode's swap-AB engine (four warpgroups, 104
-# registers a consumer) 344 bytes: accumulators of the 64-token group around each stage's promotion,
-# and words of the 40-register producer roles; the prefill engine 304-312 (fast, the producer
-# warpgroup's epilogue and tail at 56 registers) and 424-440 (exact: accumulators of the two-scale
-# mainloop, which only weight blocks wider than 11 binades take, and the trap paths); the exact
-# swap-AB engine 0 (92-112 in its debug builds).
+# Measured (ptxas -v, nvcc 13.0, NOTES v22, v32): the fast mode's swap-AB engine (four warpgroups,
+# 104 registers a consumer) 304 bytes: accumulators of the 64-token group around each stage's
+# promotion, and words of the 40-register producer roles; the prefill engine 316-348 (fast, the
+# producer warpgroup's epilogue and tail at 56 registers) and 304-532 (exact: accumulators of the
+# two-scale mainloop, which only weight blocks wider than 11 binades take, and the trap paths); the
+# exact swap-AB engine 260-280 (three words of its mainloop's loop state, reloaded a few times a
+# loop: bench.sass_stage's fused rows).
 FUSED_SPILL_BYTES = 640
 
 

@@ -38,8 +38,10 @@ __device__ __forceinline__ void decode_fp4x8(uint32_t w, uint2 lut_a, uint2 lut_
 // from the second). w_frag: the warp's 1024-byte block in the stage.
 //
 // Exact mode (promotion k32): the plain table; the scales are applied in fp32 after each k32 step.
-__device__ __forceinline__ void decode_stage_plain(const uint8_t* w_frag, int lane, uint32_t (&a)[4][4]) {
-  const uint2 lut = make_uint2(kFp4LutLo, kFp4LutHi);
+// lut_lo: kFp4LutLo, from the caller (mainloop.cuh says why it passes it as a variable).
+__device__ __forceinline__ void decode_stage_plain(const uint8_t* w_frag, int lane, uint32_t (&a)[4][4],
+                                                   uint32_t lut_lo) {
+  const uint2 lut = make_uint2(lut_lo, kFp4LutHi);
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     const uint4 v = *reinterpret_cast<const uint4*>(w_frag + (ks < 2 ? 0 : 512) + lane * 16);

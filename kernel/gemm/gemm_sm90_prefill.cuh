@@ -261,8 +261,8 @@ struct PrefillK32Step {
 
   // At the first step of k32 step ks: its token scales.
   __device__ __forceinline__ void token_scales(int ks) {
-    s0 = ue8m0_to_float((word0 >> (8 * ks)) & 0xFFu);
-    s1 = ue8m0_to_float((word1 >> (8 * ks)) & 0xFFu);
+    s0 = ue8m0_byte_to_float(word0, ks);
+    s1 = ue8m0_byte_to_float(word1, ks);
   }
 
   // Step i's weight scales of the thread's 16 rows: four vectors, loaded while its wgmma runs (after

@@ -2,21 +2,21 @@
 // over all K blocks, scheduled so that the tensor core has this warpgroup's (or the other
 // warpgroup's) next wgmma group while the warps promote, release and decode.
 //
-// Work is cut into wgmma groups. A group is one N-chunk (cw = min(N, 64) tokens) of one K block:
-// in the fast mode (promotion k128) its four k32 wgmmas accumulate in the tensor core and the group
-// is promoted once; in the exact mode (k32) every k32 step is a group of its own. So a K block has
-// G = C (k128) or 4 C (k32) groups, C = N / cw. Two schedules, by the registers the tile leaves:
+// Work is cut into wgmma groups. In the fast mode (promotion k128) a group is one N-chunk (cw =
+// min(N, 64) tokens) of one K block: its four k32 wgmmas accumulate in the tensor core and the
+// group is promoted once, so a K block has G = C groups, C = N / cw. Two schedules, by the
+// registers the tile leaves:
 //   pipelined (tiles up to 128): groups are issued in order into two temporaries (tmp[q % 2]);
 //     the decoded A fragments of two K blocks are held (a[kb % 2]).
 //     Step q retires group q - 2 (wait until only group q - 1 is in flight, wgmma.wait_group 1;
-//     promote tmp[q % 2], one FFMA per accumulator in the fast mode; after the last group of a K
-//     block release its stage, one empty-barrier arrival per thread) and issues group q. The A
-//     fragments of K block kb + 1 are decoded at group 1 of kb, after its issue, while groups
-//     (kb, 0) and (kb, 1) run (with one group per K block, G = 1: right before kb's own issue,
-//     while kb - 1 runs). The only wait<0> is the item's last.
-//   serial (fast mode; one temporary and one A buffer, as the registers leave): each group is
-//     issued, waited for and promoted before the next, while the other warpgroups' groups keep
-//     the tensor core busy; K block kb + 1 is decoded after kb's last group. Two users:
+//     promote tmp[q % 2], one FFMA per accumulator; after the last group of a K block release its
+//     stage, one empty-barrier arrival per thread) and issues group q. The A fragments of K block
+//     kb + 1 are decoded right before kb + 1's issue (G = 1), or at group 1 of kb, after its
+//     issue, while groups (kb, 0) and (kb, 1) run (the 128-token tile). The only wait<0> is the
+//     item's last.
+//   serial (one temporary and one A buffer, as the registers leave): each group is issued, waited
+//     for and promoted before the next, while the other warpgroups' groups keep the tensor core
+//     busy; K block kb + 1 is decoded after kb's last group. Two users:
 //     the wide tile (256, two warpgroups; 128 accumulators): a group is a pair of chunks
 //       (m64n128k32); the item's rows fill `tile / 64` of the C chunks and only the pairs that
 //       hold them are computed;
@@ -26,6 +26,8 @@
 // The fast mode loads a group's token scales before waiting for it (the wide tile: 8 of them, a
 // quarter of its pair, as registers allow), so their shared-memory latency hides under the wait
 // (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
+// In the exact mode (k32: tiles 8 .. 64, one chunk) every k32 step is a group of its own, promoted
+// with its weight rows' and tokens' scales: mainloop_k32 below, a schedule of its own.
 #pragma once
 
 #include <cstdint>
@@ -79,20 +81,146 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
   return (ctid - 128) / 32 * 16 + ctid % 32 / 4;
 }
 
-template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
-__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
-                                         int num_kb, int tile, float (&acc)[N / 2]) {
-  using Ring = StageRing<kMaxN, kRows, kPerK32>;
+// The exact mode's schedule (promotion k32; tiles 8 .. 64, one chunk): every k32 step is a wgmma
+// group of its own, issued into two temporaries (tmp[s % 2]: four steps a K block, so every K
+// block's steps take the same temporaries) and retired two steps later. Step s of K block kb
+// retires group (kb, s - 2) (for s < 2: (kb - 1, s + 2), and after (kb - 1, 3) it releases that
+// K block's stage), then issues (kb, s). The A fragments of two K blocks are held (a[kb % 2]); K
+// block kb + 1 is decoded at step 1 of kb, after its issue, while (kb, 0) and (kb, 1) run.
+// The loop body is two K blocks, so that every buffer index is a compile-time one, and the loop
+// leaves after either of them (an odd count: the K tail of sizes in multiples of 32). Its only
+// branches are uniform: the first K block's two retires, the decode of a next K block, the exits,
+// and at 32 tokens and more the promotions' (k_nonzero, below). The last two groups are retired
+// after the loop, from the buffer it left in. (Before, every step of a loop over two K blocks was
+// guarded by its index, 8-10 instructions a step. Instructions a K block and consumer warp,
+// bench.sass_stage, at 8 tokens: 251.5, this loop 215, with ue8m0_byte_to_float's promotion scales
+// 201.5, with lut_lo below 187.5; at 64 tokens 502.5 -> 427.)
+template <int N, int kMaxN, int kRows, int kStages>
+__device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kStages, true>& ctx, RingCursor& cur,
+                                             int num_kb, float (&acc)[N / 2]) {
+  using Ring = StageRing<kMaxN, kRows, true>;
+  static_assert(N <= kChunkN && N % 8 == 0, "the exact mode's tiles are one chunk");
+  uint32_t a[2][4][4];   // decoded A fragments of two K blocks
+  float tmp[2][N / 2];   // products of the two groups in flight
+  int bstage[2];         // ring stage of the K block in each buffer
+  uint32_t xdesc[2];     // low descriptor word of that stage's activation tile
+  uint32_t wsf_a[2], wsf_b[2];   // its scale bytes of rows row_a / row_a + 8
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  // The decode table's low word, as a value ptxas cannot prove constant (row_a < 256, so the or adds
+  // nothing): kept as a constant, it lived in a uniform register and every PRMT took a copy of it
+  // into a vector register first (16 instructions a K block, 8 % of the loop).
+  const uint32_t lut_lo = kFp4LutLo | static_cast<uint32_t>(ctx.row_a) >> 30;
+
+  // K block (the next stage in ring order) into buffer b: wait for it, take the rows' scale words
+  // and the stage's descriptor word (the same for every thread: broadcast, so that it lives in a
+  // uniform register next to the wgmma), decode its four k32 steps.
+  auto decode = [&](auto b_c) {
+    constexpr int b = decltype(b_c)::value;
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    bstage[b] = cur.stage;
+    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+    wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+    wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
+    cur.advance<kStages>();
+    const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
+    decode_stage_plain(w_frag, ctx.lane, a[b], lut_lo);
+  };
+  auto issue = [&](auto b_c, auto s_c) {
+    constexpr int b = decltype(b_c)::value;
+    constexpr int s = decltype(s_c)::value;
+    ptx::wgmma_fence();
+    WgmmaRS<N>::mma_overwrite(tmp[s % 2], a[b][s][0], a[b][s][1], a[b][s][2], a[b][s][3],
+                              ptx::smem_desc_sw128_from_lo(xdesc[b] + s * 2));
+    ptx::wgmma_commit();
+  };
+  // Group (K block of stage `stage`, step s) into the result, its scale words wa / wb; `last`: no
+  // group after it is in flight.
+  // At 32 tokens and more each promotion sits in a branch of its own, on a condition that always
+  // holds but that ptxas cannot see through (K > 0: a scheduling barrier, not a check; were ptxas
+  // to prove it, only the spills below would come back). In one basic block with the next issue, ptxas
+  // sank the promotion past that issue and interleaved it with the next one (their products live
+  // together): 120 bytes of spills in the standalone 64-token kernel, 1 KB in the fused one. (A
+  // branch around the wait too leaves a path where a temporary is overwritten in flight, and
+  // ptxas serialised the whole pipeline: C7511.)
+  const bool k_nonzero = ctx.p->k != 0;
+  auto retire_at = [&](auto s_c, int stage, uint32_t wa, uint32_t wb, bool last) {
+    constexpr int s = decltype(s_c)::value;
+    if (last)
+      ptx::wgmma_wait<0>();
+    else
+      ptx::wgmma_wait<1>();
+    // The scales after the wait: the fused kernel's consumers, which hold both layers' loops, have
+    // no registers for them across it (292 bytes of spills).
+    float sx[N / 4];
+    load_token_scales<N>(ctx.ring.sx + stage * Ring::kSxWords + s * kMaxN, ctx.t, sx);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(tmp[s % 2][i]);
+    if (N < 32 || k_nonzero)
+      promote_k32<N>(acc, tmp[s % 2], sx, ue8m0_byte_to_float(wa, s), ue8m0_byte_to_float(wb, s));
+    // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
+    // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
+  };
+  auto retire = [&](auto b_c, auto s_c) {
+    constexpr int b = decltype(b_c)::value;
+    retire_at(s_c, bstage[b], wsf_a[b], wsf_b[b], false);
+    if constexpr (decltype(s_c)::value == 3) ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);   // (producer.cuh)
+  };
+  using B0 = std::integral_constant<int, 0>;
+  using B1 = std::integral_constant<int, 1>;
+  using S0 = std::integral_constant<int, 0>;
+  using S1 = std::integral_constant<int, 1>;
+  using S2 = std::integral_constant<int, 2>;
+  using S3 = std::integral_constant<int, 3>;
+
+  // K block kb in buffer b (the other buffer holds kb - 1, and takes kb + 1).
+  auto block = [&](auto b_c, int kb) {
+    constexpr int b = decltype(b_c)::value;
+    using O = std::integral_constant<int, 1 - b>;
+    if (b == 1 || kb > 0) retire(O{}, S2{});
+    issue(b_c, S0{});
+    if (b == 1 || kb > 0) retire(O{}, S3{});
+    issue(b_c, S1{});
+    if (kb + 1 < num_kb) decode(O{});
+    retire(b_c, S0{});
+    issue(b_c, S2{});
+    retire(b_c, S1{});
+    issue(b_c, S3{});
+  };
+  decode(B0{});
+  int kb = 0;
+  for (;; kb += 2) {
+    block(B0{}, kb);
+    if (kb + 1 == num_kb) break;
+    block(B1{}, kb + 1);
+    if (kb + 2 == num_kb) break;
+  }
+  // The last K block's steps 2 and 3: in buffer 0 after an exit at an odd count, else buffer 1.
+  const bool odd = num_kb % 2 == 1;
+  const int st = odd ? bstage[0] : bstage[1];
+  const uint32_t wa = odd ? wsf_a[0] : wsf_a[1];
+  const uint32_t wb = odd ? wsf_b[0] : wsf_b[1];
+  retire_at(S2{}, st, wa, wb, false);
+  retire_at(S3{}, st, wa, wb, true);
+  ptx::mbar_arrive(&ctx.ring.empty[st]);
+}
+
+// The fast mode's schedules (above).
+template <int N, int kMaxN, int kRows, int kStages>
+__device__ __forceinline__ void mainloop_k128(const ConsumerCtx<kMaxN, kRows, kStages, false>& ctx, RingCursor& cur,
+                                              int num_kb, int tile, float (&acc)[N / 2]) {
+  using Ring = StageRing<kMaxN, kRows, false>;
   constexpr int CW = chunk_width(N);
   constexpr int C = N / CW;
-  constexpr int G = kPerK32 ? 4 * C : C;
-  constexpr int kWgmmasPerGroup = kPerK32 ? 1 : 4;
+  constexpr int G = C;
   // Temporaries (groups in flight): two, except where the registers leave one (the serial
   // schedule below, serial_tile): the wide tile (128 accumulators) and, with four consumer
   // warpgroups (104 registers a thread), the tiles above 8 tokens.
   constexpr int T = serial_tile(N, kRows) ? 1 : 2;
   static_assert(N % CW == 0 && CW % 8 == 0, "token tile");
-  static_assert(T == 2 || !kPerK32, "the serial schedule promotes per K block (fast mode)");
   // Chunks per wgmma group: the wide tile's serial group is a pair of chunks (one m64n128k32 per
   // k32 step): twice the tensor work per issue, wait and promotion round trip of a 64-token group.
   constexpr int P = T == 1 && C >= 2 ? 2 : 1;
@@ -103,13 +231,12 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   float tmp[T][GW / 2];         // products of the groups in flight
   int bstage[2];                // ring stage of the K block in each A buffer
   uint32_t xdesc[2];            // low descriptor word of that stage's activation tile (pipelined schedule)
-  uint32_t wsf_a[2], wsf_b[2];  // the K block's scale words of rows row_a / row_a + 8 (k32: scale bytes,
-                                // k128: LUT offsets)
+  uint32_t wsf_a[2], wsf_b[2];  // the K block's LUT offsets of rows row_a / row_a + 8
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
 
   // The decode of one K block's A fragments into buffer b: wait for its stage, take the rows'
-  // scale words, decode all four k32 steps.
+  // LUT offsets, decode all four k32 steps through their scaled tables.
   auto decode = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
     ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
@@ -123,16 +250,12 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
     cur.advance<kStages>();
     const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
-    if constexpr (kPerK32)
-      decode_stage_plain(w_frag, ctx.lane, a[b]);
-    else
-      decode_stage_scaled(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
+    decode_stage_scaled(w_frag, ctx.lane, wsf_a[b], wsf_b[b], ctx.lut, a[b]);
   };
 
-  // Group gi of a K block: its first chunk and its k32 step (exact mode: one k32 step of one
-  // chunk; fast mode: the chunk, or in the serial schedule the pair of chunks 2 gi, 2 gi + 1).
-  auto first_chunk = [](int gi) { return kPerK32 ? gi % C : P * gi; };
-  auto first_ks = [](int gi) { return kPerK32 ? gi / C : 0; };
+  // Group gi of a K block: its first chunk (the chunk, or in the serial schedule the pair of chunks
+  // 2 gi, 2 gi + 1).
+  auto first_chunk = [](int gi) { return P * gi; };
 
   // W: the tokens of the group's wgmmas: GW, or in the four-warpgroup serial kernels the item's
   // tile (8 .. 64), a prefix of the temporary.
@@ -143,7 +266,6 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     constexpr int tt = decltype(tt_c)::value;
     constexpr int b = decltype(b_c)::value;
     constexpr int c = first_chunk(gi);
-    constexpr int ks0 = first_ks(gi);
     // Chunk c starts c * 64 token rows (c * 8 swizzle atoms) into the tile; k32 step ks 32 bytes
     // into each 128-byte row.
     // The stage's descriptor word: kept from the decode in the pipelined schedule (broadcast there,
@@ -154,10 +276,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     const uint32_t lo = stage_lo + c * (CW * kBlockK >> 4);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kWgmmasPerGroup; ++k) {
-      const int ks = ks0 + k;
+    for (int ks = 0; ks < 4; ++ks) {
       const uint64_t desc = ptx::smem_desc_sw128_from_lo(lo + ks * 2);
-      if (k == 0)
+      if (ks == 0)
         WgmmaRS<W>::mma_overwrite(d, a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc);
       else
         WgmmaRS<W>::mma(d, a[b][ks][0], a[b][ks][1], a[b][ks][2], a[b][ks][3], desc, 1);
@@ -166,36 +287,29 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
   };
 
   // Where the token scales of chunk first_chunk(gi) + h of group gi of the K block in buffer b
-  // start (h: the serial schedule's second chunk of the pair); load_token_scales reads them. The
-  // fast mode loads them before the wait for the group where registers allow, so that their
-  // shared-memory latency hides under it (loaded after it, every promotion FMA waited for them:
-  // measured as the loop's largest stall).
+  // start (h: the serial schedule's second chunk of the pair); load_token_scales reads them. They
+  // are loaded before the wait for the group where registers allow, so that their shared-memory
+  // latency hides under it (loaded after it, every promotion FMA waited for them: measured as the
+  // loop's largest stall).
   using Scales = float[CW / 4];
   auto scales_of = [&](auto gi_c, auto h_c, auto b_c) -> const float* {
     constexpr int gi = decltype(gi_c)::value;
     constexpr int c = first_chunk(gi) + decltype(h_c)::value;
-    return ctx.ring.sx + bstage[decltype(b_c)::value] * Ring::kSxWords + first_ks(gi) * kMaxN + c * CW;
+    return ctx.ring.sx + bstage[decltype(b_c)::value] * Ring::kSxWords + c * CW;
   };
 
   // Chunk first_chunk(gi) + h of group gi's products (temporary tt) into the result; W: the
   // chunk's first W tokens (as issue's).
-  auto promote = [&](auto gi_c, auto h_c, auto tt_c, auto b_c, const Scales& s, auto w_c) {
+  auto promote = [&](auto gi_c, auto h_c, auto tt_c, const Scales& s, auto w_c) {
     constexpr int W = decltype(w_c)::value;
     constexpr int gi = decltype(gi_c)::value;
     constexpr int h = decltype(h_c)::value;
     constexpr int tt = decltype(tt_c)::value;
-    constexpr int b = decltype(b_c)::value;
     constexpr int c = first_chunk(gi) + h;
-    constexpr int ks = first_ks(gi);
     float* prod = tmp[tt] + h * (CW / 2);
 #pragma unroll
     for (int i = 0; i < W / 2; ++i) ptx::fence_operand(prod[i]);
-    if constexpr (kPerK32) {
-      promote_k32<CW>(acc + c * (CW / 2), prod, s, ue8m0_to_float((wsf_a[b] >> (8 * ks)) & 0xFFu),
-                      ue8m0_to_float((wsf_b[b] >> (8 * ks)) & 0xFFu));
-    } else {
-      promote_k128<W>(acc + c * (CW / 2), prod, prefix<W / 4>(s));
-    }
+    promote_k128<W>(acc + c * (CW / 2), prod, prefix<W / 4>(s));
     // Pin the FMAs before the next wgmma issue: otherwise the compiler may sink them past it, keep
     // a copy of the in-flight accumulators, and ptxas serialises the wgmmas (C7514).
 #pragma unroll
@@ -229,7 +343,7 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       Scales s;
       load_token_scales<CW, 0, kVecs>(scales_of(B0{}, B0{}, B0{}), ctx.t, s);
       ptx::wgmma_wait<0>();
-      promote(B0{}, B0{}, B0{}, B0{}, s, w_c);
+      promote(B0{}, B0{}, B0{}, s, w_c);
     };
     // The K-block loop at one width: the width is chosen once per item.
     auto single = [&](auto w_c) {
@@ -262,9 +376,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
             load_token_scales<CW, 0, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
             ptx::wgmma_wait<0>();
             load_token_scales<CW, CW / 32>(scales_of(g_c, B0{}, B0{}), ctx.t, s);
-            promote(g_c, B0{}, B0{}, B0{}, s, CWc{});
+            promote(g_c, B0{}, B0{}, s, CWc{});
             load_token_scales<CW>(scales_of(g_c, H1{}, B0{}), ctx.t, s);
-            promote(g_c, H1{}, B0{}, B0{}, s, CWc{});
+            promote(g_c, H1{}, B0{}, s, CWc{});
           }
         });
         release(B0{});
@@ -280,12 +394,9 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
     // groups are retired after the loop.
     // (Branch-free steps let ptxas schedule a step's decode loads across its promotion. The guards
     // they replace cost 6-7 instructions per stage, bench.sass_stage.) Only one group per K block
-    // (G == 1: the fast mode's tiles up to 64) runs so; with several (kGuarded) the loop runs two
-    // steps further, each step under its guards, which also bound its scheduling. Those are the
-    // 128-token tile (branch-free, ptxas spilled 1.4 KB) and the exact mode: its K % 256 may be 128,
-    // an odd number of K blocks, and every branch-free loop with an end for that made ptxas
-    // serialise the wgmmas (C7514); written for even counts only (17 % faster at 8 tokens), it ran
-    // half a cycle past the last K block.
+    // (G == 1: the tiles up to 64) runs so; with two (kGuarded: the 128-token tile; branch-free,
+    // ptxas spilled 1.4 KB) the loop runs two steps further, each step under its guards, which also
+    // bound its scheduling.
     // (A prologue that issued wgmmas would make ptxas give the loop's A fragments registers of
     // their own.)
     constexpr bool kGuarded = G >= 2;
@@ -296,16 +407,13 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       constexpr int pu = (u + 2 * G - 2) % (2 * G);    // position of group q - 2
       using Gi = std::integral_constant<int, pu % G>;
       using B = std::integral_constant<int, pu / G>;
-      // The exact mode loads the scales after the wait: the fused kernel's consumers, which hold
-      // both layers' loops, have no registers for them across it (292 bytes of spills).
       Scales s;
-      if constexpr (!kPerK32) load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
+      load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
       if (last)
         ptx::wgmma_wait<0>();
       else
         ptx::wgmma_wait<1>();
-      if constexpr (kPerK32) load_token_scales<CW>(scales_of(Gi{}, H0{}, B{}), ctx.t, s);
-      promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, B{}, s, std::integral_constant<int, CW>{});
+      promote(Gi{}, H0{}, std::integral_constant<int, u % 2>{}, s, std::integral_constant<int, CW>{});
       if constexpr (pu % G == G - 1) release(B{});
     };
     if constexpr (G >= 2) decode(std::integral_constant<int, 0>{});
@@ -334,6 +442,16 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
       retire(std::integral_constant<int, 1>{}, true);
     }
   }
+}
+
+// One work item of one consumer warpgroup, in its promotion's schedule.
+template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
+__device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
+                                         int num_kb, int tile, float (&acc)[N / 2]) {
+  if constexpr (kPerK32)
+    mainloop_k32<N>(ctx, cur, num_kb, acc);
+  else
+    mainloop_k128<N>(ctx, cur, num_kb, tile, acc);
   // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
   // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own
   // in the epilogue's divergent code and serialises the wgmmas: C7518).

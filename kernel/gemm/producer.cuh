@@ -160,15 +160,13 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
               float* fs = r.fold_scales(cur.stage);
 #pragma unroll
               for (int ks = 0; ks < 4; ++ks)
-                fs[ks * kMaxN + idx] =
-                    valid ? __fmul_rn(ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu), fold_base) : 0.0f;
+                fs[ks * kMaxN + idx] = valid ? __fmul_rn(ue8m0_byte_to_float(word[m], ks), fold_base) : 0.0f;
             } else {   // the four k32 bytes of the token as one word
               reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
             }
           } else if constexpr (kPerK32) {
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-              sx[idx + ks * kMaxN] = valid ? ue8m0_to_float((word[m] >> (8 * ks)) & 0xFFu) : 0.0f;
+            for (int ks = 0; ks < 4; ++ks) sx[idx + ks * kMaxN] = valid ? ue8m0_byte_to_float(word[m], ks) : 0.0f;
           } else {
             sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
           }
