@@ -180,6 +180,7 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
   float tmp[kPrefillHalf / 2];
+  const bool k_nonzero = p.k != 0;   // always: a scheduling barrier (below)
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = cur.stage;
     // The same for the whole warpgroup: broadcast, so ptxas keeps the descriptors in uniform
@@ -196,10 +197,12 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
         const bool first = kEachK32 || ks == 0;
         const bool last = kEachK32 || ks == 3;
         if (first) {
-          // Before each group (all but the K block's first pass at once): the wait's branch ends
-          // the block, so ptxas cannot hoist this group's wgmmas above the last one's promotion,
-          // which would need a second temporary (measured in the prefill probe: 256 bytes of spills).
-          ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
+          // Before each group: the wait's branch ends the block, so ptxas cannot hoist this group's
+          // wgmmas above the last one's promotion, which would need a second temporary (measured in
+          // the prefill probe: 256 bytes of spills). The folded items' eight groups a K block take
+          // that barrier from the promotion's branch instead (below): a wait on the phase the K
+          // block's first group passed costs each group a SYNCS round trip before its issue.
+          if (!kEachK32 || (h == 0 && ks == 0)) ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
           ptx::wgmma_fence();
         }
         const uint64_t da = ptx::smem_desc_sw128_from_lo(a_lo + 2 * ks);
@@ -215,8 +218,12 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(tmp[i]);
+        // The folded items: in a branch that always runs (K > 0) but that ptxas cannot remove, which
+        // ends the block as the fast mode's wait does.
+        if (!kEachK32 || k_nonzero) {
 #pragma unroll
-        for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = __fmaf_rn(tmp[i], (i & 2) ? a1 : a0, acc[h][i]);
+          for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = __fmaf_rn(tmp[i], (i & 2) ? a1 : a0, acc[h][i]);
+        }
 #pragma unroll
         for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
       }
