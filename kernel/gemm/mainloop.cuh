@@ -89,12 +89,17 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
 // block kb + 1 is decoded at step 1 of kb, after its issue, while (kb, 0) and (kb, 1) run.
 // The loop body is two K blocks, so that every buffer index is a compile-time one, and the loop
 // leaves after either of them (an odd count: the K tail of sizes in multiples of 32). Its only
-// branches are uniform: the first K block's two retires, the decode of a next K block, the exits,
-// and at 32 tokens and more the promotions' (k_nonzero, below). The last two groups are retired
+// branches are uniform: the first K block's two retires, the wait for a next K block, the exits,
+// and at 32 tokens and more the promotions' (k_nonzero, below) and the whole decode of a next K
+// block. At 8 and 16 tokens the decode runs after the last K block too, from that block's stage
+// (still held; its values unused), so that it shares a basic block with the steps after it and
+// ptxas interleaves its loads and table lookups with them (at 32 and 64 tokens that spilled 3.6 KB
+// in the fused kernel). The last two groups are retired
 // after the loop, from the buffer it left in. (Before, every step of a loop over two K blocks was
 // guarded by its index, 8-10 instructions a step. Instructions a K block and consumer warp,
 // bench.sass_stage, at 8 tokens: 251.5, this loop 215, with ue8m0_byte_to_float's promotion scales
-// 201.5, with lut_lo below 187.5; at 64 tokens 502.5 -> 427.)
+// 201.5, with lut_lo below 187.5, with the decode out of its branch 188; at 64 tokens 502.5 ->
+// 428.5.)
 template <int N, int kMaxN, int kRows, int kStages>
 __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kStages, true>& ctx, RingCursor& cur,
                                              int num_kb, float (&acc)[N / 2]) {
@@ -114,17 +119,19 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
 
   // K block (the next stage in ring order) into buffer b: wait for it, take the rows' scale words
   // and the stage's descriptor word (the same for every thread: broadcast, so that it lives in a
-  // uniform register next to the wgmma), decode its four k32 steps.
-  auto decode = [&](auto b_c) {
+  // uniform register next to the wgmma), decode its four k32 steps. With `more` false there is no
+  // next K block: the same from the other buffer's stage, without the wait or the ring's advance.
+  auto decode = [&](auto b_c, bool more) {
     constexpr int b = decltype(b_c)::value;
-    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
-    bstage[b] = cur.stage;
-    const uint8_t* wsf = ctx.ring.wsf + cur.stage * Ring::kWsf;
+    if (more) ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    const int st = more ? cur.stage : bstage[1 - b];
+    bstage[b] = st;
+    const uint8_t* wsf = ctx.ring.wsf + st * Ring::kWsf;
     wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
     wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
-    xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + cur.stage * Ring::kX), 0);
-    cur.advance<kStages>();
-    const uint8_t* w_frag = ctx.ring.w + bstage[b] * Ring::kW + ctx.rg * 1024;
+    xdesc[b] = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + st * Ring::kX), 0);
+    if (more) cur.advance<kStages>();
+    const uint8_t* w_frag = ctx.ring.w + st * Ring::kW + ctx.rg * 1024;
     decode_stage_plain(w_frag, ctx.lane, a[b], lut_lo);
   };
   auto issue = [&](auto b_c, auto s_c) {
@@ -184,13 +191,16 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
     issue(b_c, S0{});
     if (b == 1 || kb > 0) retire(O{}, S3{});
     issue(b_c, S1{});
-    if (kb + 1 < num_kb) decode(O{});
+    if constexpr (N < 32)
+      decode(O{}, kb + 1 < num_kb);
+    else if (kb + 1 < num_kb)
+      decode(O{}, true);
     retire(b_c, S0{});
     issue(b_c, S2{});
     retire(b_c, S1{});
     issue(b_c, S3{});
   };
-  decode(B0{});
+  decode(B0{}, true);
   int kb = 0;
   for (;; kb += 2) {
     block(B0{}, kb);
