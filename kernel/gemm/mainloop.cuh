@@ -94,12 +94,11 @@ __device__ __forceinline__ int consumer_row_a(int ctid) {
 // block. At 8 and 16 tokens the decode runs after the last K block too, from that block's stage
 // (still held; its values unused), so that it shares a basic block with the steps after it and
 // ptxas interleaves its loads and table lookups with them (at 32 and 64 tokens that spilled 3.6 KB
-// in the fused kernel). The last two groups are retired
-// after the loop, from the buffer it left in. (Before, every step of a loop over two K blocks was
-// guarded by its index, 8-10 instructions a step. Instructions a K block and consumer warp,
-// bench.sass_stage, at 8 tokens: 251.5, this loop 215, with ue8m0_byte_to_float's promotion scales
-// 201.5, with lut_lo below 187.5, with the decode out of its branch 188; at 64 tokens 502.5 ->
-// 428.5.)
+// in the fused kernel). The last two groups are retired after the loop, from the buffer it left
+// in. (Before, every step of a loop over two K blocks was guarded by its index, 8-10 instructions
+// a step. Instructions a K block and consumer warp, bench.sass_stage, at 8 tokens: 251.5, this
+// loop 215, with ue8m0_byte_to_float's promotion scales 201.5, with lut_lo below 187.5, with the
+// decode out of its branch 188; at 64 tokens 502.5 -> 428.5.)
 template <int N, int kMaxN, int kRows, int kStages>
 __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kStages, true>& ctx, RingCursor& cur,
                                              int num_kb, float (&acc)[N / 2]) {
@@ -146,10 +145,10 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
   // group after it is in flight.
   // At 32 tokens and more each promotion sits in a branch of its own, on a condition that always
   // holds but that ptxas cannot see through (K > 0: a scheduling barrier, not a check; were ptxas
-  // to prove it, only the spills below would come back). In one basic block with the next issue, ptxas
-  // sank the promotion past that issue and interleaved it with the next one (their products live
-  // together): 120 bytes of spills in the standalone 64-token kernel, 1 KB in the fused one. (A
-  // branch around the wait too leaves a path where a temporary is overwritten in flight, and
+  // to prove it, only the spills below would come back). In one basic block with the next issue,
+  // ptxas sank the promotion past that issue and interleaved it with the next one (their products
+  // live together): 120 bytes of spills in the standalone 64-token kernel, 1 KB in the fused one.
+  // (A branch around the wait too leaves a path where a temporary is overwritten in flight, and
   // ptxas serialised the whole pipeline: C7511.)
   const bool k_nonzero = ctx.p->k != 0;
   auto retire_at = [&](auto s_c, int stage, uint32_t wa, uint32_t wb, bool last) {
