@@ -6,8 +6,8 @@
 The timeline build (jit.build.FusedSpec(timeline=True), kernel/common/timeline.cuh) is the release
 build with %globaltimer stamps (ns, one clock for every SM) that each CTA writes at its phases
 (contract.TIMELINE_PHASES) and its TMA thread at each item it takes (contract.TIMELINE_ITEM_STAMPS).
-Its y should be the release build's bit for bit (tests/gpu/test_timeline.py asserts it; written
-without a GPU, not yet run on the H200). Its time is close to the release build's but not the same:
+Its y is the release build's bit for bit (tests/gpu/test_timeline.py asserts it; it passes on the
+H200, bench/NOTES.md v33). Its time is close to the release build's but not the same:
 a few global stores per item, and ptxas spills differently (the fast mode's prefill engine 596
 bytes against 316, bench/NOTES.md v31); time the layer with the release build (bench.layer), and
 split it with this one (bench.timeline, which prints both).
