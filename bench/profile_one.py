@@ -1,5 +1,11 @@
-"""Launch one GEMM configuration a few times (for ncu):
-python -m bench.profile_one LAYER TOKENS_PER_EXPERT PROMOTION [SHAPE [MAX_TILE [WGS]]]"""
+"""Launch one GEMM configuration, or one fused layer call, a few times (for ncu):
+
+    python -m bench.profile_one LAYER TOKENS_PER_EXPERT PROMOTION [SHAPE [MAX_TILE [WGS]]]
+    python -m bench.profile_one fused SHAPE TOKENS [PROMOTION [ENGINE]]
+
+The second form is bench.layer's layer of SHAPE (dsv3, v4flash, gpt-oss) at T = TOKENS, uniform
+routing, its weights and inputs (promotion k32 and engine auto unless given); ncu's kernel name for
+it is megamoe_fused (bench/ncu_stalls.sh and ncu_device.sh pick it from the first word)."""
 
 import sys
 
@@ -8,9 +14,27 @@ import torch
 from .gemm import ALIGN, SHAPES, E, rand_e4m3, random_kernel_weights
 
 
+def fused(shape: str, tokens: int, promotion: str = "k32", engine: str = "auto") -> None:
+    from .layer import ROUTINGS, SEED, layer_config, make_fused, shape_weights
+
+    from megamoe import reference as ref
+
+    cfg = layer_config(shape, tokens)
+    call = make_fused(cfg, shape_weights(shape), promotion, engine)
+    inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS["uniform"], device="cuda")[0]
+    for _ in range(3):
+        call(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    torch.cuda.synchronize()
+
+
 def main():
     if not torch.cuda.is_available():
         sys.exit("bench.profile_one needs a CUDA GPU")
+    if len(sys.argv) > 1 and sys.argv[1] == "fused":
+        if len(sys.argv) < 4:
+            sys.exit(__doc__)
+        fused(sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
+        return
     from megamoe import gemm as G
 
     layer, m, promotion = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
