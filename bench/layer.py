@@ -1,7 +1,7 @@
 """Benchmark of a whole MoE layer on one rank (R = 1, every expert local); prints one table.
 
     python -m bench.layer [--shapes dsv3,v4flash] [--tokens 1,8,64,512,4096,8192] [--out FILE.json] [--quick]
-                          [--engine auto|swapab|prefill] [--zipf-tokens 256]
+                          [--engine auto|swapab|narrow|prefill] [--zipf-tokens 256]
     python -m bench.layer --shapes gpt-oss --tokens 8,4096
 
 Shapes: the slices of bench/gemm.py (32 local experts; DeepSeek-V3 H 7168, I 2048; V4-Flash H 4096,
@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as TF
 
 from megamoe import reference as ref
+from megamoe.jit import build as jb
 from megamoe.jit import contract
 from megamoe.reference import formats as F
 
@@ -86,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--engine",
         default="auto",
-        choices=("auto", "swapab", "prefill"),
+        choices=("auto", *jb.FUSED_ENGINES),
         help="the fused layer's GEMM engine (default: the layer's choice per call, MegaMoE.engine_for)",
     )
     args = ap.parse_args(argv)
@@ -453,9 +454,11 @@ def bench_case(
     floor = layer_floor(hidden, inter, tokens, top_k, active, slots)
     launches = launches_for(tokens)
 
+    # An engine the fast mode does not run (the narrow one) leaves its column the layer's choice.
+    engine_k128 = engine if engine in jb.FUSED_ENGINES_OF["k128"] else "auto"
     makes = {
         "fused": lambda: make_fused(cfg, weights, "k32", engine),
-        "fused-k128": lambda: make_fused(cfg, weights, "k128", engine),
+        "fused-k128": lambda: make_fused(cfg, weights, "k128", engine_k128),
         "unfused": lambda: UnfusedLayer(cfg, built(kw), "k32", "cuda"),
         "unfused-k128": lambda: UnfusedLayer(cfg, built(kw), "k128", "cuda"),
         "torch": lambda: built(torch_layer),
@@ -483,7 +486,7 @@ def bench_case(
     return dict(
         routing=routing,
         engine_k32=choose_engine(cfg, "k32", tokens, engine),
-        engine_k128=choose_engine(cfg, "k128", tokens, engine),
+        engine_k128=choose_engine(cfg, "k128", tokens, engine_k128),
         shape=shape,
         hidden=hidden,
         intermediate=inter,

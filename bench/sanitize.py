@@ -96,6 +96,7 @@ def _gemm(max_tile: int | None, prefill: bool, promotion: str = "k32") -> None:
 TARGETS = {
     "fused-swapab-k32": lambda: _fused("swapab", "k32"),
     "fused-swapab-k128": lambda: _fused("swapab", "k128"),
+    "fused-narrow-k32": lambda: _fused("narrow", "k32"),
     "fused-prefill-k32": lambda: _fused("prefill", "k32"),
     "fused-prefill-k128": lambda: _fused("prefill", "k128"),
     # SPEC §8's activation and sizes: K tails (352, 192 of 384, 256) and both layers' last 256-row

@@ -19,6 +19,7 @@ import sys
 import torch
 
 from megamoe import reference as ref
+from megamoe.jit import build as jb
 
 from .gemm import graph_us
 from .layer import LAYER_SHAPES, ROUTINGS, SEED, launches_for, layer_config, progress, shape_weights
@@ -29,7 +30,7 @@ def parse_args(argv=None):
     p.add_argument("--shape", choices=sorted(LAYER_SHAPES), default="gpt-oss")
     p.add_argument("--tokens", type=int, default=4096, help="T, the call's tokens (default 4096)")
     p.add_argument("--promotion", choices=("k32", "k128"), default="k32", help="exact (k32, default) or fast mode")
-    p.add_argument("--engine", choices=("auto", "swapab", "prefill"), default="auto")
+    p.add_argument("--engine", choices=("auto", *jb.FUSED_ENGINES), default="auto")
     p.add_argument("--routing", choices=sorted(ROUTINGS), default="uniform")
     p.add_argument("--calls", type=int, default=3, help="timeline calls; the last one's stamps are printed")
     args = p.parse_args(argv)

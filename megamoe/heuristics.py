@@ -169,7 +169,7 @@ def fused_specs() -> list[jb.FusedSpec]:
     return [
         jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine, activation=activation)
         for promotion in PROMOTIONS
-        for engine in jb.FUSED_ENGINES
+        for engine in jb.FUSED_ENGINES_OF[promotion]
         for activation in ACTIVATIONS
         for fm in (True, False)
         for dbg in (False, True)
@@ -188,13 +188,21 @@ def timeline_specs() -> list[jb.FusedSpec]:
 # 16 rows, 2004 / 1841 at 128. Between the measured points: 256 (fast), 128 (exact).
 FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 
+# The exact mode's narrow engine (token tile 8) up to this many tokens T R a call (every rank's call as
+# large as this one): then no expert can receive more than 8 rows, so no item runs in parts.
+FUSED_NARROW_MAX_TOKENS = 8
+
 
 def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
     """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
     prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
-    (T R K / E: every rank's call as large as this one, routed uniformly). Both engines run every
-    layer the fused kernel takes (SPEC §8's activation and sizes included)."""
+    (T R K / E: every rank's call as large as this one, routed uniformly), the narrow engine in the
+    exact mode up to FUSED_NARROW_MAX_TOKENS tokens T R, else the swap-AB engine. Every engine runs
+    every layer the fused kernel takes (SPEC §8's activation and sizes included)."""
     if engine != "auto":
         return engine
     rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
-    return "prefill" if rows >= FUSED_PREFILL_MIN_ROWS[promotion] else "swapab"
+    if rows >= FUSED_PREFILL_MIN_ROWS[promotion]:
+        return "prefill"
+    narrow = promotion == "k32" and tokens * cfg.num_ranks <= FUSED_NARROW_MAX_TOKENS
+    return "narrow" if narrow else "swapab"

@@ -15,13 +15,17 @@ same tensors can be captured in a CUDA graph.
 The GEMMs run in the exact mode (promotion "k32", the default) or the fast mode ("k128": the pull
 and the L1 epilogue also write the operands rebased per 128 channels, `megamoe.reference.rebase_k128`,
 and the GEMMs read those; H and I multiples of 512); megamoe.gemm.TAU is each mode's GEMM_BOUND tau.
-They run on one of the GEMM core's two engines (the same kernel layer as megamoe.gemm's standalone
+They run on one of the GEMM core's engines (the same kernel layer as megamoe.gemm's standalone
 kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes one):
 * "swapab" (decode sizes): the weights as wgmma M, decoded from FP4 in the consumers, at token tile
   64 (= BLOCK_M, which the layer requires), with four consumer warpgroups in the fast mode; items
   taken in the dynamic order (L2 items after every L1 item, each waiting only for its pool block's
   L1 tiles); in the exact mode H and I in multiples of 32 (SPEC §8), padded to its K blocks and row
   tiles inside the weights' layout and the workspace; both activations (SPEC §3, §8);
+* "narrow" (the smallest calls, exact mode only: T R <= 8 tokens): the swap-AB engine at token tile
+  8, whose mainloop keeps a K block's four k32 wgmmas in flight while it decodes the next; a pool
+  block of more than 8 rows (other ranks' larger calls, or `engine="narrow"` forced) runs in parts
+  of 8 rows, each streaming the weights again;
 * "prefill" (prefill sizes): every weight of both layers decoded once per call to E4M3 inside the
   launch (into a scratch buffer of E_l * 3 * H * I bytes at whole sizes, 9/8 of it in the exact
   mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128
@@ -173,8 +177,12 @@ class MegaMoE:
             fail("cfg.num_experts", f"at most {C.MAX_EXPERTS} local experts", cfg.local_experts)
         if promotion not in PROMOTIONS:
             fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
-        if self.engine not in ("auto", *jb.FUSED_ENGINES):
-            fail("engine", f"one of {('auto', *jb.FUSED_ENGINES)}", repr(self.engine))
+        if self.engine not in ("auto", *jb.FUSED_ENGINES_OF.get(promotion, ())):
+            fail(
+                "engine",
+                f"one of {('auto', *jb.FUSED_ENGINES_OF[promotion])} (promotion {promotion!r})",
+                repr(self.engine),
+            )
         if promotion == "k128" and (cfg.hidden % 512 or cfg.intermediate % 512):
             # the scale warp reads one 4-byte word of per-128 scale bytes per four K blocks
             fail(

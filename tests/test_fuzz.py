@@ -50,7 +50,11 @@ def test_every_draw_is_a_shape_the_layer_takes():
                 and any(c.engine == "prefill" and (c.hidden % 256 or c.intermediate % 128) for c in cs)
             ),
         ),
-        ("every engine", lambda cs: {c.engine for c in cs} == set(fuzz.ENGINES)),
+        ("every engine", lambda cs: {c.engine for c in cs} == {*fuzz.ENGINES, "narrow"}),
+        (
+            "the narrow engine in the exact mode only",
+            lambda cs: {c.promotion for c in cs if c.engine == "narrow"} == {"k32"},
+        ),
         ("every activation scale mode", lambda cs: {c.x_scales for c in cs} == set(fuzz.SCALE_MODES)),
         ("every weight scale mode", lambda cs: {c.w_scales for c in cs} == set(fuzz.SCALE_MODES)),
         ("every routing weight mode", lambda cs: {c.route_weights for c in cs} == set(fuzz.ROUTE_WEIGHTS)),

@@ -200,7 +200,7 @@ def test_the_fused_layers_gemm_parameters_name_every_contract_field(monkeypatch,
     layout, total = C.workspace_layout(cfg)
     ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     layer = dict(cfg=cfg, dims=C.workspace_dims(cfg), ws=ws, kw=kw, dev=0, clamp=0.0, has_clamp=0, bias=None, dump=None)
-    for engine in jb.FUSED_ENGINES:
+    for engine in jb.FUSED_ENGINES_OF[promotion]:
         launcher = FusedLauncher(jb.FusedSpec(promotion=promotion, engine=engine))
         for n in (1, 2):
             for w_e4m3 in (0, 1 << 20):  # the swap-AB engine, the prefill engine (its scratch)

@@ -10,6 +10,7 @@ from megamoe import gemm as G
 from megamoe import reference as ref
 from megamoe.cli import GPT_OSS_MODELS, GPT_OSS_SHAPE
 from megamoe.heuristics import choose_engine
+from megamoe.jit import build as jb
 from megamoe.moe import MegaMoE, kernel_bias
 from megamoe.reference import MegaMoEInputError
 
@@ -51,6 +52,16 @@ def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_
     assert choose_engine(oai, "k32", 4096, "swapab") == "swapab"
     plain = ref.MoEConfig(**dict(oai.to_dict(), activation="swiglu"))
     assert choose_engine(plain, "k32", 1024) == "prefill"
+
+
+def test_auto_takes_the_narrow_engine_up_to_eight_tokens_on_all_ranks_in_the_exact_mode_only():
+    cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=64, activation="swiglu_oai")
+    assert [choose_engine(cfg, "k32", t) for t in (1, 8, 9)] == ["narrow", "narrow", "swapab"]
+    assert choose_engine(cfg, "k128", 8) == "swapab"
+    four = ref.MoEConfig(**dict(cfg.to_dict(), num_ranks=4))
+    assert choose_engine(four, "k32", 2) == "narrow" and choose_engine(four, "k32", 3) == "swapab"
+    with pytest.raises(ValueError, match="engine: promotion 'k128' runs"):
+        jb.FusedSpec(promotion="k128", engine="narrow")
 
 
 def test_a_layer_whose_sizes_the_reference_takes_but_the_kernel_does_not_is_refused_naming_the_size():

@@ -208,7 +208,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
   if constexpr (kFused) {  // compiled into the fused kernel only: the fast mode's branch costs registers
     ptx::named_barrier(1 + wg, 128);
     if constexpr (kPerK32) {
-      if (wtid == 0 && real) {
+      if (wtid == 0 && real && wi.last) {  // (an item in parts: its last, scheduler.cuh item_part)
         ptx::fence_proxy_async_global();
         __threadfence();
         ptx::red_release_gpu_add(p.signal + wi.row0 / p.arrival_block, 1);

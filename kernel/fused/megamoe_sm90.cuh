@@ -44,14 +44,19 @@ namespace megamoe {
 constexpr int kTailBarrier = 3;     // named barrier of the producers' tail (1 + wg are the epilogues')
 constexpr int kTailThreads = 128;   // the producer warpgroup
 
-// The swap-AB engine: kWGs consumer warpgroups at token tile kFusedMaxN = BLOCK_M, so a token block
-// is one pool block and its L1-completion count is I / 32 whatever the tile of its items (with four
-// warpgroups the serial mainloop runs an item at 8, 16, 32 or 64 tokens: scheduler.cuh pick_tile).
+// The swap-AB engine: kWGs consumer warpgroups, token blocks of kFusedMaxN = BLOCK_M rows, so a
+// token block is one pool block and its L1-completion count is I / 32 whatever the tile of its
+// items. Token tile kMaxN: kFusedMaxN (with four warpgroups the serial mainloop runs an item at 8,
+// 16, 32 or 64 tokens: scheduler.cuh pick_tile), or kSmallTile, the narrow engine (exact mode, two
+// warpgroups): only the 8-token mainloop (mainloop.cuh mainloop_k32_narrow, which beside the
+// 64-token one made ptxas serialise the wgmmas), a ring of 1 KB activation slots, and an item of
+// more than 8 rows in parts (scheduler.cuh item_part).
 // kPerK32: the exact promotion (k32), else the fast one (k128: the pull and the L1 epilogue also
 // write the operands rebased per 128 channels, which the GEMMs read).
-template <int kWGs, bool kPerK32, typename Act, bool kDebug>
+template <int kWGs, int kMaxN, bool kPerK32, typename Act, bool kDebug>
 struct SwapAbEngine {
-  using Cfg = GemmConfig<0, kFusedMaxN, kPerK32, kWGs>;
+  static_assert(kMaxN == kFusedMaxN || (kMaxN == kSmallTile && kPerK32), "the token tiles: 64, or 8 (exact mode)");
+  using Cfg = GemmConfig<0, kMaxN, kPerK32, kWGs>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kFusedMaxN;
   static constexpr bool kPredecode = false;
@@ -76,14 +81,14 @@ struct SwapAbEngine {
     RingCursor cur;
     if (threadIdx.x / 32 >= 4) {
       ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-      run_consumer<Cfg, kFusedMaxN, kPerK32, Act, kDebug, 1, 2>(fp.l1, fp.l2, cur);
+      run_consumer<Cfg, kMaxN, kPerK32, Act, kDebug, 1, 2, kTokenBlock>(fp.l1, fp.l2, cur);
       return false;
     }
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     {
       const GemmSmem<Cfg> sm;
-      run_producer<kFusedMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true>(fp.l1, fp.l2, sm.ring, *sm.sched, cur,
-                                                                        sm.queue);
+      run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true, kTokenBlock>(fp.l1, fp.l2, sm.ring, *sm.sched, cur,
+                                                                                sm.queue);
     }
     const GemmSmem<Cfg> sm;
     if (static_cast<int>(blockIdx.x) < launch_items<Cfg::kRows, true>(*sm.sched, fp.l1, fp.l2))

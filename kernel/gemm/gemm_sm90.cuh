@@ -201,7 +201,10 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 // that can be re-read from shared memory is held across the items (the four-warpgroup kernels have
 // 104 registers a thread, and the mainloop spilled with the item count and the barrier's address
 // held): the launch's item count and an item's layer are read from the schedule where needed.
-template <typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kLayerA, int kLayerB = 0>
+// kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: each item in
+// parts, scheduler.cuh item_part).
+template <typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kLayerA, int kLayerB = 0,
+          int kBlock = kMaxN>
 __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur) {
   constexpr bool kTwo = kLayerB != 0;
   const GemmSmem<Cfg> sm;
@@ -225,11 +228,15 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     constexpr int L = decltype(layer_c)::value;
     const GemmParams& p = kTwo && L == kLayerB ? pb : pa;
     ctx.p = &p;
-    const WorkItem wi = decode_item<kMaxN, Cfg::kRows>(local, *GemmSmem<Cfg>().sched, p.n_rows / Cfg::kRows);
-    if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-      run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
-    else
-      run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
+    const WorkItem item_wi =
+        decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched, p.n_rows / Cfg::kRows);
+    for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
+      const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
+      if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
+        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
+      else
+        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
+    }
   };
   while (item < launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {
     const int na = layer_items<Cfg::kRows>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform

@@ -26,8 +26,9 @@
 // The fast mode loads a group's token scales before waiting for it (the wide tile: 8 of them, a
 // quarter of its pair, as registers allow), so their shared-memory latency hides under the wait
 // (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
-// In the exact mode (k32: tiles 8 .. 64, one chunk) every k32 step is a group of its own, promoted
-// with its weight rows' and tokens' scales: mainloop_k32 below, a schedule of its own.
+// In the exact mode (k32: tiles 8 .. 64, one chunk) every k32 step is promoted with its weight rows'
+// and tokens' scales, in schedules of its own: mainloop_k32 (every k32 step a group) and, in kernels
+// whose tiles are all 8 or 16 tokens, mainloop_k32_narrow (a K block's four steps one group).
 #pragma once
 
 #include <cstdint>
@@ -215,6 +216,95 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
   retire_at(S2{}, st, wa, wb, false);
   retire_at(S3{}, st, wa, wb, true);
   ptx::mbar_arrive(&ctx.ring.empty[st]);
+}
+
+// The exact mode's schedule at 8 and 16 tokens (mainloop_k32 above: the wider tiles). A K block's
+// four k32 steps are issued back to back into four temporaries of their own, as one wgmma group,
+// and the block is retired (wait_group 1, its four products promoted in order, its stage released)
+// only after the next K block is decoded and issued: a K block's wgmmas run while the warp decodes
+// the next one and promotes the previous one, where in mainloop_k32 each k32 step's wgmma was waited
+// for two steps after its issue (four wgmma waits a K block per warp, each on a group just
+// issued: at 8 tokens a tensor-core latency per two steps, far under the tensor rate). Two
+// buffers (a[kb % 2], tmp[kb % 2]: 32 + 8 N registers); K block kb + 1 is decoded into the buffer
+// of kb - 1 once kb - 1 is retired. Promotions per accumulator in k order, with the same scales:
+// the same bits as mainloop_k32.
+template <int N, int kMaxN, int kRows, int kStages>
+__device__ __forceinline__ void mainloop_k32_narrow(const ConsumerCtx<kMaxN, kRows, kStages, true>& ctx,
+                                                    RingCursor& cur, int num_kb, float (&acc)[N / 2]) {
+  using Ring = StageRing<kMaxN, kRows, true>;
+  static_assert(N <= 16 && N % 8 == 0, "the narrow tiles");
+  uint32_t a[2][4][4];      // decoded A fragments of two K blocks
+  float tmp[2][4][N / 2];   // their products, one temporary per k32 step
+  int bstage[2];            // ring stage of the K block in each buffer
+  uint32_t wsf_a[2], wsf_b[2];   // its scale bytes of rows row_a / row_a + 8
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  const uint32_t lut_lo = kFp4LutLo | static_cast<uint32_t>(ctx.row_a) >> 30;   // (mainloop_k32 says why)
+
+  // The next K block of the ring into buffer b: wait for its stage, take the rows' scale words,
+  // decode its four k32 steps and issue them (one group).
+  auto start = [&](auto b_c) {
+    constexpr int b = decltype(b_c)::value;
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    const int st = cur.stage;
+    bstage[b] = st;
+    const uint8_t* wsf = ctx.ring.wsf + st * Ring::kWsf;
+    wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+    wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    // The same for every thread: broadcast, so that it lives in a uniform register next to the wgmma.
+    const uint32_t xdesc = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + st * Ring::kX), 0);
+    cur.advance<kStages>();
+    decode_stage_plain(ctx.ring.w + st * Ring::kW + ctx.rg * 1024, ctx.lane, a[b], lut_lo);
+    ptx::wgmma_fence();
+    static_for<0, 4>([&](auto s_c) {
+      constexpr int s = decltype(s_c)::value;
+      WgmmaRS<N>::mma_overwrite(tmp[b][s], a[b][s][0], a[b][s][1], a[b][s][2], a[b][s][3],
+                                ptx::smem_desc_sw128_from_lo(xdesc + s * 2));
+    });
+    ptx::wgmma_commit();
+  };
+  // The K block in buffer b into the result, `pending` groups (the next block's) left in flight.
+  // Its token scales are loaded before the wait, so that their latency hides under it.
+  auto finish = [&](auto b_c, auto pending_c) {
+    constexpr int b = decltype(b_c)::value;
+    float sx[4][N / 4];
+    static_for<0, 4>([&](auto s_c) {
+      constexpr int s = decltype(s_c)::value;
+      load_token_scales<N>(ctx.ring.sx + bstage[b] * Ring::kSxWords + s * kMaxN, ctx.t, sx[s]);
+    });
+    ptx::wgmma_wait<decltype(pending_c)::value>();
+    static_for<0, 4>([&](auto s_c) {
+      constexpr int s = decltype(s_c)::value;
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) ptx::fence_operand(tmp[b][s][i]);
+      promote_k32<N>(acc, tmp[b][s], sx[s], ue8m0_byte_to_float(wsf_a[b], s), ue8m0_byte_to_float(wsf_b[b], s));
+    });
+    // Pin the FMAs before the next wgmma issue (mainloop_k32 says why).
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
+    ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);   // every thread: its own reads (producer.cuh)
+  };
+  using B0 = std::integral_constant<int, 0>;
+  using B1 = std::integral_constant<int, 1>;
+  using P0 = std::integral_constant<int, 0>;
+  using P1 = std::integral_constant<int, 1>;
+  // The loop body is two K blocks, so that every buffer index is a compile-time one; it leaves after
+  // either (an odd count: the K tail of sizes in multiples of 32).
+  start(B0{});
+  int kb = 1;
+  for (;; kb += 2) {
+    if (kb == num_kb) break;
+    start(B1{});
+    finish(B0{}, P1{});
+    if (kb + 1 == num_kb) break;
+    start(B0{});
+    finish(B1{}, P1{});
+  }
+  // The last K block: in buffer 0 after an exit at an odd count, else buffer 1.
+  if (kb == num_kb)
+    finish(B0{}, P0{});
+  else
+    finish(B1{}, P0{});
 }
 
 // The fast mode's schedules (above).
@@ -457,7 +547,12 @@ __device__ __forceinline__ void mainloop_k128(const ConsumerCtx<kMaxN, kRows, kS
 template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
                                          int num_kb, int tile, float (&acc)[N / 2]) {
-  if constexpr (kPerK32)
+  // The narrow schedule only in kernels whose tiles are all narrow: beside the 64-token loop (the
+  // fused swap-AB engine, the 64-token kernels) it made ptxas serialise every wgmma or spill in
+  // the wide loop (C7512, 80-1800 bytes, as the variants moved its register allocation).
+  if constexpr (kPerK32 && kMaxN <= 16)
+    mainloop_k32_narrow<N>(ctx, cur, num_kb, acc);
+  else if constexpr (kPerK32)
     mainloop_k32<N>(ctx, cur, num_kb, acc);
   else
     mainloop_k128<N>(ctx, cur, num_kb, tile, acc);

@@ -93,8 +93,9 @@ struct RingCursor {
 // pb's (the fused kernel: scheduler.cuh launch_items).
 // kDynamic: the items come from the TMA thread's queue (scheduler.cuh), else the static round robin.
 // kPartial: a layer's last block of kRows rows may be partial (the prefill kernel: row_blocks).
+// kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: item_part).
 template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false, bool kTwo = false,
-          bool kPartial = false>
+          bool kPartial = false, int kBlock = kMaxN>
 __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const GemmParams& pb, const Ring& r,
                                                    const Schedule& sched, RingCursor& cur, int warp, int lane,
                                                    ItemQueue* queue = nullptr) {
@@ -115,68 +116,71 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
     const int num_kb = p.k / kBlockK;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
+    const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
     // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
     // in the fused kernel other SMs write them.
-    if (lane == 0) wait_token_block(p, wi);
+    if (lane == 0) wait_token_block(p, item_wi);
     __syncwarp();
-    // k128: the expert's base folds the weight rows' common scale into the token scale.
-    const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
-    // The exact prefill ring's folded items: their fp32 k32 scales times 2^(B_e - 127 - kLutHeadroom)
-    // (the ring's fold_scales; the other items' as raw words).
-    bool fold = false;
-    float fold_base = 0.0f;
-    if constexpr (R::kRawScaleWords) {
-      fold = R::folded(p, wi);
-      if (fold) fold_base = exp2i(static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 127 - kLutHeadroom);
-    }
-    // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
-    const int first = (wi.row0 + t0) * words_per_row;
-    uint32_t word[kM], nxt[kM];
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-      nxt[m] = kPerK32 && t0 + kStride * m < wi.valid ? __ldcg(words + first + kStride * m * words_per_row) : 0u;
-    for (int kb = 0; kb < num_kb; ++kb) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const bool valid = t0 + kStride * m < wi.valid;
-        if constexpr (kPerK32) {
-          word[m] = nxt[m];
-          if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + kStride * m * words_per_row + kb + 1);
-        } else if (kb % 4 == 0) {
-          word[m] = valid ? __ldcg(words + first + kStride * m * words_per_row + kb / 4) : 0u;
-        }
+    for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
+      const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
+      // k128: the expert's base folds the weight rows' common scale into the token scale.
+      const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
+      // The exact prefill ring's folded items: their fp32 k32 scales times 2^(B_e - 127 - kLutHeadroom)
+      // (the ring's fold_scales; the other items' as raw words).
+      bool fold = false;
+      float fold_base = 0.0f;
+      if constexpr (R::kRawScaleWords) {
+        fold = R::folded(p, wi);
+        if (fold) fold_base = exp2i(static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 127 - kLutHeadroom);
       }
-      ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
-      float* sx = r.sx + cur.stage * R::kSxWords;
+      // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
+      const int first = (wi.row0 + t0) * words_per_row;
+      uint32_t word[kM], nxt[kM];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const int tok = t0 + kStride * m;
-        if (tok < wi.tile) {
-          const bool valid = tok < wi.valid;
-          const int idx = R::scale_index(tok, 0, wi.tile);
-          if constexpr (R::kRawScaleWords) {
-            if (fold) {
-              float* fs = r.fold_scales(cur.stage);
+      for (int m = 0; m < kM; ++m)
+        nxt[m] = kPerK32 && t0 + kStride * m < wi.valid ? __ldcg(words + first + kStride * m * words_per_row) : 0u;
+      for (int kb = 0; kb < num_kb; ++kb) {
 #pragma unroll
-              for (int ks = 0; ks < 4; ++ks)
-                fs[ks * kMaxN + idx] = valid ? __fmul_rn(ue8m0_byte_to_float(word[m], ks), fold_base) : 0.0f;
-            } else {   // the four k32 bytes of the token as one word
-              reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
-            }
-          } else if constexpr (kPerK32) {
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) sx[idx + ks * kMaxN] = valid ? ue8m0_byte_to_float(word[m], ks) : 0.0f;
-          } else {
-            sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+        for (int m = 0; m < kM; ++m) {
+          const bool valid = t0 + kStride * m < wi.valid;
+          if constexpr (kPerK32) {
+            word[m] = nxt[m];
+            if (valid && kb + 1 < num_kb) nxt[m] = __ldcg(words + first + kStride * m * words_per_row + kb + 1);
+          } else if (kb % 4 == 0) {
+            word[m] = valid ? __ldcg(words + first + kStride * m * words_per_row + kb / 4) : 0u;
           }
         }
+        ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
+        float* sx = r.sx + cur.stage * R::kSxWords;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          const int tok = t0 + kStride * m;
+          if (tok < wi.tile) {
+            const bool valid = tok < wi.valid;
+            const int idx = R::scale_index(tok, 0, wi.tile);
+            if constexpr (R::kRawScaleWords) {
+              if (fold) {
+                float* fs = r.fold_scales(cur.stage);
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks)
+                  fs[ks * kMaxN + idx] = valid ? __fmul_rn(ue8m0_byte_to_float(word[m], ks), fold_base) : 0.0f;
+              } else {   // the four k32 bytes of the token as one word
+                reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
+              }
+            } else if constexpr (kPerK32) {
+#pragma unroll
+              for (int ks = 0; ks < 4; ++ks) sx[idx + ks * kMaxN] = valid ? ue8m0_byte_to_float(word[m], ks) : 0.0f;
+            } else {
+              sx[idx] = valid ? exp2_sat(static_cast<int>((word[m] >> (8 * (kb & 3))) & 0xFFu) + bias) : 0.0f;
+            }
+          }
+        }
+        // The folded scales lie where a later stage's bulk copy may write (an item that does not
+        // fold): the async proxy's write must come after these.
+        if (fold) ptx::fence_proxy_async_smem();
+        ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
+        cur.advance<kStages>();
       }
-      // The folded scales lie where a later stage's bulk copy may write (an item that does not
-      // fold): the async proxy's write must come after these.
-      if (fold) ptx::fence_proxy_async_smem();
-      ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
-      cur.advance<kStages>();
     }
   }
 }
@@ -185,7 +189,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
 // with kTwo pa's then pb's (the fused kernel). The TMA thread claims the items in the dynamic order
 // (scheduler.cuh; the counter is pa's item_counter) and posts them to `queue` for the scale warps
 // and the consumers.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kTwo>
+template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kTwo, int kBlock = kMaxN>
 __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmParams& pb,
                                              const StageRing<kMaxN, kRows, kPerK32>& r, const Schedule& sched,
                                              RingCursor& cur, ItemQueue* queue) {
@@ -205,31 +209,36 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       int local = item;
       const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
-      const WorkItem wi = decode_item<kMaxN, kRows>(local, sched, p.n_rows / kRows);
+      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, p.n_rows / kRows);
       timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
-      wait_token_block(p, wi);
+      wait_token_block(p, item_wi);
       timeline::item_stamp(kTlItemGated);
-      const uint8_t* w_base =
-          p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
-      const uint8_t* wsf_base = p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
-      // Boxes of 8 rows for the small tiles, of 64 for the chunked ones: only the tile's rows move.
-      const bool wide = wi.tile >= kChunkN;
-      const int box = wide ? kChunkN : 8;
-      const int boxes = wi.tile / box;
-      const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
-      for (int kb = 0; kb < num_kb; ++kb) {
-        if (kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
-          post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
-        const int stage = cur.stage;
-        ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
-        ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
-        for (int b = 0; b < boxes; ++b)
-          ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
-                           &r.full[stage]);
-        ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
-        ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
-                      &r.full[stage]);
-        cur.advance<kStages>();
+      const int parts = item_parts<kMaxN, kBlock>(item_wi);
+      for (int part = 0; part < parts; ++part) {
+        const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
+        const uint8_t* w_base =
+            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
+        const uint8_t* wsf_base =
+            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
+        // Boxes of 8 rows for the small tiles, of 64 for the chunked ones: only the tile's rows move.
+        const bool wide = wi.tile >= kChunkN;
+        const int box = wide ? kChunkN : 8;
+        const int boxes = wi.tile / box;
+        const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
+        for (int kb = 0; kb < num_kb; ++kb) {
+          if (part == parts - 1 && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
+            post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
+          const int stage = cur.stage;
+          ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
+          ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
+          for (int b = 0; b < boxes; ++b)
+            ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
+                             &r.full[stage]);
+          ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
+          ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
+                        &r.full[stage]);
+          cur.advance<kStages>();
+        }
       }
       timeline::item_stamp(kTlItemIssued);
       item = last_posted(*queue);
@@ -237,7 +246,8 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
     timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
-    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo>(pa, pb, r, sched, cur, warp, lane, queue);
+    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo, false, kBlock>(pa, pb, r, sched, cur, warp, lane,
+                                                                                     queue);
   }
 }
 

@@ -32,6 +32,7 @@ struct WorkItem {
   int valid;       // valid pool rows in the token block (1..kMaxN)
   int end;         // one past the expert's last valid pool row
   int tile;        // token tile of the item (pick_tile)
+  bool last;       // the item's last part (item_part), which counts its L1 tiles
 };
 
 // The wgmma chunk of a token tile of n tokens: the whole tile up to kChunkN, else kChunkN. Its
@@ -134,8 +135,10 @@ __device__ __forceinline__ void build_schedule(Schedule& s, int num_experts, Off
 }
 
 // Item `item` of a layer with n_rb blocks of weight rows: items of expert e are
-// [tb_prefix[e] n_rb, tb_prefix[e + 1] n_rb), N block outer, token block inner.
-template <int kMaxN, int kRows>
+// [tb_prefix[e] n_rb, tb_prefix[e + 1] n_rb), N block outer, token block inner. Token blocks of
+// kBlock rows (the schedule's, build_schedule<kBlock>): the kernel's largest tile, or (the fused
+// narrow engine) the pool block, run in parts of kMaxN rows (item_part).
+template <int kMaxN, int kRows, int kBlock = kMaxN>
 __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int n_rb) {
   int lo = 0, hi = s.num_experts - 1;
   while (lo < hi) {
@@ -151,11 +154,35 @@ __device__ __forceinline__ WorkItem decode_item(int item, const Schedule& s, int
   const int nb = s.tb_prefix[lo + 1] - s.tb_prefix[lo];
   w.n_block = local / nb;
   const int tb = local - w.n_block * nb;
-  w.row0 = s.offset[lo] + tb * kMaxN;
-  w.valid = min(kMaxN, s.count[lo] - tb * kMaxN);
+  w.row0 = s.offset[lo] + tb * kBlock;
+  w.valid = min(kBlock, s.count[lo] - tb * kBlock);
   w.end = s.offset[lo] + s.count[lo];
-  w.tile = pick_tile<kMaxN, kRows>(w.valid);
+  w.tile = pick_tile<kMaxN, kRows>(kBlock == kMaxN ? w.valid : min(w.valid, kMaxN));
+  w.last = true;
   return w;
+}
+
+// The parts of an item. A kernel whose token blocks are wider than its largest tile (the fused
+// narrow engine: pool blocks of 64 rows, tile 8) runs an item of r rows as ceil(r / kMaxN) parts,
+// each a whole pass over the item's K blocks (its weights streamed once a part) with an epilogue of
+// its own; only the last part counts the item's L1 tiles, so a pool block's L1-completion count is
+// the same for every engine. Every role walks the same parts. Elsewhere an item is one part.
+template <int kMaxN, int kBlock>
+__device__ __forceinline__ int item_parts(const WorkItem& wi) {
+  if constexpr (kBlock == kMaxN)
+    return 1;
+  else
+    return (wi.valid + kMaxN - 1) / kMaxN;
+}
+
+template <int kMaxN, int kBlock>
+__device__ __forceinline__ WorkItem item_part(WorkItem wi, int j) {
+  if constexpr (kBlock != kMaxN) {
+    wi.last = j == item_parts<kMaxN, kBlock>(wi) - 1;
+    wi.row0 += j * kMaxN;
+    wi.valid = min(kMaxN, wi.valid - j * kMaxN);
+  }
+  return wi;
 }
 
 // The items of a launch: one layer's (a standalone GEMM), or the fused kernel's L1 items followed by

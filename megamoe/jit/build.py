@@ -149,9 +149,12 @@ class GemmSpec:
 
 
 # The fused kernel's GEMM engines (kernel/fused/megamoe_sm90.cuh): "swapab" (weights as wgmma M,
-# FP4 decoded in the consumers, token tile contract.FUSED_MAX_TILE: decode sizes) and "prefill" (the
-# weights predecoded once per call inside the launch, tokens as wgmma M: prefill sizes).
-FUSED_ENGINES = ("swapab", "prefill")
+# FP4 decoded in the consumers, token tile contract.FUSED_MAX_TILE: decode sizes), "narrow" (the
+# same at token tile 8, exact mode only: the smallest calls) and "prefill" (the weights predecoded
+# once per call inside the launch, tokens as wgmma M: prefill sizes).
+FUSED_ENGINES = ("swapab", "narrow", "prefill")
+# The engines a promotion runs: the narrow engine's 8-token mainloop is the exact mode's.
+FUSED_ENGINES_OF = {"k32": FUSED_ENGINES, "k128": ("swapab", "prefill")}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,7 +163,8 @@ class FusedSpec:
     engine: "swapab" at token tile contract.FUSED_MAX_TILE with four consumer warpgroups in the fast
     mode (its 16 .. 64-token serial mainloop; the fast mode's H and I are multiples of 512, so its
     weight rows fill 256-row CTAs) and two in the exact mode (k32 has no four-warpgroup 64-token
-    tile), or "prefill"."""
+    tile), "narrow" (exact mode: the swap-AB engine at token tile 8, two consumer warpgroups; a pool
+    block of more rows runs in parts), or "prefill"."""
 
     fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
     debug: bool = False  # keep every dump point (D5 / D7 accumulators, counter snapshots)
@@ -174,8 +178,10 @@ class FusedSpec:
 
     def __post_init__(self):
         _check_promotion(self.promotion)
-        if self.engine not in FUSED_ENGINES:
-            raise ValueError(f"engine: expected one of {FUSED_ENGINES}, got {self.engine!r}")
+        if self.engine not in FUSED_ENGINES_OF[self.promotion]:
+            raise ValueError(
+                f"engine: promotion {self.promotion!r} runs {FUSED_ENGINES_OF[self.promotion]}, got {self.engine!r}"
+            )
         _check_activation(self.activation)
         if self.timeline and self.debug:
             raise ValueError("timeline: a stamped release build; debug=True is the dump build (choose one)")
@@ -204,7 +210,8 @@ class FusedSpec:
         if self.engine == "prefill":
             engine = f"PrefillEngine<kPerK32, {act}, {b(self.debug)}>"
         else:
-            engine = f"SwapAbEngine<{self.wgs}, kPerK32, {act}, {b(self.debug)}>"
+            tile = "megamoe::kSmallTile" if self.engine == "narrow" else "megamoe::kFusedMaxN"
+            engine = f"SwapAbEngine<{self.wgs}, {tile}, kPerK32, {act}, {b(self.debug)}>"
         fields = {"ENGINE": engine, "PROMOTION": self.promotion, "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)

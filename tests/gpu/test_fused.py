@@ -13,6 +13,7 @@ import torch
 
 from megamoe import reference as ref
 from megamoe.conformance.suite import check
+from megamoe.jit import build as jb
 from megamoe.moe import MegaMoE
 
 DEFAULT = dict(hidden=1024, intermediate=512, num_experts=16, top_k=4, num_ranks=1, max_tokens_per_rank=128)
@@ -25,9 +26,11 @@ def _cfg(**kw) -> ref.MoEConfig:
 _LAYERS: dict = {}
 
 
-# Every test that runs the GEMMs runs both engines of the fused kernel layer (megamoe.moe): the
-# layer's own choice at these sizes is the swap-AB engine.
-ENGINES = ["swapab", "prefill"]
+# Every test that runs the GEMMs runs every engine of the fused kernel layer its promotion has
+# (megamoe.moe; the narrow one is the exact mode's): the layer's own choice at these sizes is the
+# swap-AB engine. The narrow engine runs these sizes' pool blocks of more than 8 rows in parts.
+ENGINES = list(jb.FUSED_ENGINES_OF["k32"])
+MODES = [(promotion, engine) for promotion in ("k32", "k128") for engine in jb.FUSED_ENGINES_OF[promotion]]
 
 
 def _layer(
@@ -66,8 +69,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion,engine", MODES)
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
 def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, masked, mode, promotion, engine):
     cfg = _cfg(**{k: v for k, v in mode.items()})
@@ -80,8 +82,7 @@ def test_every_dump_point_of_the_fused_kernel_conforms(distribution, tokens, mas
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion,engine", MODES)
 def test_the_dsv3_slice_conforms(promotion, engine):
     cfg = ref.MoEConfig(
         hidden=7168, intermediate=2048, num_experts=32, top_k=8, num_ranks=1, max_tokens_per_rank=16, block_m=64
@@ -113,7 +114,7 @@ def test_sizes_in_multiples_of_32_conform_in_the_exact_mode_padded_inside_the_la
     assert torch.equal(y_release.view(torch.int16), y.view(torch.int16))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", jb.FUSED_ENGINES_OF["k128"])
 def test_the_fast_modes_rebased_operands_are_the_references_rebase_k128_bit_for_bit(engine):
     # The transform is part of the contract (SPEC D4): the pool's rows for L1 and the intermediate
     # for L2, each rebased per 128 channels, must be megamoe.reference.rebase_k128 of the canonical
@@ -188,10 +189,12 @@ def test_a_call_after_another_routing_and_engine_equals_a_call_on_a_fresh_layer(
     cfg = _cfg()
     a, b = _inputs(cfg, 128, "one_hot", seed=1), _inputs(cfg, 90, "uniform", 0.2, seed=2)
     layer, w = _layer(cfg)
-    layer.engine = "prefill"  # one workspace, calls on both engines in turn
+    layer.engine = "prefill"  # one workspace, calls on every engine in turn
     layer(a.x, a.x_sf, a.topk_idx, a.topk_weights)
     layer.engine = "swapab"
     layer(b.x, b.x_sf, b.topk_idx, b.topk_weights)
+    layer.engine = "narrow"
+    layer(a.x, a.x_sf, a.topk_idx, a.topk_weights)
     layer.engine = "prefill"
     layer(a.x, a.x_sf, a.topk_idx, a.topk_weights)
     layer.engine = "auto"

@@ -15,6 +15,7 @@ import torch
 
 from megamoe import reference as ref
 from megamoe.conformance.suite import check
+from megamoe.jit import build as jb
 from megamoe.moe import MegaMoE
 
 # H and I multiples of 512: the fast mode's (promotion "k128") smallest.
@@ -44,8 +45,9 @@ def _weights(cfg=CFG, biases=True, seed=3):
 _LAYERS: dict = {}
 
 
-# Both engines of the fused kernel layer (the layer's own choice at these sizes is the swap-AB one).
-ENGINES = ["swapab", "prefill"]
+# Every engine of the fused kernel layer its promotion has (the layer's own choice at these sizes is
+# the swap-AB one; the narrow engine, the exact mode's, runs pool blocks of more than 8 rows in parts).
+MODES = [(promotion, engine) for promotion in ("k32", "k128") for engine in jb.FUSED_ENGINES_OF[promotion]]
 
 
 def _layer(promotion: str, biases: bool = True, engine: str = "swapab") -> MegaMoE:
@@ -64,9 +66,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("promotion,engine", MODES)
 @pytest.mark.parametrize("biases", [True, False], ids=["biases", "no-biases"])
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
 @pytest.mark.parametrize("distribution,tokens,masked,mode", CASES, ids=[f"{c[0]}-T{c[1]}-m{c[2]}" for c in CASES])
 def test_every_dump_point_of_the_gpt_oss_variant_conforms(
     distribution, tokens, masked, mode, promotion, biases, engine
@@ -82,7 +83,9 @@ def test_every_dump_point_of_the_gpt_oss_variant_conforms(
     assert torch.equal(y.view(torch.int16).cpu(), dumps[0]["D9.y"].view(torch.int16))
 
 
-@pytest.mark.parametrize("tokens,engine", [(1, "swapab"), (64, "swapab"), (100, "swapab"), (100, "prefill")])
+@pytest.mark.parametrize(
+    "tokens,engine", [(1, "swapab"), (64, "swapab"), (100, "swapab"), (100, "prefill"), (1, "narrow"), (8, "narrow")]
+)
 def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens, engine):
     # gpt-oss-20b's expert shape (H = I = 2880, top-4) with 8 of its 32 experts: the exact mode, x
     # [T, 2880] and its scales [T, 90] as they are, padded only inside the kernel's layouts.
@@ -95,8 +98,7 @@ def test_a_gpt_oss_20b_slice_conforms_at_its_sizes_h_i_2880(tokens, engine):
     assert torch.equal(y, layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("promotion", ["k32", "k128"])
+@pytest.mark.parametrize("promotion,engine", MODES)
 def test_the_release_build_gives_the_debug_builds_bits(promotion, engine):
     layer = _layer(promotion, engine=engine)
     inp = ref.make_inputs(CFG, 128, seed=5, distribution="skewed", device="cuda")[0]
@@ -111,5 +113,6 @@ def test_a_per_call_clamp_is_refused_for_the_variant_and_auto_takes_either_engin
     inp = ref.make_inputs(CFG, 8, seed=1, device="cuda")[0]
     with pytest.raises(ref.MegaMoEInputError, match="argument 'activation_clamp'"):
         layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, activation_clamp=3.0)
-    # 128 expected rows an expert (T K / E = 128 at T 256): the prefill engine, as for SPEC §3
-    assert layer.engine_for(8) == "swapab" and layer.engine_for(256) == "prefill"
+    # Up to 8 tokens the narrow engine; 128 expected rows an expert (T K / E = 128 at T 256): the
+    # prefill engine, as for SPEC §3
+    assert layer.engine_for(8) == "narrow" and layer.engine_for(9) == "swapab" and layer.engine_for(256) == "prefill"
