@@ -188,21 +188,24 @@ def timeline_specs() -> list[jb.FusedSpec]:
 # 16 rows, 2004 / 1841 at 128. Between the measured points: 256 (fast), 128 (exact).
 FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 
-# The exact mode's narrow engine (token tile 8) up to this many tokens T R a call (every rank's call as
-# large as this one): then no expert can receive more than 8 rows, so no item runs in parts.
-FUSED_NARROW_MAX_TOKENS = 8
+# The exact mode's narrow engine (token tile 8) up to this many expected pool rows per local expert
+# (T R K / E, as FUSED_PREFILL_MIN_ROWS). Up to T R = 8 no expert can receive more than 8 rows; past
+# it experts of 9-16 rows run in two parts (their weights streamed twice), and still the narrow
+# engine won at every size measured: gpt-oss T = 16 / 32 / 64 (2 / 4 / 8 expected rows) 195.5 /
+# 204.1 / 266.1 us against the swap-AB engine's 221.8 / 234.2 / 337.7 (bench/NOTES.md v34).
+FUSED_NARROW_MAX_ROWS = 8
 
 
 def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
     """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
     prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
     (T R K / E: every rank's call as large as this one, routed uniformly), the narrow engine in the
-    exact mode up to FUSED_NARROW_MAX_TOKENS tokens T R, else the swap-AB engine. Every engine runs
-    every layer the fused kernel takes (SPEC §8's activation and sizes included)."""
+    exact mode up to FUSED_NARROW_MAX_ROWS of them, else the swap-AB engine. Every engine runs every
+    layer the fused kernel takes (SPEC §8's activation and sizes included)."""
     if engine != "auto":
         return engine
     rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
     if rows >= FUSED_PREFILL_MIN_ROWS[promotion]:
         return "prefill"
-    narrow = promotion == "k32" and tokens * cfg.num_ranks <= FUSED_NARROW_MAX_TOKENS
+    narrow = promotion == "k32" and rows <= FUSED_NARROW_MAX_ROWS
     return "narrow" if narrow else "swapab"

@@ -22,10 +22,10 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   taken in the dynamic order (L2 items after every L1 item, each waiting only for its pool block's
   L1 tiles); in the exact mode H and I in multiples of 32 (SPEC §8), padded to its K blocks and row
   tiles inside the weights' layout and the workspace; both activations (SPEC §3, §8);
-* "narrow" (the smallest calls, exact mode only: T R <= 8 tokens): the swap-AB engine at token tile
-  8, whose mainloop keeps a K block's four k32 wgmmas in flight while it decodes the next; a pool
-  block of more than 8 rows (other ranks' larger calls, or `engine="narrow"` forced) runs in parts
-  of 8 rows, each streaming the weights again;
+* "narrow" (decode sizes in the exact mode only: up to 8 expected rows per local expert): the
+  swap-AB engine at token tile 8, whose mainloop keeps a K block's four k32 wgmmas in flight while
+  it decodes the next; a pool block of more than 8 rows runs in parts of 8 rows, each streaming the
+  weights again;
 * "prefill" (prefill sizes): every weight of both layers decoded once per call to E4M3 inside the
   launch (into a scratch buffer of E_l * 3 * H * I bytes at whole sizes, 9/8 of it in the exact
   mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128

@@ -54,12 +54,13 @@ def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_
     assert choose_engine(plain, "k32", 1024) == "prefill"
 
 
-def test_auto_takes_the_narrow_engine_up_to_eight_tokens_on_all_ranks_in_the_exact_mode_only():
-    cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=64, activation="swiglu_oai")
-    assert [choose_engine(cfg, "k32", t) for t in (1, 8, 9)] == ["narrow", "narrow", "swapab"]
+def test_auto_takes_the_narrow_engine_up_to_eight_expected_rows_an_expert_in_the_exact_mode_only():
+    # gpt-oss-20b: E 32, top-4, so T R / 8 rows an expert: the narrow engine up to T R = 64.
+    cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=128, activation="swiglu_oai")
+    assert [choose_engine(cfg, "k32", t) for t in (1, 8, 64, 65)] == ["narrow", "narrow", "narrow", "swapab"]
     assert choose_engine(cfg, "k128", 8) == "swapab"
     four = ref.MoEConfig(**dict(cfg.to_dict(), num_ranks=4))
-    assert choose_engine(four, "k32", 2) == "narrow" and choose_engine(four, "k32", 3) == "swapab"
+    assert choose_engine(four, "k32", 16) == "narrow" and choose_engine(four, "k32", 17) == "swapab"
     with pytest.raises(ValueError, match="engine: promotion 'k128' runs"):
         jb.FusedSpec(promotion="k128", engine="narrow")
 

@@ -113,6 +113,6 @@ def test_a_per_call_clamp_is_refused_for_the_variant_and_auto_takes_either_engin
     inp = ref.make_inputs(CFG, 8, seed=1, device="cuda")[0]
     with pytest.raises(ref.MegaMoEInputError, match="argument 'activation_clamp'"):
         layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, activation_clamp=3.0)
-    # Up to 8 tokens the narrow engine; 128 expected rows an expert (T K / E = 128 at T 256): the
+    # Up to 8 expected rows an expert (T K / E = T / 2: T 16) the narrow engine; from 128 (T 256) the
     # prefill engine, as for SPEC §3
-    assert layer.engine_for(8) == "narrow" and layer.engine_for(9) == "swapab" and layer.engine_for(256) == "prefill"
+    assert layer.engine_for(16) == "narrow" and layer.engine_for(17) == "swapab" and layer.engine_for(256) == "prefill"
