@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'fused kernel':34} {'loop':>4} {'width':>5} {'instructions / stage / warp':>28} {'local ld/st in loop':>20}"
     )
     for promotion in ("k128", "k32"):
-        for engine in jb.FUSED_ENGINES:
+        for engine in jb.FUSED_ENGINES_OF[promotion]:
             spec = jb.FusedSpec(promotion=promotion, engine=engine, activation="swiglu_oai")
             sass = subprocess.run([disasm, "-c", str(jb.build(spec).cubin)], capture_output=True, text=True, check=True)
             for i, (_, _, body) in enumerate(hot_loops(sass.stdout)):
