@@ -4,8 +4,9 @@
     python -m megamoe.fuzz --cases 20                           # CPU: the reference and the suite
     python -m megamoe.fuzz --device cuda --seed 0 --case 17     # one case again
 
-Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone (and two generators of its own
-for what came later: SPEC §8's sizes and activation), so a case is reproduced by its two numbers
+Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone (and generators of its own
+for what came later: SPEC §8's sizes and activation, the exact mode's narrow engine; a seed's cases
+drawn before that engine came may now run on it), so a case is reproduced by its two numbers
 whatever else ran; every failure prints the command that runs it again. A case draws: R in {1, 2,
 4} (several ranks as processes, `megamoe.multirank.spawn`), H and I (multiples the promotion
 supports: in a quarter of the exact mode's cases multiples of 32 that are not of 128), SPEC §8's
@@ -132,8 +133,8 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     route_weights = rnd.choices(ROUTE_WEIGHTS, (6, 2.5, 1.5))[0]
     if route_weights == "cancel" and (top_k < 3 or experts < top_k + 1):
         route_weights = "wide"
-    # The engine: mostly the layer's own choice; each engine fixed now and then (both run every
-    # layer the kernel takes).
+    # The engine: mostly the layer's own choice; each engine fixed now and then (every engine runs
+    # every layer the kernel takes).
     engine = rnd.choices(ENGINES, (6, 1.5, 2.5))[0]
     clamp = rnd.choices((None, rnd.choice((0.25, 1.5, 7.0)), round(rnd.uniform(0.1, 10.0), 3)), (5, 3, 2))[0]
     fast_math = rnd.random() < 0.5

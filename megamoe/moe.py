@@ -222,7 +222,12 @@ class MegaMoE:
         return self.ws["recv_stats"]
 
     def engine_for(self, tokens: int) -> str:
-        """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine)."""
+        """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine). The
+        `engine` attribute may be reassigned between calls (one workspace serves every engine): it
+        is checked here as in the constructor."""
+        engines = ("auto", *jb.FUSED_ENGINES_OF[self.promotion])
+        if self.engine not in engines:
+            fail("engine", f"one of {engines} (promotion {self.promotion!r})", repr(self.engine))
         return choose_engine(self.cfg, self.promotion, tokens, self.engine)
 
     def _spec(self, fast_math: bool, debug: bool, engine: str, timeline: bool = False) -> jb.FusedSpec:

@@ -169,3 +169,15 @@ def test_a_bias_view_at_an_odd_element_offset_is_copied_for_the_kernels_4_byte_l
     assert b.data_ptr() % 4 == 0 and torch.equal(b, odd)
     even = flat[:128].view(2, 64)
     assert kernel_bias(even).data_ptr() == even.data_ptr()  # no copy where none is needed
+
+
+def test_an_engine_reassigned_on_a_layer_is_checked_against_its_promotion_at_the_call():
+    # One workspace serves every engine, so `layer.engine` may change between calls (the GPU tests
+    # do); the fast mode has no narrow engine.
+    layer = MegaMoE.__new__(MegaMoE)
+    layer.cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=8)
+    layer.promotion, layer.engine = "k128", "narrow"
+    with pytest.raises(MegaMoEInputError, match=r"argument 'engine': expected one of \('auto', 'swapab', 'prefill'\)"):
+        layer.engine_for(8)
+    layer.promotion = "k32"
+    assert layer.engine_for(8) == "narrow"

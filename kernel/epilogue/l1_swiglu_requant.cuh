@@ -203,7 +203,8 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
     // and st_q only after the barrier that follows its own first pass.
   }
   // Fused kernel: the warpgroup's tile (32 channels = one scale group of every row) is written;
-  // count it in the L1-completion counter of its pool block (the item is one pool block). The L2
+  // count it in the L1-completion counter of its pool block (the item is one pool block; in parts,
+  // its last part counts it: scheduler.cuh item_part). The L2
   // of a block reads by TMA once its counter is full, hence the proxy fence before the release.
   if constexpr (kFused) {  // compiled into the fused kernel only: the fast mode's branch costs registers
     ptx::named_barrier(1 + wg, 128);

@@ -6,10 +6,11 @@
 //                   each pool block's arrival counter, the L1 epilogue (SwiGLU + requant, D6) counts
 //                   its tiles in the block's L1-completion counter, the L2 producer waits until that
 //                   counter is full, the L2 epilogue writes bf16 rows into the token's rank's
-//                   combine buffer (D8). Two engines, chosen per call by the host (megamoe/moe.py):
+//                   combine buffer (D8). Three engines, chosen per call by the host (megamoe/moe.py):
 //                     SwapAbEngine   ../gemm/gemm_sm90.cuh: weights as wgmma M, FP4 decoded in the
 //                                    consumers, tokens as N up to 64 a pool block, two or four
-//                                    consumer warpgroups, the dynamic item order (decode sizes);
+//                                    consumer warpgroups, the dynamic item order (decode sizes); at
+//                                    token tile 8 the narrow engine (the exact mode's smallest calls);
 //                     PrefillEngine  ../gemm/gemm_sm90_prefill.cuh: every weight decoded once per
 //                                    call by every CTA after the pull (predecode.cuh), then tokens
 //                                    as wgmma M, 128 a CTA tile (prefill sizes);

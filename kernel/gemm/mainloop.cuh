@@ -225,7 +225,7 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
 // the next one and promotes the previous one, where in mainloop_k32 each k32 step's wgmma was waited
 // for two steps after its issue (four wgmma waits a K block per warp, each on a group just
 // issued: at 8 tokens a tensor-core latency per two steps, far under the tensor rate). Two
-// buffers (a[kb % 2], tmp[kb % 2]: 32 + 8 N registers); K block kb + 1 is decoded into the buffer
+// buffers (a[kb % 2], tmp[kb % 2]: 32 + 4 N registers); K block kb + 1 is decoded into the buffer
 // of kb - 1 once kb - 1 is retired. Promotions per accumulator in k order, with the same scales:
 // the same bits as mainloop_k32.
 template <int N, int kMaxN, int kRows, int kStages>

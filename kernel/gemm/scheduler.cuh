@@ -4,7 +4,8 @@
 // dynamic order (below, claim_item).
 //
 // The token tile is chosen per work item, not per launch: an expert's tokens are cut into blocks
-// of kMaxN, and a block with at most kSmallTile valid rows runs at that small tile. So an expert
+// of kMaxN (the fused swap-AB engines: of a pool block, run in parts of kMaxN rows where wider:
+// item_part), and a block with at most kSmallTile valid rows runs at that small tile. So an expert
 // with 3 tokens costs an 8-token item even when another expert of the same launch has 100. Only
 // two tiles per kernel: each is its own instantiation of the mainloop and epilogue, and with a
 // third ptxas runs out of registers (measured: spills and serialised wgmmas). The serial kernels
@@ -29,7 +30,7 @@ struct WorkItem {
   int expert;
   int n_block;     // block of weight rows (the CTA's tile height)
   int row0;        // first pool row of the token block
-  int valid;       // valid pool rows in the token block (1..kMaxN)
+  int valid;       // valid pool rows in the token block (1..kBlock; a part's: 1..kMaxN)
   int end;         // one past the expert's last valid pool row
   int tile;        // token tile of the item (pick_tile)
   bool last;       // the item's last part (item_part), which counts its L1 tiles
