@@ -168,8 +168,7 @@ def fused_specs() -> list[jb.FusedSpec]:
     debug): what MegaMoE can launch (the CI compile gate builds these too)."""
     return [
         jb.FusedSpec(fast_math=fm, debug=dbg, promotion=promotion, engine=engine, activation=activation)
-        for promotion in PROMOTIONS
-        for engine in jb.FUSED_ENGINES_OF[promotion]
+        for promotion, engine in jb.FUSED_MODES
         for activation in ACTIVATIONS
         for fm in (True, False)
         for dbg in (False, True)

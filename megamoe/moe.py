@@ -177,12 +177,7 @@ class MegaMoE:
             fail("cfg.num_experts", f"at most {C.MAX_EXPERTS} local experts", cfg.local_experts)
         if promotion not in PROMOTIONS:
             fail("promotion", f"one of {PROMOTIONS}", repr(promotion))
-        if self.engine not in ("auto", *jb.FUSED_ENGINES_OF.get(promotion, ())):
-            fail(
-                "engine",
-                f"one of {('auto', *jb.FUSED_ENGINES_OF[promotion])} (promotion {promotion!r})",
-                repr(self.engine),
-            )
+        self._check_engine()
         if promotion == "k128" and (cfg.hidden % 512 or cfg.intermediate % 512):
             # the scale warp reads one 4-byte word of per-128 scale bytes per four K blocks
             fail(
@@ -225,10 +220,14 @@ class MegaMoE:
         """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine). The
         `engine` attribute may be reassigned between calls (one workspace serves every engine): it
         is checked here as in the constructor."""
+        self._check_engine()
+        return choose_engine(self.cfg, self.promotion, tokens, self.engine)
+
+    def _check_engine(self) -> None:
+        """`engine`: "auto" or an engine of the layer's promotion (jit.build.FUSED_ENGINES_OF)."""
         engines = ("auto", *jb.FUSED_ENGINES_OF[self.promotion])
         if self.engine not in engines:
             fail("engine", f"one of {engines} (promotion {self.promotion!r})", repr(self.engine))
-        return choose_engine(self.cfg, self.promotion, tokens, self.engine)
 
     def _spec(self, fast_math: bool, debug: bool, engine: str, timeline: bool = False) -> jb.FusedSpec:
         """The kernel build of a call in this mode."""

@@ -193,7 +193,7 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
     assert device.launches == want + want
 
 
-@pytest.mark.parametrize("promotion,engine", [(p, e) for p in ("k32", "k128") for e in jb.FUSED_ENGINES_OF[p]])
+@pytest.mark.parametrize("promotion,engine", jb.FUSED_MODES)
 def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_parameter_bytes(
     device, promotion, engine
 ):

@@ -29,8 +29,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not f
 
 SPECS = [
     jb.FusedSpec(fast_math=True, debug=False, promotion=promotion, engine=engine)
-    for promotion in jb.PROMOTIONS
-    for engine in jb.FUSED_ENGINES_OF[promotion]
+    for promotion, engine in jb.FUSED_MODES
 ]
 
 

@@ -155,6 +155,8 @@ class GemmSpec:
 FUSED_ENGINES = ("swapab", "narrow", "prefill")
 # The engines a promotion runs: the narrow engine's 8-token mainloop is the exact mode's.
 FUSED_ENGINES_OF = {"k32": FUSED_ENGINES, "k128": ("swapab", "prefill")}
+# Every (promotion, engine) the fused kernel is built for.
+FUSED_MODES = tuple((promotion, engine) for promotion in PROMOTIONS for engine in FUSED_ENGINES_OF[promotion])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ _LAYERS: dict = {}
 # (megamoe.moe; the narrow one is the exact mode's): the layer's own choice at these sizes is the
 # swap-AB engine. The narrow engine runs these sizes' pool blocks of more than 8 rows in parts.
 ENGINES = list(jb.FUSED_ENGINES_OF["k32"])
-MODES = [(promotion, engine) for promotion in ("k32", "k128") for engine in jb.FUSED_ENGINES_OF[promotion]]
+MODES = jb.FUSED_MODES
 
 
 def _layer(

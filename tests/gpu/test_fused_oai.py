@@ -47,7 +47,7 @@ _LAYERS: dict = {}
 
 # Every engine of the fused kernel layer its promotion has (the layer's own choice at these sizes is
 # the swap-AB one; the narrow engine, the exact mode's, runs pool blocks of more than 8 rows in parts).
-MODES = [(promotion, engine) for promotion in ("k32", "k128") for engine in jb.FUSED_ENGINES_OF[promotion]]
+MODES = jb.FUSED_MODES
 
 
 def _layer(promotion: str, biases: bool = True, engine: str = "swapab") -> MegaMoE:

@@ -125,9 +125,7 @@ def test_every_dump_point_of_every_rank_conforms(ranks, engine, promotion, case)
         assert torch.equal(y.view(torch.int16), d["D9.y"].view(torch.int16))
 
 
-@pytest.mark.parametrize(
-    "promotion,engine", [(p, e) for p in PROMOTIONS for e in jb.FUSED_ENGINES_OF[p]], ids=lambda v: str(v)
-)
+@pytest.mark.parametrize("promotion,engine", jb.FUSED_MODES)
 def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion, engine):
     # One engine's tensor-core sums against its own (the prefill engine's need not equal the swap-AB
     # engines' bitwise; the narrow and swap-AB engines' sums are the same k32 products promoted in the

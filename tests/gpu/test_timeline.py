@@ -42,10 +42,7 @@ def expected_items(engine: str, promotion: str, topk_idx) -> dict[int, int]:
     return {1: blocks * (2 * CFG.intermediate // rows), 2: blocks * (CFG.hidden // rows)}
 
 
-@pytest.mark.parametrize(
-    "promotion,engine",
-    [(promotion, engine) for promotion in ("k32", "k128") for engine in jb.FUSED_ENGINES_OF[promotion]],
-)
+@pytest.mark.parametrize("promotion,engine", jb.FUSED_MODES)
 def test_the_timeline_build_gives_the_release_bits_and_stamps_every_phase_and_item_once(promotion, engine):
     w = ref.random_weights(CFG.num_experts, CFG.hidden, CFG.intermediate, seed=5)
     w.b1, w.b2 = ref.random_biases(CFG.num_experts, CFG.hidden, CFG.intermediate, seed=5)
