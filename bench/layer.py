@@ -1,7 +1,7 @@
 """Benchmark of a whole MoE layer on one rank (R = 1, every expert local); prints one table.
 
     python -m bench.layer [--shapes dsv3,v4flash] [--tokens 1,8,64,512,4096,8192] [--out FILE.json] [--quick]
-                          [--engine auto|swapab|narrow|prefill] [--zipf-tokens 256]
+                          [--engine auto|swapab|narrow|prefill] [--predecoded] [--zipf-tokens 256]
     python -m bench.layer --shapes gpt-oss --tokens 8,4096
 
 Shapes: the slices of bench/gemm.py (32 local experts; DeepSeek-V3 H 7168, I 2048; V4-Flash H 4096,
@@ -16,7 +16,9 @@ T = 8 and 512 (a smoke run; an explicit --shapes or --tokens still wins).
 Every time is bench.gemm's graph_us: the median over replays of a CUDA graph of several calls of
 the whole layer (no host launch cost). Columns, per (shape, T):
   fused        megamoe.moe.MegaMoE(cfg, weights, promotion="k32"): the fused layer, us (its GEMM engine:
-               the layer's per-call choice, or --engine's; the engine column names it)
+               the layer's per-call choice, or --engine's; the engine column names it; --predecoded:
+               MegaMoE(..., predecoded=True), whose prefill engine reads weights decoded when the
+               layer was made instead of decoding them in every call)
   unfused      torch dispatch (vectorised, on the GPU) + megamoe.gemm.l1_gemm / l2_gemm (k32) + torch
                combine, us;  unf-k128  the same with promotion k128 (megamoe.gemm.rebase_k128, timed)
   torch        naive torch FP8: gather, torch._scaled_grouped_mm (row-wise FP8, power-of-two row
@@ -89,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         choices=("auto", *jb.FUSED_ENGINES),
         help="the fused layer's GEMM engine (default: the layer's choice per call, MegaMoE.engine_for)",
+    )
+    ap.add_argument(
+        "--predecoded",
+        action="store_true",
+        help="the fused layers keep their weights predecoded (MegaMoE(predecoded=True)): the prefill engine "
+        "skips its per-call predecode",
     )
     args = ap.parse_args(argv)
     shapes = (args.shapes or (QUICK_SHAPES if args.quick else ",".join(SHAPES))).split(",")
@@ -404,10 +412,10 @@ def built(obj):
     return obj
 
 
-def make_fused(cfg, weights, promotion: str = "k32", engine: str = "auto"):
+def make_fused(cfg, weights, promotion: str = "k32", engine: str = "auto", predecoded: bool = False):
     from megamoe.moe import MegaMoE  # written alongside this benchmark; imported late on purpose
 
-    layer = MegaMoE(cfg, weights, promotion=promotion, engine=engine)
+    layer = MegaMoE(cfg, weights, promotion=promotion, engine=engine, predecoded=predecoded)
     # The value checks of SPEC §7 read the inputs (a device sync); the benchmark's inputs are valid.
     return lambda *inputs: layer(*inputs, check_inputs=False)
 
@@ -441,7 +449,14 @@ def shape_weights(shape: str) -> ref.ExpertWeights:
 
 
 def bench_case(
-    shape: str, tokens: int, weights, kw, torch_layer, engine: str = "auto", routing: str = "uniform"
+    shape: str,
+    tokens: int,
+    weights,
+    kw,
+    torch_layer,
+    engine: str = "auto",
+    routing: str = "uniform",
+    predecoded: bool = False,
 ) -> dict:
     """One row of the table: every column at (shape, T, routing) on the same inputs."""
     hidden, inter = LAYER_SHAPES[shape]
@@ -457,8 +472,8 @@ def bench_case(
     # An engine the fast mode does not run (the narrow one) leaves its column the layer's choice.
     engine_k128 = engine if engine in jb.FUSED_ENGINES_OF["k128"] else "auto"
     makes = {
-        "fused": lambda: make_fused(cfg, weights, "k32", engine),
-        "fused-k128": lambda: make_fused(cfg, weights, "k128", engine_k128),
+        "fused": lambda: make_fused(cfg, weights, "k32", engine, predecoded),
+        "fused-k128": lambda: make_fused(cfg, weights, "k128", engine_k128, predecoded),
         "unfused": lambda: UnfusedLayer(cfg, built(kw), "k32", "cuda"),
         "unfused-k128": lambda: UnfusedLayer(cfg, built(kw), "k128", "cuda"),
         "torch": lambda: built(torch_layer),
@@ -487,6 +502,7 @@ def bench_case(
         routing=routing,
         engine_k32=choose_engine(cfg, "k32", tokens, engine),
         engine_k128=choose_engine(cfg, "k128", tokens, engine_k128),
+        predecoded=predecoded,
         shape=shape,
         hidden=hidden,
         intermediate=inter,
@@ -612,12 +628,14 @@ def main(argv: list[str] | None = None) -> None:
             torch_layer = RuntimeError(f"row-wise FP8 weights: {first_line(exc)}")
         torch.cuda.empty_cache()
         for tokens in args.tokens:
-            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine))
+            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "uniform", args.predecoded))
         for tokens in args.zipf_tokens:
-            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf"))
+            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf", args.predecoded))
         del weights, kw, torch_layer
         torch.cuda.empty_cache()
     print(LEGEND)
+    if args.predecoded:
+        print("--predecoded: the fused layers' weights decoded when they were made (prefill engine calls skip it)")
     print(format_table(rows))
     if args.out:
         meta = dict(

@@ -32,6 +32,9 @@ def parse_args(argv=None):
     p.add_argument("--promotion", choices=("k32", "k128"), default="k32", help="exact (k32, default) or fast mode")
     p.add_argument("--engine", choices=("auto", *jb.FUSED_ENGINES), default="auto")
     p.add_argument("--routing", choices=sorted(ROUTINGS), default="uniform")
+    p.add_argument(
+        "--predecoded", action="store_true", help="MegaMoE(predecoded=True): the prefill engine's weights decoded once"
+    )
     p.add_argument("--calls", type=int, default=3, help="timeline calls; the last one's stamps are printed")
     args = p.parse_args(argv)
     if args.tokens < 1 or args.calls < 1:
@@ -46,7 +49,9 @@ def main(argv=None) -> None:
     from megamoe.moe import MegaMoE  # imported late: bench.layer's reasons
 
     cfg = layer_config(args.shape, args.tokens)
-    layer = MegaMoE(cfg, shape_weights(args.shape), promotion=args.promotion, engine=args.engine)
+    layer = MegaMoE(
+        cfg, shape_weights(args.shape), promotion=args.promotion, engine=args.engine, predecoded=args.predecoded
+    )
     inp = ref.make_inputs(cfg, args.tokens, seed=SEED, distribution=ROUTINGS[args.routing], device="cuda")[0]
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     progress(f"{args.shape} T={args.tokens} {args.promotion}: the release build, graph-timed")
@@ -57,7 +62,8 @@ def main(argv=None) -> None:
         _, tl = layer(*inputs, check_inputs=False, timeline=True)
         spans.append(tl.span_us)
     print(
-        f"{args.shape} T={args.tokens} {args.routing}, promotion {args.promotion}, engine {tl.engine}: release build"
+        f"{args.shape} T={args.tokens} {args.routing}, promotion {args.promotion}, engine {tl.engine}"
+        f"{' (predecoded)' if args.predecoded else ''}: release build"
         f" {release_us:.1f} us a call (CUDA-graph replay); timeline build, first CTA entry to last combine:"
         f" {', '.join(f'{s:.1f}' for s in spans)} us"
     )

@@ -189,25 +189,34 @@ class PredecodeLauncher(_Launcher):
         rest.update(weights, w_e4m3=scratch.data_ptr())
         return gemm_params(0, k, 0, n_rows, num_experts, RT.err_record(dev).data_ptr(), **rest)
 
+    def buffer_bytes(self, num_experts: int, k: int, n_rows: int) -> int:
+        """The pass's output over weights of k x n_rows per expert (K in whole blocks, the rows of the
+        kernel layout): [E, K/128, ceil(R/256)] tiles of contract.PREFILL_TILE_BYTES[promotion], E * K
+        * R bytes where R is a multiple of 256, the exact mode 1/8 more for its fp32 scales."""
+        tiles = num_experts * (k // contract.BLOCK_K) * prefill_blocks(n_rows)
+        return tiles * contract.PREFILL_TILE_BYTES[self.spec.promotion]
+
     def launch(
         self, kw: KernelWeights, layer: int, device: torch.device, k: int, n_rows: int, stream: int
     ) -> tuple[driver.Launch, torch.Tensor]:
         """The pass over `layer`'s weights (k x n_rows per expert) on `device` into the scratch buffer
-        of `stream` ([E, K/128, R/256] tiles of contract.PREFILL_TILE_BYTES[promotion]: E * K * R
-        bytes, the exact mode 1/8 more for its fp32 scales): its launch (not made here) and the buffer."""
-        promotion = self.spec.promotion
-        weights = weight_fields(kw, layer, promotion)  # the packed weights, LUT offsets or scale bytes
+        of `stream` (buffer_bytes): its launch (not made here, kept in the launch cache) and the buffer."""
         dev = RT.device_index(device)
-        tiles = kw.num_experts * (k // contract.BLOCK_K) * (n_rows // contract.PREFILL_ROWS)
-        size = tiles * contract.PREFILL_TILE_BYTES[promotion]
-        scratch = RT.prefill_scratch(dev, stream, layer, size)
+        scratch = RT.prefill_scratch(dev, stream, layer, self.buffer_bytes(kw.num_experts, k, n_rows))
+        weights = weight_fields(kw, layer, self.spec.promotion)
         key = (self.spec, dev, *weights.values(), scratch.data_ptr(), k, n_rows, kw.num_experts)
         launch = RT.cached_launch(key)
         if launch is None:
-            kern = self.kernel(dev)
-            params = self.params(weights, scratch, k, n_rows, kw.num_experts, dev)
-            launch = RT.keep_launch(key, self._launch(kern, self.grid(kern, kw.num_experts, k, n_rows), params))
+            launch = RT.keep_launch(key, self.into(kw, layer, dev, k, n_rows, scratch))
         return launch, scratch
+
+    def into(self, kw: KernelWeights, layer: int, dev: int, k: int, n_rows: int, buffer: torch.Tensor) -> driver.Launch:
+        """The pass over `layer`'s weights (k x n_rows per expert) on device `dev` into `buffer` (at
+        least buffer_bytes), not made here and not cached."""
+        weights = weight_fields(kw, layer, self.spec.promotion)  # the packed weights, LUT offsets or scale bytes
+        kern = self.kernel(dev)
+        params = self.params(weights, buffer, k, n_rows, kw.num_experts, dev)
+        return self._launch(kern, self.grid(kern, kw.num_experts, k, n_rows), params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,18 +241,39 @@ class FusedLauncher(_Launcher):
         """One CTA per SM of the layer's SM count (every rank's), at most the device's."""
         return min(sms, kern.num_sms)
 
+    @staticmethod
+    def layer_shape(cfg, layer: int) -> tuple[int, int]:
+        """(k, n_rows) of `layer` in the kernel layout: K padded to whole blocks (contract.padded_k),
+        the weight rows to whole row tiles (layout.padded_rows)."""
+        k, rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
+        return contract.padded_k(k), padded_rows(rows)
+
+    def predecoder(self) -> PredecodeLauncher:
+        """The standalone predecode pass of this spec's promotion: the prefill engine's weight tiles."""
+        return PredecodeLauncher(jb.PredecodeSpec(promotion=self.spec.promotion))
+
     def scratch(self, cfg, dev: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefill engine's predecoded weights of each layer ([E_l, K/128, ceil(R/256)] tiles of
-        contract.PREFILL_TILE_BYTES over K padded to whole blocks and the rows of the kernel layout,
-        layout.padded_rows: kernel/gemm/predecode.cuh prefill_blocks), the scratch buffers
-        megamoe.gemm's prefill path uses for the same size on this device and stream."""
+        """The prefill engine's predecoded weights of each layer (PredecodeLauncher.buffer_bytes over
+        layer_shape), the scratch buffers megamoe.gemm's prefill path uses for the same size on this
+        device and stream."""
+        pre = self.predecoder()
+        return tuple(
+            RT.prefill_scratch(dev, stream, layer, pre.buffer_bytes(cfg.local_experts, *self.layer_shape(cfg, layer)))
+            for layer in (1, 2)
+        )
 
-        def layer_scratch(layer: int) -> torch.Tensor:
-            k, rows = (cfg.hidden, 2 * cfg.intermediate) if layer == 1 else (cfg.intermediate, cfg.hidden)
-            tiles = cfg.local_experts * (contract.padded_k(k) // contract.BLOCK_K) * prefill_blocks(padded_rows(rows))
-            return RT.prefill_scratch(dev, stream, layer, tiles * contract.PREFILL_TILE_BYTES[self.spec.promotion])
-
-        return tuple(layer_scratch(layer) for layer in (1, 2))
+    def predecode(self, cfg, kw: KernelWeights, dev: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both layers' weights decoded now, on `stream`, into buffers of their own (zeroed first: a
+        half block's missing half is never written), the prefill engine's w_e4m3 for launches that
+        skip the per-call predecode (launch's `decoded`). The caller orders its later launches
+        after this stream's work."""
+        pre, out = self.predecoder(), []
+        for layer in (1, 2):
+            k, n_rows = self.layer_shape(cfg, layer)
+            buf = torch.zeros(pre.buffer_bytes(cfg.local_experts, k, n_rows), dtype=torch.uint8, device=kw.w1.device)
+            pre.into(kw, layer, dev, k, n_rows, buf)(stream)
+            out.append(buf)
+        return tuple(out)
 
     def gemm_params(
         self,
@@ -308,10 +338,14 @@ class FusedLauncher(_Launcher):
             out_stride=dims["I_pad"] if layer == 1 else H,
         )
 
-    def params(self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, clamp, has_clamp, biases, dumps, w_e4m3):
+    def params(
+        self, *, cfg, dims, ws, kw: KernelWeights, rank: int, dev: int, clamp, has_clamp, biases, dumps, w_e4m3, decoded
+    ):
         """FusedParams without a call's pointers, T and record_stats (0 until patch_call); biases:
         (b1, b2) of the layer's local experts (each None when absent), dumps: the debug build's
-        accumulators of both layers (else None), w_e4m3 both layers' scratch."""
+        accumulators of both layers (else None), w_e4m3 both layers' predecoded weights (the prefill
+        engine's; else 0), decoded: whether they hold the weights already (else the kernel decodes
+        them)."""
         layers = {
             name: self.gemm_params(
                 layer,
@@ -342,6 +376,7 @@ class FusedLauncher(_Launcher):
             **{field: dims[dim] for dim, field in contract.DIM_FIELDS.items()},
             block_m=cfg.block_m,
             record_stats=0,
+            weights_decoded=int(decoded),
         )
 
     def launch(
@@ -359,13 +394,17 @@ class FusedLauncher(_Launcher):
         dumps,
         stream,
         biases=(None, None),
+        decoded=None,
     ) -> tuple[driver.Launch, tuple]:
         """The layer's launch in this mode (not made here) and what it points into besides the
         layer's own tensors: the prefill engine's scratch buffers of `stream` (else ()). biases: (b1,
-        b2), SPEC §8's, of the local experts (read by "swiglu_oai" kernels)."""
+        b2), SPEC §8's, of the local experts (read by "swiglu_oai" kernels). decoded: the layer's
+        weights predecoded before the call (predecode's buffers), which the prefill engine then reads
+        instead of decoding them into the scratch (None: it decodes them)."""
         kern = self.kernel(dev)
-        scratch = self.scratch(cfg, dev, stream) if self.spec.engine == "prefill" else ()
-        w_e4m3 = tuple(t.data_ptr() for t in scratch) or (0, 0)
+        prefill = self.spec.engine == "prefill"
+        scratch = self.scratch(cfg, dev, stream) if prefill and decoded is None else ()
+        w_e4m3 = tuple(t.data_ptr() for t in (decoded if prefill and decoded is not None else scratch)) or (0, 0)
         params = self.params(
             cfg=cfg,
             dims=dims,
@@ -378,6 +417,7 @@ class FusedLauncher(_Launcher):
             biases=biases,
             dumps=dumps,
             w_e4m3=w_e4m3,
+            decoded=prefill and decoded is not None,
         )
         return self._launch(kern, self.grid(kern, sms), params), scratch
 

@@ -30,7 +30,10 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   launch (into a scratch buffer of E_l * 3 * H * I bytes at whole sizes, 9/8 of it in the exact
   mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128
   a CTA tile of 256 weight rows (a layer's last block half a block where its padded rows are not a
-  multiple of 256); the same sizes and activations as the swap-AB engine.
+  multiple of 256); the same sizes and activations as the swap-AB engine. `predecoded=True` decodes
+  them once, when the layer is made, into buffers of the layer's own (the same bytes, the same
+  size again per layer: E_l * 3 * H * I at whole sizes, 9/8 of it in the exact mode), and its
+  prefill calls skip the per-call predecode.
 
 Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
@@ -124,12 +127,15 @@ class MegaMoE:
         num_sms: int | None = None,
         promotion: str = "k32",
         engine: str = "auto",
+        predecoded: bool = False,
     ):
         rank, size = ranks.rank_and_size(group)
         self.cfg, self.group, self.rank, self.promotion, self.engine = cfg, group, rank, promotion, engine
+        self.predecoded = predecoded
         self._host = ranks.host_group(group)  # None for one rank
         refused = None
         try:
+            check_type("predecoded", predecoded, bool)
             self._check_layer(weights, size, device, promotion)
         except Exception as e:  # refused on every rank below, raised here
             refused = e
@@ -138,6 +144,15 @@ class MegaMoE:
         ranks.agree(self._host, refused)
         dev, local = self.device, self.weights
         self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
+        # predecoded: the prefill engine's E4M3 weight tiles of both layers, decoded here once and
+        # kept (the kernel layout's copy of the weights is the layer's own, so they cannot go stale).
+        self._decoded: tuple[torch.Tensor, torch.Tensor] | None = None
+        if predecoded:
+            with torch.cuda.device(dev):
+                stream = self._stream()
+                prefill = FusedLauncher(self._spec(True, False, "prefill"))
+                self._decoded = prefill.predecode(cfg, self.kw, dev.index, stream)
+                torch.cuda.current_stream(dev).synchronize()  # calls on any stream read them
         # SPEC §8's biases as the kernel reads them: bf16 [E_l, 2I] and [E_l, H], canonical rows.
         self._biases = tuple(None if b is None else kernel_bias(b) for b in (local.b1, local.b2))
         layout, total = C.workspace_layout(cfg)
@@ -241,8 +256,9 @@ class MegaMoE:
         )
 
     def _launch(self, fast_math: bool, debug: bool, clamp_arg, engine: str, timeline: bool = False) -> driver.Launch:
-        # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path).
-        stream = self._stream() if engine == "prefill" else None
+        # The prefill engine's scratch is per stream (shared with megamoe.gemm's prefill path); a
+        # predecoded layer's prefill engine reads its own buffers instead.
+        stream = self._stream() if engine == "prefill" and self._decoded is None else None
         key = (fast_math, debug, clamp_arg, engine, stream, timeline)
         launch = self._launches.get(key)
         if launch is None:
@@ -268,6 +284,7 @@ class MegaMoE:
                 biases=self._biases,
                 dumps=self._debug_buffers,
                 stream=stream,
+                decoded=self._decoded,
             )
             if scratch:
                 self._scratch[key] = scratch
@@ -492,6 +509,8 @@ class MegaMoE:
         ws = self.ws
         if wait not in self.WITHHOLD:
             fail("wait", f"one of {self.WITHHOLD}", repr(wait))
+        if wait == "decoded" and self._decoded is not None:
+            fail("wait", "not 'decoded' on a predecoded layer (its calls never wait on that counter)", repr(wait))
         if wait == "epoch":
             ws["epoch"][0] += 1
         elif wait in ("arrival", "l1_done"):

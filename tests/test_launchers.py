@@ -193,9 +193,14 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
     assert device.launches == want + want
 
 
-@pytest.mark.parametrize("promotion,engine", jb.FUSED_MODES)
+# Every engine; and the prefill engine of a layer made with predecoded=True, whose construction ran
+# the predecode pass into buffers of its own, which the fused launch then reads.
+FUSED_CASES = [(p, e, False) for p, e in jb.FUSED_MODES] + [(p, "prefill", True) for p in jb.PROMOTIONS]
+
+
+@pytest.mark.parametrize("promotion,engine,predecoded", FUSED_CASES)
 def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_parameter_bytes(
-    device, promotion, engine
+    device, promotion, engine, predecoded
 ):
     from megamoe import moe as M
 
@@ -211,6 +216,11 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
     layer.ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
     layer._launches, layer._scratch, layer._checked, layer._last, layer._debug_buffers = {}, {}, set(), None, None
     layer._biases = (None, None)
+    layer._decoded = None
+    if predecoded:  # as the constructor does it
+        pre_spec = jb.FusedSpec(fast_math=True, debug=False, promotion=promotion, engine="prefill")
+        layer._decoded = LN.FusedLauncher(pre_spec).predecode(cfg, layer.kw, 0, STREAM)
+    predecodes = device.launches[:]
 
     T = 5
     x = torch.zeros(T, H, dtype=torch.float8_e4m3fn)
@@ -223,10 +233,27 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
     ws, d, err = layer.ws, layer.dims, device.err.data_ptr()
     fast = promotion == "k128"
     w_e4m3 = [0, 0]
+    want_predecodes = []
     if engine == "prefill":
+        pre = jb.PredecodeSpec(promotion=promotion)
         for n, (k, rows) in enumerate(((H, 2 * INTER), (INTER, H))):
             size = cfg.local_experts * (k // C.BLOCK_K) * (rows // C.PREFILL_ROWS) * C.PREFILL_TILE_BYTES[promotion]
-            w_e4m3[n] = device.scratch[(STREAM, n + 1, size)].data_ptr()
+            if not predecoded:  # the stream's scratch, which the kernel's own predecode writes
+                w_e4m3[n] = device.scratch[(STREAM, n + 1, size)].data_ptr()
+                continue
+            buf = layer._decoded[n]
+            assert buf.numel() == size and not buf.any()  # zeroed: a half block's missing half
+            w_e4m3[n] = buf.data_ptr()
+            # The standalone pass over the layer's weights: every field but the weights, the buffer
+            # and the shape 0; one warp per 16-row group of one K block.
+            shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
+            rest = {f.name: 0 for f in C.PARAMS if f.name not in shape}
+            rest.update(LA.weight_fields(layer.kw, n + 1, promotion), w_e4m3=buf.data_ptr())
+            grid = cfg.local_experts * (k // C.BLOCK_K) * (rows // 16) // (pre.threads // 32)
+            params = LA.gemm_params(0, k, 0, rows, cfg.local_experts, err, **rest)
+            want_predecodes.append(_expected(device, pre, grid, params))
+        assert not predecoded or not device.scratch  # a predecoded layer's launch takes no scratch buffer
+    assert predecodes == want_predecodes
     c = LA.clamp(3.0)[0]
     l1 = LA.gemm_params(
         ws.ptr("pool_x128" if fast else "pool_x"),
@@ -319,10 +346,11 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
         record_stats=0,
         hidden_pad=d["H_pad"],
         intermediate_pad=d["I_pad"],
+        weights_decoded=int(predecoded),
     )
     # The grid: one CTA per SM of the layer's SM count, at most the device's.
-    assert device.launches == [_expected(device, spec, min(100, SMS), params, cooperative=True)]
-    assert set(device.fns) == {spec}
+    assert device.launches[len(predecodes) :] == [_expected(device, spec, min(100, SMS), params, cooperative=True)]
+    assert set(device.fns) == ({spec, jb.PredecodeSpec(promotion=promotion)} if predecoded else {spec})
 
 
 def test_every_spec_the_library_builds_has_the_launcher_of_its_kind_and_only_the_fused_one_is_cooperative():

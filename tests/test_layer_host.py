@@ -41,6 +41,8 @@ def test_a_layer_refuses_a_device_that_is_not_a_gpu_and_arguments_of_the_wrong_t
         MegaMoE(CFG, {"w1": weights.w1})
     with pytest.raises(MegaMoEInputError, match=r"argument 'cfg': expected MoEConfig, got dict"):
         MegaMoE(CFG.to_dict(), weights)
+    with pytest.raises(MegaMoEInputError, match=r"argument 'predecoded': expected bool, got str"):
+        MegaMoE(CFG, weights, predecoded="yes")
 
 
 def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_gpt_oss_included():
@@ -127,7 +129,7 @@ def test_withhold_starts_exactly_the_waits_counter_one_short_and_names_a_bad_wai
             "l1_done": torch.zeros(6, dtype=torch.int32),
             "epoch": torch.tensor([epoch, 0, 0, 0], dtype=torch.int32),
         }
-        return types.SimpleNamespace(ws=ws, WITHHOLD=MegaMoE.WITHHOLD)
+        return types.SimpleNamespace(ws=ws, WITHHOLD=MegaMoE.WITHHOLD, _decoded=None)
 
     words = {"dispatch": C.SIGNAL_POSTED, "l2_done": C.SIGNAL_L2_DONE, "decoded": C.SIGNAL_DECODED}
     for wait, word in words.items():
@@ -148,6 +150,12 @@ def test_withhold_starts_exactly_the_waits_counter_one_short_and_names_a_bad_wai
     assert layer.ws["epoch"][0] == 6 and not layer.ws["signals"].any()
     with pytest.raises(ref.MegaMoEInputError, match="argument 'wait'"):
         MegaMoE.withhold(layer, "grid")
+    # A predecoded layer's calls never wait on the predecode counter: that hang cannot be planted.
+    layer = fresh(0)
+    layer._decoded = (torch.zeros(1), torch.zeros(1))
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'wait': expected not 'decoded' on a predecoded layer"):
+        MegaMoE.withhold(layer, "decoded")
+    assert not layer.ws["signals"].any()
 
 
 def test_the_kernel_layout_refuses_weights_the_kernels_cannot_take_naming_them():

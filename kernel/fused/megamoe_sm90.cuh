@@ -12,8 +12,9 @@
 //                                    consumer warpgroups, the dynamic item order (decode sizes); at
 //                                    token tile 8 the narrow engine (the exact mode's smallest calls);
 //                     PrefillEngine  ../gemm/gemm_sm90_prefill.cuh: every weight decoded once per
-//                                    call by every CTA after the pull (predecode.cuh), then tokens
-//                                    as wgmma M, 128 a CTA tile (prefill sizes);
+//                                    call by every CTA after the pull (predecode.cuh; or kept
+//                                    decoded from the layer's construction), then tokens as wgmma
+//                                    M, 128 a CTA tile (prefill sizes);
 //   combine.cuh     after every rank's CTAs finished their L2 tiles: y (D9), the counters' cleanup
 //                   and the receive statistics (D10).
 // Between the phases, two system-scope counters per call (sync.cuh): dispatch posted (the layout
@@ -99,7 +100,8 @@ struct SwapAbEngine {
 };
 
 // The prefill engine: the weights of both layers decoded to E4M3 tiles by every CTA after the pull
-// (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch), then the prefill kernel's roles over
+// (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch; or once, before the first call, by the
+// standalone pass into the layer's own buffers: fp.weights_decoded), then the prefill kernel's roles over
 // 128-token blocks (two pool blocks) in the static order; its epilogue warps count each pool block's
 // L1 tiles (prefill_l1_out).
 template <bool kPerK32, typename Act, bool kDebug>
@@ -207,8 +209,9 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   timeline::cta_stamp(kTlScheduled);
   pull_rows<!kPerK32>(fp, tables);
   if constexpr (Engine::kPredecode) {
-    // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks).
-    predecode_layers<kPerK32>(fp, Engine::scratch() + 20 * 1024);
+    // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks). Weights
+    // decoded before the call (the standalone pass, a launch that ended before this one) skip it.
+    if (!fp.weights_decoded) predecode_layers<kPerK32>(fp, Engine::scratch() + 20 * 1024);
   }
   ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
   __syncthreads();

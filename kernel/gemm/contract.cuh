@@ -213,6 +213,7 @@ struct FusedParams {
   int32_t record_stats;  // add N_e to recv_stats (D10)
   int32_t hidden_pad;  // H padded to whole K blocks (padded_k): the pool's row stride
   int32_t intermediate_pad;  // I padded to whole K blocks: the intermediate's row stride
+  int32_t weights_decoded;  // 1: l1 / l2.w_e4m3 hold the weights predecoded before the call (MegaMoE(predecoded=True)), so the prefill engine skips its predecode
 };
 
 static_assert(offsetof(FusedParams, l1) == 0, "FusedParams layout");
@@ -266,6 +267,7 @@ static_assert(offsetof(FusedParams, pool_rows) == 1344, "FusedParams layout");
 static_assert(offsetof(FusedParams, record_stats) == 1348, "FusedParams layout");
 static_assert(offsetof(FusedParams, hidden_pad) == 1352, "FusedParams layout");
 static_assert(offsetof(FusedParams, intermediate_pad) == 1356, "FusedParams layout");
+static_assert(offsetof(FusedParams, weights_decoded) == 1360, "FusedParams layout");
 static_assert(sizeof(FusedParams) == 1408, "FusedParams layout");
 
 // The workspace's multi-dimensional regions (contract.py WORKSPACE), row-major over their shapes:

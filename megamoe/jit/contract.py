@@ -564,6 +564,13 @@ FUSED_PARAMS = Struct(
         Field("record_stats", "i32", "int32_t", "add N_e to recv_stats (D10)"),
         Field("hidden_pad", "i32", "int32_t", "H padded to whole K blocks (padded_k): the pool's row stride"),
         Field("intermediate_pad", "i32", "int32_t", "I padded to whole K blocks: the intermediate's row stride"),
+        Field(
+            "weights_decoded",
+            "i32",
+            "int32_t",
+            "1: l1 / l2.w_e4m3 hold the weights predecoded before the call (MegaMoE(predecoded=True)), so the "
+            "prefill engine skips its predecode",
+        ),
     ),
 )
 STRUCTS["FusedParams"] = FUSED_PARAMS

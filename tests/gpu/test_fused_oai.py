@@ -116,3 +116,31 @@ def test_a_per_call_clamp_is_refused_for_the_variant_and_auto_takes_either_engin
     # Up to 8 expected rows an expert (T K / E = T / 2: T 16) the narrow engine; from 128 (T 256) the
     # prefill engine, as for SPEC §3
     assert layer.engine_for(16) == "narrow" and layer.engine_for(17) == "swapab" and layer.engine_for(256) == "prefill"
+
+
+@pytest.mark.parametrize(
+    "promotion,hidden", [("k32", 512), ("k128", 512), ("k32", 2880)], ids=["k32", "k128", "k32-2880"]
+)
+def test_a_predecoded_layers_prefill_engine_gives_the_per_call_predecodes_bits_and_conforms(promotion, hidden):
+    # MegaMoE(predecoded=True): the prefill engine reads the weights decoded by the standalone pass
+    # when the layer was made, and skips its per-call predecode. At 2880 the layers' last blocks of
+    # 256 rows are half blocks (their tiles' missing halves never written).
+    cfg = dataclasses.replace(CFG, hidden=hidden, intermediate=hidden)
+    w = _weights(cfg)
+    per_call = MegaMoE(cfg, w, promotion=promotion, engine="prefill")
+    kept = MegaMoE(cfg, w, promotion=promotion, engine="prefill", predecoded=True)
+    for tokens, distribution in ((128, "skewed"), (77, "empty_experts"), (1, "uniform"), (0, "uniform")):
+        inp = ref.make_inputs(cfg, tokens, seed=4, distribution=distribution, device="cuda")[0]
+        args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+        y, dumps = kept(*args, debug=True)
+        report = check(dumps, end_to_end=tokens > 0)
+        assert report.ok, report.text()
+        want = per_call(*args).view(torch.int16)
+        assert torch.equal(y.view(torch.int16), want), f"T={tokens}: the debug build's y"
+        assert torch.equal(kept(*args).view(torch.int16), want), f"T={tokens}: the release build's y"
+    # Its other engines decode in their consumers as before; its calls never wait on the predecode
+    # counter, so that hang cannot be planted.
+    kept.engine = "swapab"
+    assert torch.equal(kept(*args), per_call(*args))
+    with pytest.raises(ref.MegaMoEInputError, match="argument 'wait'"):
+        kept.withhold("decoded")
