@@ -140,7 +140,9 @@ def test_a_predecoded_layers_prefill_engine_gives_the_per_call_predecodes_bits_a
         assert torch.equal(kept(*args).view(torch.int16), want), f"T={tokens}: the release build's y"
     # Its other engines decode in their consumers as before; its calls never wait on the predecode
     # counter, so that hang cannot be planted.
-    kept.engine = "swapab"
-    assert torch.equal(kept(*args), per_call(*args))
+    inp = ref.make_inputs(cfg, 128, seed=4, distribution="skewed", device="cuda")[0]
+    args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    kept.engine = per_call.engine = "swapab"
+    assert torch.equal(kept(*args).view(torch.int16), per_call(*args).view(torch.int16))
     with pytest.raises(ref.MegaMoEInputError, match="argument 'wait'"):
         kept.withhold("decoded")
