@@ -35,9 +35,9 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 HAZARDS: dict[str, Counter] = {}  # racecheck's hazards of each target, by site (hazard_sites)
 
 
-def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0, **shape) -> None:
+def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0, predecoded: bool = False, **shape) -> None:
     """One release and one debug call of the fused layer; `shape` overrides SHAPE's fields (with
-    activation "swiglu_oai", the layer gets biases)."""
+    activation "swiglu_oai", the layer gets biases); predecoded: MegaMoE(predecoded=True)."""
     import torch
 
     from megamoe import multirank
@@ -49,7 +49,8 @@ def _fused(engine: str, promotion: str, ranks: int = 1, rank: int = 0, **shape) 
     if cfg.activation == "swiglu_oai":
         w.b1, w.b2 = ref.random_biases(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1)
     w = w.to("cuda")
-    layer = MegaMoE(cfg, w, group=multirank.group() if ranks > 1 else None, promotion=promotion, engine=engine)
+    group = multirank.group() if ranks > 1 else None
+    layer = MegaMoE(cfg, w, group=group, promotion=promotion, engine=engine, predecoded=predecoded)
     inp = ref.make_inputs(cfg, 32, seed=1, distribution="skewed", masked_ratio=0.1, device="cuda")[rank]
     with layer.named_failures():
         layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
@@ -99,6 +100,11 @@ TARGETS = {
     "fused-narrow-k32": lambda: _fused("narrow", "k32"),
     "fused-prefill-k32": lambda: _fused("prefill", "k32"),
     "fused-prefill-k128": lambda: _fused("prefill", "k128"),
+    # MegaMoE(predecoded=True): the standalone pass writes the layer's own buffers, the kernel skips
+    # its predecode; SPEC §8's half blocks included
+    "fused-prefill-predecoded-oai-padded": lambda: _fused(
+        "prefill", "k32", hidden=352, intermediate=192, activation="swiglu_oai", predecoded=True
+    ),
     # SPEC §8's activation and sizes: K tails (352, 192 of 384, 256) and both layers' last 256-row
     # block half a block (L1 384 rows, L2 384: layout.padded_rows), on each engine
     "fused-prefill-oai-padded": lambda: _fused("prefill", "k32", hidden=352, intermediate=192, activation="swiglu_oai"),

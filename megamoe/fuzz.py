@@ -5,15 +5,16 @@
     python -m megamoe.fuzz --device cuda --seed 0 --case 17     # one case again
 
 Case `i` of seed `s` is drawn from `random.Random(f"{s}:{i}")` alone (and generators of its own
-for what came later: SPEC §8's sizes and activation, the exact mode's narrow engine; a seed's cases
-drawn before that engine came may now run on it), so a case is reproduced by its two numbers
+for what came later: SPEC §8's sizes and activation, the exact mode's narrow engine, the layer's
+predecoded weights; a seed's cases drawn before that engine came may now run on it), so a case is reproduced by its two numbers
 whatever else ran; every failure prints the command that runs it again. A case draws: R in {1, 2,
 4} (several ranks as processes, `megamoe.multirank.spawn`), H and I (multiples the promotion
 supports: in a quarter of the exact mode's cases multiples of 32 that are not of 128), SPEC §8's
 activation with biases (a fifth of the cases), E, top-k, T_max, T per rank (0, T_max, or between; uneven across ranks), the
 routing (uniform, skewed, one-hot, empty experts; masked fractions 0 to 1; routing weights softmax,
 spanning many binades with either sign, or pairs of exactly cancelling experts), the clamp, the
-SiLU table, the promotion and the engine, and what is done to the scale bytes of the activations
+SiLU table, the promotion and the engine (and in a quarter of the cases a layer made with
+predecoded=True, whose prefill engine reads weights decoded when it was made), and what is done to the scale bytes of the activations
 and of the weights independently:
 
     plain    as quantized
@@ -75,6 +76,7 @@ class Case:
     w_scales: str
     nan_payloads: bool
     activation: str = "swiglu"  # or "swiglu_oai" (SPEC §8: with biases; clamp None)
+    predecoded: bool = False  # MegaMoE(predecoded=True): the prefill engine skips its per-call predecode
 
     @property
     def cfg(self) -> ref.MoEConfig:
@@ -103,6 +105,7 @@ class Case:
             f"silu={'fast' if self.fast_math else 'precise'} x={self.x_scales} w={self.w_scales}"
             + (" nan" if self.nan_payloads else "")
             + (f" {self.activation}" if self.activation != "swiglu" else "")
+            + (" predecoded" if self.predecoded else "")
         )
 
 
@@ -157,6 +160,9 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
     # pool block of more than 8 rows then runs in parts.
     if promotion == "k32" and random.Random(f"{seed}:{index}:narrow").random() < 1 / 6:
         engine = "narrow"
+    # A layer made with predecoded=True in a quarter of the cases (its own generator too): its prefill
+    # engine's calls read the weights the standalone pass decoded when the layer was made.
+    predecoded = random.Random(f"{seed}:{index}:predecoded").random() < 0.25
     return Case(
         seed=seed,
         index=index,
@@ -178,6 +184,7 @@ def draw(seed: int, index: int, *, small: bool = False) -> Case:
         w_scales=w_scales,
         nan_payloads=nan_payloads,
         activation=activation,
+        predecoded=predecoded,
     )
 
 
@@ -325,7 +332,7 @@ def _gpu_call(case: Case, rank: int, group) -> tuple:
 
     cfg, inputs, weights = case_tensors(case, "cuda")
     inp = inputs[rank].to("cuda")
-    layer = MegaMoE(cfg, weights, group=group, promotion=case.promotion, engine=case.engine)
+    layer = MegaMoE(cfg, weights, group=group, promotion=case.promotion, engine=case.engine, predecoded=case.predecoded)
     with layer.named_failures():
         y, dumps = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, debug=True)
         y2 = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
@@ -509,6 +516,7 @@ def summary(cases: list[Case], outcomes: list[Outcome], device: str) -> str:
         extra["precise SiLU"] += not c.fast_math
         extra["NaN payloads"] += c.nan_payloads
         extra["H or I not whole K blocks"] += bool(c.hidden % 128 or c.intermediate % 128)
+        extra["predecoded layer"] += c.predecoded
     lines.append("  " + ", ".join(f"{k}: {v}" for k, v in extra.items()))
     for o in failed:
         lines.append(f"FAILED case {o.index}: {by_index[o.index].command(device)}")

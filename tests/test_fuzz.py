@@ -55,6 +55,10 @@ def test_every_draw_is_a_shape_the_layer_takes():
             "the narrow engine in the exact mode only",
             lambda cs: {c.promotion for c in cs if c.engine == "narrow"} == {"k32"},
         ),
+        (
+            "a predecoded layer on the prefill engine, both promotions",
+            lambda cs: {c.promotion for c in cs if c.predecoded and c.engine == "prefill"} == {"k32", "k128"},
+        ),
         ("every activation scale mode", lambda cs: {c.x_scales for c in cs} == set(fuzz.SCALE_MODES)),
         ("every weight scale mode", lambda cs: {c.w_scales for c in cs} == set(fuzz.SCALE_MODES)),
         ("every routing weight mode", lambda cs: {c.route_weights for c in cs} == set(fuzz.ROUTE_WEIGHTS)),
