@@ -51,6 +51,15 @@ def barrier(host) -> None:
         dist.barrier(group=host)
 
 
+def enable_symm_mem(symm_mem, group_name: str) -> None:
+    """torch's enable_symm_mem_for_group, where it is still needed: before a rendezvous up to torch
+    2.8; later versions mark it deprecated ("There is no need to call this function anymore", with a
+    FutureWarning at every call) and are not called."""
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None and getattr(enable, "__deprecated__", None) is None:
+        enable(group_name)
+
+
 def symmetric_zeros(nbytes: int, device: torch.device, group, host=None) -> tuple[torch.Tensor, list[int]]:
     """A zeroed uint8 buffer of nbytes on device, the same size on every rank, and the byte offset
     from it to each rank's copy. Collective: every rank of the group calls it with the same nbytes
@@ -62,8 +71,7 @@ def symmetric_zeros(nbytes: int, device: torch.device, group, host=None) -> tupl
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
 
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before rendezvous up to torch 2.8
-        symm_mem.enable_symm_mem_for_group(group.group_name)
+    enable_symm_mem(symm_mem, group.group_name)
     buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
     handle = symm_mem.rendezvous(buf, group)
     # buffer_ptrs name each rank's allocation; from a memory pool that is the segment, and the

@@ -180,3 +180,21 @@ def test_ranks_that_make_their_own_dumps_record_rank_0s_call_id():
     # What each rank of the fused layer does before it wraps its dump points (MegaMoE._dumps).
     ids = multirank.spawn(_call_id_of_rank, 2)
     assert ids[0] == ids[1] and len(ids[0]) == 32
+
+
+def test_symmetric_memory_is_enabled_for_a_group_only_where_torch_still_needs_it():
+    # Up to torch 2.8 a group needs enable_symm_mem_for_group before its rendezvous; later versions
+    # deprecate it (a FutureWarning at every call, "no need to call this function anymore").
+    import types
+
+    from typing_extensions import deprecated
+
+    called = []
+
+    def enable(name):
+        called.append(name)
+
+    ranks.enable_symm_mem(types.SimpleNamespace(enable_symm_mem_for_group=enable), "g0")
+    ranks.enable_symm_mem(types.SimpleNamespace(enable_symm_mem_for_group=deprecated("gone")(enable)), "g1")
+    ranks.enable_symm_mem(types.SimpleNamespace(), "g2")
+    assert called == ["g0"]
