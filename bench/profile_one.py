@@ -1,11 +1,12 @@
 """Launch one GEMM configuration, or one fused layer call, a few times (for ncu):
 
     python -m bench.profile_one LAYER TOKENS_PER_EXPERT PROMOTION [SHAPE [MAX_TILE [WGS]]]
-    python -m bench.profile_one fused SHAPE TOKENS [PROMOTION [ENGINE]]
+    python -m bench.profile_one fused SHAPE TOKENS [PROMOTION [ENGINE [predecoded]]]
 
 The second form is bench.layer's layer of SHAPE (dsv3, v4flash, gpt-oss) at T = TOKENS, uniform
-routing, its weights and inputs (promotion k32 and engine auto unless given); ncu's kernel name for
-it is megamoe_fused (bench/ncu_stalls.sh and ncu_device.sh pick it from the first word)."""
+routing, its weights and inputs (promotion k32 and engine auto unless given; `predecoded`: the layer
+made with predecoded=True, so a prefill call has no predecode phase); ncu's kernel name for it is
+megamoe_fused (bench/ncu_stalls.sh and ncu_device.sh pick it from the first word)."""
 
 import sys
 
@@ -14,13 +15,15 @@ import torch
 from .gemm import ALIGN, SHAPES, E, rand_e4m3, random_kernel_weights
 
 
-def fused(shape: str, tokens: int, promotion: str = "k32", engine: str = "auto") -> None:
+def fused(shape: str, tokens: int, promotion: str = "k32", engine: str = "auto", predecoded: str = "") -> None:
     from .layer import ROUTINGS, SEED, layer_config, make_fused, shape_weights
 
     from megamoe import reference as ref
 
+    if predecoded not in ("", "predecoded"):
+        sys.exit(f"bench.profile_one fused: the sixth argument is 'predecoded' or nothing, got {predecoded!r}")
     cfg = layer_config(shape, tokens)
-    call = make_fused(cfg, shape_weights(shape), promotion, engine)
+    call = make_fused(cfg, shape_weights(shape), promotion, engine, predecoded == "predecoded")
     inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS["uniform"], device="cuda")[0]
     for _ in range(3):
         call(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
@@ -33,7 +36,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "fused":
         if len(sys.argv) < 4:
             sys.exit(__doc__)
-        fused(sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
+        fused(sys.argv[2], int(sys.argv[3]), *sys.argv[4:7])
         return
     from megamoe import gemm as G
 
