@@ -31,9 +31,10 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128
   a CTA tile of 256 weight rows (a layer's last block half a block where its padded rows are not a
   multiple of 256); the same sizes and activations as the swap-AB engine. `predecoded=True` decodes
-  them once, when the layer is made, into buffers of the layer's own (the same bytes, the same
-  size again per layer: E_l * 3 * H * I at whole sizes, 9/8 of it in the exact mode), and its
-  prefill calls skip the per-call predecode.
+  them once, when the layer is made (whatever `engine` says: it may be reassigned), into buffers of
+  the layer's own (the same bytes and size as the scratch: E_l * 3 * H * I at whole sizes, 9/8 of
+  it in the exact mode; 0.95 GB for gpt-oss's 32 experts), and its prefill calls skip the per-call
+  predecode.
 
 Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and

@@ -41,7 +41,8 @@ class Items:
 @dataclasses.dataclass(frozen=True)
 class Timeline:
     """One call of the timeline build. phases: [CTAs, len(PHASES)] us from the first CTA's entry (NaN
-    where a CTA did not stamp a phase: the predecode's phases on the swap-AB engine); counts: the items
+    where a CTA did not stamp a phase: the predecode's phases on the swap-AB engine or on a layer made
+    with predecoded=True); counts: the items
     each CTA took (the first contract.TIMELINE_ITEMS of a CTA's are stamped); items: per layer (1, 2)."""
 
     engine: str
@@ -64,7 +65,11 @@ class Timeline:
             return (stamps.astype(np.int64) - t0).astype(np.float64) / 1e3
 
         phases = us(words[:, :P])
-        phases[words[:, :P] == 0] = np.nan
+        # A phase this call did not stamp holds 0, or an earlier call's stamp: a layer made with
+        # predecoded=True shares its timeline cubin with the per-call predecode layers, whose rows
+        # keep their predecode phases (kernel/common/timeline.cuh). Every stamp of this call comes
+        # after its CTA's entry.
+        phases[(words[:, :P] == 0) | (words[:, :P] < entry[:, None])] = np.nan
         counts = words[:, P].astype(np.int64)
         per_cta = np.minimum(counts, C.TIMELINE_ITEMS)
         recs = words[:, P + 1 :].reshape(ctas, C.TIMELINE_ITEMS, C.TIMELINE_ITEM_WORDS)

@@ -366,3 +366,47 @@ def test_every_spec_the_library_builds_has_the_launcher_of_its_kind_and_only_the
         launcher = LN.launcher(spec)
         assert type(launcher) is kinds[type(spec)] and launcher.spec is spec
         assert launcher.cooperative == isinstance(spec, jb.FusedSpec)
+
+
+def test_a_predecoded_layers_pass_covers_the_fused_layers_own_weights_k_and_rows_at_spec_8_sizes(device):
+    # H 352 and I 192: K padded to whole blocks (384, 256), the rows to whole row tiles (384, 384),
+    # so each layer's last 256-row block is half a block. The standalone pass must decode what the
+    # fused prefill engine reads: the same weight fields, K and rows as its GemmParams.
+    from megamoe import moe as M
+
+    cfg = ref.MoEConfig(hidden=352, intermediate=192, num_experts=4, top_k=2, max_tokens_per_rank=16)
+    w = ref.random_weights(4, 352, 192, seed=3)
+    kw = L.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf)
+    layout, total = C.workspace_layout(cfg)
+    ws = M._Workspace(torch.zeros(total, dtype=torch.uint8), layout)
+    launcher = LN.FusedLauncher(jb.FusedSpec(promotion="k32", engine="prefill"))
+    buffers = launcher.predecode(cfg, kw, 0, STREAM)
+    offsets = C.GEMM_PARAMS.offsets
+    fields = ("w", "w_sf", "w_row_base", "w_expert_base", "w_fold", "k", "n_rows", "num_experts")
+
+    def read(params: bytes, name: str) -> int:
+        kind = next(f.kind for f in C.PARAMS if f.name == name)
+        return struct.unpack_from("<Q" if kind == "ptr" else "<i", params, offsets[name])[0]
+
+    assert len(device.launches) == 2
+    for n, (launch, buf) in enumerate(zip(device.launches, buffers)):
+        fused = launcher.gemm_params(
+            n + 1,
+            cfg=cfg,
+            dims=C.workspace_dims(cfg),
+            ws=ws,
+            kw=kw,
+            dev=0,
+            clamp=0.0,
+            has_clamp=0,
+            bias=None,
+            dump=None,
+            w_e4m3=0,
+        )
+        assert {f: read(launch["params"], f) for f in fields} == {f: read(fused, f) for f in fields}, f"L{n + 1}"
+        assert read(launch["params"], "w_e4m3") == buf.data_ptr()
+        k, rows = read(fused, "k"), read(fused, "n_rows")
+        assert (k, rows) == ((384, 384) if n == 0 else (256, 384))
+        # [E_l, K/128, ceil(R/256)] tiles; one warp a 16-row group of a K block, each group once
+        assert buf.numel() == cfg.local_experts * (k // 128) * 2 * C.PREFILL_TILE_BYTES["k32"]
+        assert launch["grid"][0] * 8 == cfg.local_experts * (k // 128) * (rows // 16)

@@ -86,6 +86,20 @@ def test_stamps_at_the_clocks_real_magnitude_keep_their_nanoseconds():
     assert np.isclose(tl.layer_rows()[0]["gate_max"], 0.1, rtol=0, atol=1e-9)
 
 
+def test_an_earlier_calls_stamps_of_a_phase_this_call_skipped_read_as_not_stamped():
+    # A per-call-predecode layer's call, then a predecoded layer's on the same timeline cubin: its
+    # rows keep the first call's predecode stamps, which come before this call's entries.
+    a = _array(2)
+    old, t0 = 7_000_000_000, 9_000_000_000
+    for cta in (0, 1):
+        for i, p in enumerate(PHASES):
+            a[cta, i] = (old if p in ("pulled", "decoded", "decoded_all") else t0) + 1000 * i
+    tl = Timeline.from_bytes(a.tobytes(), 2, "prefill")
+    for p in PHASES:
+        assert np.isnan(tl.phase(p)).all() == (p in ("pulled", "decoded", "decoded_all")), p
+    assert "decoded" not in tl.format()
+
+
 def test_items_past_a_ctas_capacity_are_counted_and_not_read():
     a = _array(1)
     a[0, 0] = 1

@@ -6,8 +6,9 @@
 // and debug kernels' machine code is what it was without them (bench.sass_identity).
 //
 // Between calls only the item counts are cleared (at each CTA's entry): a module's globals start at zero,
-// and every call of a cubin writes the same phases (those of its engine), so a row holds the last call's
-// stamps.
+// and a call writes its engine's phases, so a row holds the last call's stamps, and those of an earlier
+// call for the phases this one skipped (the predecode's, on a layer made with predecoded=True, which
+// shares the cubin): megamoe/timeline.py takes a stamp before the CTA's entry as not stamped.
 #pragma once
 
 #include <cstdint>

@@ -33,8 +33,8 @@ namespace megamoe {
 // A layer's blocks of 256 weight rows (the prefill kernel's CTA tile, and its predecoded tiles'
 // height): the last one is half a block where the rows (padded to 128: layout.py padded_rows) are
 // not a multiple of 256; the missing half of its tiles is never written (the scratch buffer's zeros,
-// megamoe/runtime.py prefill_scratch, or what another user of it left) and never stored from
-// (prefill_rows.cuh).
+// megamoe/runtime.py prefill_scratch, or what another user of it left; a predecoded layer's own
+// buffers are zeroed) and never stored from (prefill_rows.cuh).
 __device__ __forceinline__ int prefill_blocks(const GemmParams& p) {
   return row_blocks<kPrefillRows, true>(p.n_rows);
 }
@@ -135,8 +135,9 @@ __device__ __forceinline__ void stage_scaled_luts(uint8_t* lut) {
     reinterpret_cast<uint2*>(lut)[threadIdx.x] = make_uint2(scaled_lut_lo(threadIdx.x), scaled_lut_hi(threadIdx.x));
 }
 
-// The standalone pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (its
-// R % 256 == 0, megamoe/heuristics.py prefill_path, so it divides).
+// The standalone pass: one warp per group. Grid: (E * K/128 * R/16) / kPredecodeWarps blocks (R a
+// multiple of 128, the kernel layout's row tiles, so it divides); the prefill path's, and a fused
+// layer's made with predecoded=True (megamoe/launchers.py FusedLauncher.predecode: its own k and rows).
 template <bool kPerK32>
 __device__ __forceinline__ void predecode_body(const GemmParams& p) {
   extern __shared__ __align__(1024) uint8_t smem[];

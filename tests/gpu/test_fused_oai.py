@@ -17,6 +17,7 @@ from megamoe import reference as ref
 from megamoe.conformance.suite import check
 from megamoe.jit import build as jb
 from megamoe.moe import MegaMoE
+from megamoe.runtime import release_prefill_buffers
 
 # H and I multiples of 512: the fast mode's (promotion "k128") smallest.
 CFG = ref.MoEConfig(
@@ -127,6 +128,7 @@ def test_a_predecoded_layers_prefill_engine_gives_the_per_call_predecodes_bits_a
     # 256 rows are half blocks (their tiles' missing halves never written).
     cfg = dataclasses.replace(CFG, hidden=hidden, intermediate=hidden)
     w = _weights(cfg)
+    release_prefill_buffers()  # per_call's first call decodes into fresh (zeroed) scratch buffers
     per_call = MegaMoE(cfg, w, promotion=promotion, engine="prefill")
     kept = MegaMoE(cfg, w, promotion=promotion, engine="prefill", predecoded=True)
     for tokens, distribution in ((128, "skewed"), (77, "empty_experts"), (1, "uniform"), (0, "uniform")):
@@ -138,6 +140,12 @@ def test_a_predecoded_layers_prefill_engine_gives_the_per_call_predecodes_bits_a
         want = per_call(*args).view(torch.int16)
         assert torch.equal(y.view(torch.int16), want), f"T={tokens}: the debug build's y"
         assert torch.equal(kept(*args).view(torch.int16), want), f"T={tokens}: the release build's y"
+    # The layer's own buffers are the bytes the kernel's predecode wrote into the scratch (both
+    # zeroed first, so the tiles' unwritten parts agree too), and its calls took no scratch buffer.
+    assert not kept._scratch
+    (scratch,) = {tuple(t.data_ptr() for t in b): b for b in per_call._scratch.values()}.values()
+    for layer, (mine, theirs) in enumerate(zip(kept._decoded, scratch), start=1):
+        assert torch.equal(mine, theirs), f"L{layer}'s predecoded tiles"
     # Its other engines decode in their consumers as before; its calls never wait on the predecode
     # counter, so that hang cannot be planted.
     inp = ref.make_inputs(cfg, 128, seed=4, distribution="skewed", device="cuda")[0]
