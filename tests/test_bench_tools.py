@@ -231,3 +231,63 @@ def test_sass_stage_finds_each_innermost_wgmma_loop_and_counts_a_stage_and_its_s
     assert [(lo, hi) for lo, hi, _ in hot] == [(0x10, 0x50), (0x60, 0x90)]  # not the loops around or into them
     assert sass_stage.loop_cost(hot[0][2], prefill=False) == (8, 5.0, 0)  # 5 instructions, 4 wgmmas: one stage
     assert sass_stage.loop_cost(hot[1][2], prefill=False) == (64, 8.0, 1)  # 4 instructions, half a stage
+
+
+def test_bench_ab_names_a_variant_that_is_no_patch_and_says_in_one_line_that_it_needs_a_gpu(monkeypatch, capsys):
+    from bench import ab
+
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--variants", "main,no/such.patch"])
+    assert "'no/such.patch' is not a file" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="bench.ab needs a CUDA GPU"):
+        ab.main(["--variants", "main", "--tokens", "8"])
+
+
+def test_bench_abs_variant_tree_is_the_sources_with_the_patch_applied_and_imports_its_own_kernels(tmp_path):
+    # A variant's process imports megamoe from its copy (PYTHONPATH), and the package's mapped
+    # folders (kernel, reference, conformance) from the copy too: the kernels it builds are the
+    # patched ones. The patch is a real one of bench/patches.
+    from bench import ab
+
+    patch = ROOT / "bench/patches/v35_narrow_scales.patch"
+    tree = ab.prepare_tree(str(patch), tmp_path / "t")
+    assert ab.prepare_tree("main", tmp_path / "m") is None
+    assert "stage_scales_narrow" in (tree / "kernel/gemm/producer.cuh").read_text()
+    assert "stage_scales_narrow" not in (ROOT / "kernel/gemm/producer.cuh").read_text()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    code = "from megamoe.kernel import KERNEL_DIR; import megamoe.reference as r; print(KERNEL_DIR, r.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
+    kernel_dir, reference = out.stdout.split()
+    assert Path(kernel_dir).resolve() == (tree / "kernel").resolve()
+    assert Path(reference).resolve().is_relative_to((tree / "reference").resolve())
+    with pytest.raises(RuntimeError, match="git apply failed"):
+        ab.prepare_tree(f"{patch}+{patch}", tmp_path / "twice")  # the second application cannot apply
+
+
+def test_bench_abs_table_has_every_rounds_time_the_bits_against_the_first_variant_and_a_failed_variant(tmp_path):
+    import argparse
+
+    from bench import ab
+
+    args = argparse.Namespace(
+        variants=["main", "a.patch", "b.patch"], tokens=[1, 8], shape="gpt-oss", engine="narrow", promotion="k32"
+    )
+    args.predecoded = False
+    y = torch.arange(6, dtype=torch.bfloat16)
+    for name, t in (("v0_r0.y1", y), ("v0_r0.y8", y), ("v1_r0.y1", y), ("v1_r0.y8", y + 1)):
+        torch.save(t, tmp_path / name)
+    rows = [dict(tokens=1, us=51.25, ok=True), dict(tokens=8, us=137.6, ok=True)]
+    other = [dict(tokens=1, us=50.0, ok=True), dict(tokens=8, us=120.0, ok=False)]
+    runs = {0: [rows, rows], 1: [other, other], 2: ["exit 1: RuntimeError: git apply failed"] * 2}
+    text = ab.format_table(args, runs, {1: 11.0, 8: 55.1}, tmp_path)
+    lines = text.splitlines()
+    assert "engine narrow" in lines[0]
+    assert [c.strip() for c in lines[3].strip("|").split("|")] == [
+        "1",
+        "51.2 / 51.2 = ok",
+        "50.0 / 50.0 = ok",
+        "exit 1: RuntimeError: git apply failed",
+        "11.0",
+    ]
+    assert "120.0 / 120.0 != NONCONFORMANT" in lines[4]
