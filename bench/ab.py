@@ -133,14 +133,14 @@ def main(argv=None) -> None:
         sys.exit("bench.ab needs a CUDA GPU (it times the layer on the device)")
     from megamoe import reference as ref
 
-    from .layer import LAYER_TOP_K, layer_config, layer_floor, progress, shape_weights
+    from .layer import LAYER_TOP_K, SEED, layer_config, layer_floor, progress, shape_weights
 
     work = Path(tempfile.mkdtemp(prefix="megamoe-ab-"))
     weights = shape_weights(args.shape).to("cpu")
     inputs, floors = {}, {}
     for tokens in args.tokens:
         cfg = layer_config(args.shape, tokens)
-        inputs[str(tokens)] = ref.make_inputs(cfg, tokens, seed=0)[0]
+        inputs[str(tokens)] = ref.make_inputs(cfg, tokens, seed=SEED, distribution="uniform")[0]  # bench.layer's
         counts = ref.send_counts(inputs[str(tokens)].topk_idx, cfg.num_experts)
         floors[tokens] = layer_floor(
             cfg.hidden, cfg.intermediate, tokens, LAYER_TOP_K[args.shape], int((counts > 0).sum()), int(counts.sum())
