@@ -75,13 +75,18 @@ def prepare_tree(variant: str, dest: Path) -> Path | None:
     for name in MAPPED:
         (dest / "megamoe" / name).symlink_to(Path("..") / name)
     for patch in variant.split("+"):
-        # The patches' other files (tests, docs) are not in the copy: only TREE's are applied.
-        include = [f"--include={name}/*" for name in TREE]
-        run = subprocess.run(
-            ["git", "apply", *include, str(Path(patch).resolve())], cwd=dest, capture_output=True, text=True
-        )
+        path = str(Path(patch).resolve())
+        if shutil.which("git"):
+            # The patches' other files (tests, docs) are not in the copy: only TREE's are applied.
+            cmd = ["git", "apply", *(f"--include={name}/*" for name in TREE), path]
+        elif shutil.which("patch"):
+            cmd = ["patch", "-p1", "--batch", "--forward", "--silent", "-i", path]
+        else:
+            raise RuntimeError("bench.ab: applying a patch needs git or patch, and this machine has neither")
+        run = subprocess.run(cmd, cwd=dest, capture_output=True, text=True)
         if run.returncode:
-            raise RuntimeError(f"{patch}: git apply failed: {run.stderr.strip().splitlines()[0]}")
+            why = (run.stderr.strip() or run.stdout.strip() or f"exit {run.returncode}").splitlines()[0]
+            raise RuntimeError(f"{patch}: {cmd[0]} apply failed: {why}")
     return dest
 
 

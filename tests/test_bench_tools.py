@@ -265,6 +265,22 @@ def test_bench_abs_variant_tree_is_the_sources_with_the_patch_applied_and_import
         ab.prepare_tree(f"{patch}+{patch}", tmp_path / "twice")  # the second application cannot apply
 
 
+def test_bench_ab_applies_patches_with_patch_where_git_is_missing(tmp_path, monkeypatch):
+    import shutil
+
+    from bench import ab
+
+    if shutil.which("patch") is None:
+        pytest.skip("no patch program here")
+    which = shutil.which
+    monkeypatch.setattr(ab.shutil, "which", lambda name: None if name == "git" else which(name))
+    tree = ab.prepare_tree(str(ROOT / "bench/patches/v35_narrow_scales.patch"), tmp_path / "t")
+    assert "stage_scales_narrow" in (tree / "kernel/gemm/producer.cuh").read_text()
+    monkeypatch.setattr(ab.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs git or patch"):
+        ab.prepare_tree(str(ROOT / "bench/patches/v35_narrow_scales.patch"), tmp_path / "u")
+
+
 def test_bench_abs_table_has_every_rounds_time_the_bits_against_the_first_variant_and_a_failed_variant(tmp_path):
     import argparse
 
