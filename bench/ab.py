@@ -143,6 +143,7 @@ def main(argv=None) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="megamoe-ab-"))
     weights = shape_weights(args.shape).to("cpu")
+    torch.cuda.empty_cache()  # the variants' processes get the device's memory
     inputs, floors = {}, {}
     for tokens in args.tokens:
         cfg = layer_config(args.shape, tokens)
