@@ -189,6 +189,8 @@ def format_table(args, runs, floors, work: Path) -> str:
     variant's, = or !=; its conformance with --check), then the floor."""
     import torch
 
+    from .layer import markdown_table
+
     head = ["T", *args.variants, "floor"]
     lines = []
     for j, tokens in enumerate(args.tokens):
@@ -208,10 +210,7 @@ def format_table(args, runs, floors, work: Path) -> str:
             cells.append(f"{us} {same}" + ("" if ok is None else " ok" if ok else " NONCONFORMANT"))
         cells.append(f"{floors[tokens]:.1f}")
         lines.append(cells)
-    widths = [max(len(h), *(len(c[k]) for c in lines)) for k, h in enumerate(head)]
-    out = ["| " + " | ".join(h.rjust(w) for h, w in zip(head, widths)) + " |"]
-    out.append("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    out += ["| " + " | ".join(c.rjust(w) for c, w in zip(line, widths)) + " |" for line in lines]
+    out = markdown_table(head, lines)
     legend = (
         f"{args.shape}, engine {args.engine}, promotion {args.promotion}{', predecoded' if args.predecoded else ''}: "
         "us per call (CUDA-graph replay), one value a round; = / != : y against the first variant's, bit for bit"

@@ -403,8 +403,9 @@ class FusedLauncher(_Launcher):
         instead of decoding them into the scratch (None: it decodes them)."""
         kern = self.kernel(dev)
         prefill = self.spec.engine == "prefill"
+        decoded = decoded if prefill else None  # only the prefill engine reads predecoded weights
         scratch = self.scratch(cfg, dev, stream) if prefill and decoded is None else ()
-        w_e4m3 = tuple(t.data_ptr() for t in (decoded if prefill and decoded is not None else scratch)) or (0, 0)
+        w_e4m3 = tuple(t.data_ptr() for t in decoded or scratch) or (0, 0)
         params = self.params(
             cfg=cfg,
             dims=dims,
@@ -417,7 +418,7 @@ class FusedLauncher(_Launcher):
             biases=biases,
             dumps=dumps,
             w_e4m3=w_e4m3,
-            decoded=prefill and decoded is not None,
+            decoded=decoded is not None,
         )
         return self._launch(kern, self.grid(kern, sms), params), scratch
 

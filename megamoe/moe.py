@@ -132,7 +132,6 @@ class MegaMoE:
     ):
         rank, size = ranks.rank_and_size(group)
         self.cfg, self.group, self.rank, self.promotion, self.engine = cfg, group, rank, promotion, engine
-        self.predecoded = predecoded
         self._host = ranks.host_group(group)  # None for one rank
         refused = None
         try:
@@ -231,6 +230,11 @@ class MegaMoE:
     def recv_stats(self) -> torch.Tensor:
         """int64 [E_l]: the tokens each local expert received over the calls made with record_stats."""
         return self.ws["recv_stats"]
+
+    @property
+    def predecoded(self) -> bool:
+        """Whether the layer was made with predecoded=True (its prefill engine reads its own buffers)."""
+        return self._decoded is not None
 
     def engine_for(self, tokens: int) -> str:
         """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine). The
