@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # .kernel are top-level folders mapped into the package: pyproject's package-dir) and the benchmarks.
 TREE = ("megamoe", "reference", "conformance", "kernel", "bench")
 MAPPED = ("reference", "conformance", "kernel")
+CHECKED = {None: "", True: " (conforms)", False: " (FAILS the suite)"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -177,8 +178,12 @@ def main(argv=None) -> None:
             if run.returncode:
                 lines = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()
                 runs[i].append(f"exit {run.returncode}: {lines[-1]}")
+                progress(f"round {r + 1}: {variant}: {runs[i][-1]}")
             else:
                 runs[i].append(json.loads(out.read_text()))
+                # Each variant's numbers as they come: a run cut short still tells what it measured.
+                cells = [f"T {c['tokens']} {c['us']:.1f} us" + CHECKED[c["ok"]] for c in runs[i][-1]]
+                progress(f"round {r + 1}: {variant}: " + ", ".join(cells))
     print(format_table(args, runs, floors, work))
     if args.out:
         Path(args.out).write_text(json.dumps(dict(variants=args.variants, runs=runs, floors=floors), indent=1))
