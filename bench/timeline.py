@@ -21,7 +21,7 @@ import torch
 from megamoe import reference as ref
 from megamoe.jit import build as jb
 
-from .gemm import graph_us
+from .gemm import eager_us, graph_us
 from .layer import LAYER_SHAPES, ROUTINGS, SEED, launches_for, layer_config, progress, shape_weights
 
 
@@ -56,16 +56,25 @@ def main(argv=None) -> None:
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     progress(f"{args.shape} T={args.tokens} {args.promotion}: the release build, graph-timed")
     release_us = graph_us(lambda: layer(*inputs, check_inputs=False), launches=launches_for(args.tokens))
+    release_eager_us = eager_us(lambda: layer(*inputs, check_inputs=False))[0]
     progress(f"{args.shape} T={args.tokens} {args.promotion}: {args.calls} calls of the timeline build")
-    spans = []
+    spans, timed = [], []
     for _ in range(args.calls):
+        # Event-timed too (one eager call: the launch's host latency included, some us), so that a
+        # gap between the release build's time and the stamped span tells whether it is the stamps'
+        # coverage (entry and exit, which they cannot see) or the release build itself.
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
         _, tl = layer(*inputs, check_inputs=False, timeline=True)
+        b.record()
+        b.synchronize()
         spans.append(tl.span_us)
+        timed.append(a.elapsed_time(b) * 1000.0)
     print(
         f"{args.shape} T={args.tokens} {args.routing}, promotion {args.promotion}, engine {tl.engine}"
         f"{' (predecoded)' if args.predecoded else ''}: release build"
-        f" {release_us:.1f} us a call (CUDA-graph replay); timeline build, first CTA entry to last combine:"
-        f" {', '.join(f'{s:.1f}' for s in spans)} us"
+        f" {release_us:.1f} us a call (CUDA-graph replay; {release_eager_us:.1f} eager, back to back); timeline build, first CTA entry to last combine:"
+        f" {', '.join(f'{s:.1f}' for s in spans)} us (event-timed, launch included: {', '.join(f'{t:.1f}' for t in timed)})"
     )
     print(tl.format())
 
