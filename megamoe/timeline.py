@@ -5,7 +5,9 @@
 
 The timeline build (jit.build.FusedSpec(timeline=True), kernel/common/timeline.cuh) is the release
 build with %globaltimer stamps (ns, one clock for every SM) that each CTA writes at its phases
-(contract.TIMELINE_PHASES) and its TMA thread at each item it takes (contract.TIMELINE_ITEM_STAMPS).
+(contract.TIMELINE_PHASES), its TMA thread at each item it takes, and its consumers (or, in the
+prefill engine, its epilogue warps) when they finish the item's mainloop and its epilogue
+(contract.TIMELINE_ITEM_STAMPS).
 Its y is the release build's bit for bit (tests/gpu/test_timeline.py asserts it; it passes on the
 H200, bench/NOTES.md v33). Its time is close to the release build's but not the same:
 a few global stores per item, and ptxas spills differently (the fast mode's prefill engine 596
@@ -25,12 +27,20 @@ PHASES = tuple(name for name, _ in C.TIMELINE_PHASES)
 ITEM_STAMPS = tuple(name for name, _ in C.TIMELINE_ITEM_STAMPS)
 
 
+def _nanmedian(v: np.ndarray) -> float:
+    """The median of the stamped values (NaN where none is)."""
+    v = v[~np.isnan(v)]
+    return float(np.median(v)) if v.size else float("nan")
+
+
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """The stamped items of one layer: the CTA that took each, its index among the layer's items, and
-    its stamps (ITEM_STAMPS: taken, gated, issued), us from the call's first CTA entry."""
+    """The stamped items of one layer: the CTA that took each, its number among that CTA's items (both
+    layers'), its index among the layer's items, and its stamps (ITEM_STAMPS: taken, gated, issued,
+    computed, written), us from the call's first CTA entry (NaN: not stamped by this call)."""
 
     cta: np.ndarray  # int [n]
+    number: np.ndarray  # int [n]
     index: np.ndarray  # int [n]
     stamps: np.ndarray  # float64 [n, len(ITEM_STAMPS)]
 
@@ -75,12 +85,15 @@ class Timeline:
         recs = words[:, P + 1 :].reshape(ctas, C.TIMELINE_ITEMS, C.TIMELINE_ITEM_WORDS)
         taken = np.arange(C.TIMELINE_ITEMS)[None, :] < per_cta[:, None]
         cta = np.broadcast_to(np.arange(ctas)[:, None], taken.shape)[taken]
+        number = np.broadcast_to(np.arange(C.TIMELINE_ITEMS)[None, :], taken.shape)[taken]
         tags = recs[..., 0][taken]
-        stamps = us(recs[..., 1:][taken])
+        raw = recs[..., 1:][taken]
+        stamps = us(raw)
+        stamps[(raw == 0) | (raw < entry[cta][:, None])] = np.nan
         layer = (tags >> np.uint64(C.TIMELINE_ITEM_TAG)).astype(np.int64)
         index = (tags & np.uint64((1 << C.TIMELINE_ITEM_TAG) - 1)).astype(np.int64)
         items = {
-            lay: Items(cta[layer == lay], index[layer == lay], stamps[layer == lay])
+            lay: Items(cta[layer == lay], number[layer == lay], index[layer == lay], stamps[layer == lay])
             for lay in (1, 2)
             if (layer == lay).any()
         }
@@ -110,11 +123,25 @@ class Timeline:
                 rows.append((name, float(col.min()), float(np.median(col)), float(col.max())))
         return rows
 
+    def item_pace(self) -> dict[int, np.ndarray]:
+        """Per layer, each item's time in the consumers (us): its `computed` less that of the item its
+        CTA ran before it (either layer's), or less the CTA's `gemm` phase for its first. So the
+        consumers' mainloop of the item and, in the swap-AB and narrow engines, where the consumers
+        write it, the epilogue of the one before."""
+        ctas = self.phases.shape[0]
+        computed = np.full((ctas, C.TIMELINE_ITEMS), np.nan)
+        for it in self.items.values():
+            computed[it.cta, it.number] = it.stamp("computed")
+        before = np.concatenate([self.phase("gemm")[:, None], computed[:, :-1]], axis=1)
+        return {lay: computed[it.cta, it.number] - before[it.cta, it.number] for lay, it in self.items.items()}
+
     def layer_rows(self) -> list[dict]:
         """Per layer: its items, the first taken and last issued (us), the gate waits (gated - taken) of
         its items (median, max) and summed over each CTA's items of the layer (median and max over the
-        CTAs that took any)."""
+        CTAs that took any), and the medians of its items' time in the consumers (item_pace) and of
+        their epilogues (written - computed)."""
         rows = []
+        pace = self.item_pace()
         for lay, it in sorted(self.items.items()):
             wait = it.stamp("gated") - it.stamp("taken")
             per_cta = np.bincount(it.cta, weights=wait, minlength=self.phases.shape[0])
@@ -129,6 +156,8 @@ class Timeline:
                     gate_max=float(wait.max()),
                     gate_cta_median=float(np.median(per_cta)),
                     gate_cta_max=float(per_cta.max()),
+                    pace_median=_nanmedian(pace[lay]),
+                    epilogue_median=_nanmedian(it.stamp("written") - it.stamp("computed")),
                 )
             )
         return rows
@@ -144,14 +173,15 @@ class Timeline:
         out.append("")
         out.append(
             f"{'layer':<6} {'items':>6} {'first taken':>12} {'last issued':>12} {'gate wait median / max':>23}"
-            f" {'gate wait a CTA, median / max':>30}"
+            f" {'gate wait a CTA, median / max':>30} {'item / epilogue median':>23}"
         )
         for r in self.layer_rows():
             gate = f"{r['gate_median']:.1f} / {r['gate_max']:.1f}"
             cta = f"{r['gate_cta_median']:.1f} / {r['gate_cta_max']:.1f}"
+            pace = f"{r['pace_median']:.2f} / {r['epilogue_median']:.2f}"
             out.append(
                 f"L{r['layer']:<5} {r['items']:>6} {r['first_taken']:>12.1f} {r['last_issued']:>12.1f} {gate:>23}"
-                f" {cta:>30}"
+                f" {cta:>30} {pace:>23}"
             )
         if self.unstamped:
             out.append(f"({self.unstamped} items past the first {C.TIMELINE_ITEMS} of their CTA: counted, not stamped)")

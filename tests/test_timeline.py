@@ -26,7 +26,7 @@ def test_the_timeline_spec_is_its_own_build_with_the_define_and_refuses_the_debu
 def test_a_row_is_the_phases_the_count_and_the_items():
     assert C.TIMELINE_STRIDE == len(C.TIMELINE_PHASES) + 1 + C.TIMELINE_ITEMS * (1 + len(C.TIMELINE_ITEM_STAMPS))
     assert PHASES[0] == "entry" and PHASES[-1] == "combined"
-    assert ITEM_STAMPS == ("taken", "gated", "issued")
+    assert ITEM_STAMPS == ("taken", "gated", "issued", "computed", "written")
 
 
 def _array(ctas: int) -> np.ndarray:
@@ -47,10 +47,11 @@ def test_timeline_reads_phases_and_items_relative_to_the_first_entry():
             if p in ("pulled", "decoded", "decoded_all"):
                 continue  # the swap-AB engine stamps no predecode
             a[cta, i] = t0 + shift + 1000 * i
-    # CTA 0: L1 item 0 (gate wait 3 us), L2 item 0 (1 us); CTA 1: L1 item 1 (0 us).
-    _put_item(a, 0, 0, 1, 0, [t0 + 10_000, t0 + 13_000, t0 + 20_000])
-    _put_item(a, 0, 1, 2, 0, [t0 + 21_000, t0 + 22_000, t0 + 30_000])
-    _put_item(a, 1, 0, 1, 1, [t0 + 12_000, t0 + 12_000, t0 + 19_000])
+    # CTA 0: L1 item 0 (gate wait 3 us), L2 item 0 (1 us); CTA 1: L1 item 1 (0 us). Their consumers'
+    # stamps: computed, then written 2 us (L1) and 1 us (L2) later.
+    _put_item(a, 0, 0, 1, 0, [t0 + 10_000, t0 + 13_000, t0 + 20_000, t0 + 25_000, t0 + 27_000])
+    _put_item(a, 0, 1, 2, 0, [t0 + 21_000, t0 + 22_000, t0 + 30_000, t0 + 35_000, t0 + 36_000])
+    _put_item(a, 1, 0, 1, 1, [t0 + 12_000, t0 + 12_000, t0 + 19_000, t0 + 24_000, t0 + 26_000])
     a[0, len(PHASES)] = 2
     a[1, len(PHASES)] = 1
     a[5, 0] = 1  # a CTA past the launch's grid: never read
@@ -67,6 +68,15 @@ def test_timeline_reads_phases_and_items_relative_to_the_first_entry():
     assert (l1["items"], l1["first_taken"], l1["last_issued"]) == (2, 10.0, 20.0)
     assert (l1["gate_median"], l1["gate_max"], l1["gate_cta_max"]) == (1.5, 3.0, 3.0)
     assert (l2["layer"], l2["items"], l2["gate_max"]) == (2, 1, 1.0)
+    # An item's time in the consumers: from the CTA's item before it (CTA 0's L2 item: its L1 item at
+    # 25 us), or from the CTA's gemm phase (6 us for CTA 0, 8 us for CTA 1) for its first.
+    assert tl.item_pace()[1].tolist() == [19.0, 16.0] and tl.item_pace()[2].tolist() == [10.0]
+    assert (l1["pace_median"], l1["epilogue_median"], l2["pace_median"], l2["epilogue_median"]) == (
+        17.5,
+        2.0,
+        10.0,
+        1.0,
+    )
     text = tl.format()
     assert "engine swapab, 2 CTAs" in text and "\nL1 " in text and "decoded" not in text
 
@@ -82,8 +92,10 @@ def test_stamps_at_the_clocks_real_magnitude_keep_their_nanoseconds():
     a[0, len(PHASES)] = 1
     tl = Timeline.from_bytes(a.tobytes(), 1, "prefill")
     assert np.allclose(tl.phases[0], 0.1 * np.arange(len(PHASES)), rtol=0, atol=1e-9)
-    assert np.allclose(tl.items[1].stamps[0], [1.0, 1.1, 1.3], rtol=0, atol=1e-9)
+    assert np.allclose(tl.items[1].stamps[0, :3], [1.0, 1.1, 1.3], rtol=0, atol=1e-9)
     assert np.isclose(tl.layer_rows()[0]["gate_max"], 0.1, rtol=0, atol=1e-9)
+    # The consumers' stamps were not written (0): not stamped, and their medians say so.
+    assert np.isnan(tl.items[1].stamp("written")).all() and np.isnan(tl.layer_rows()[0]["epilogue_median"])
 
 
 def test_an_earlier_calls_stamps_of_a_phase_this_call_skipped_read_as_not_stamped():

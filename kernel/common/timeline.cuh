@@ -80,4 +80,18 @@ __device__ __forceinline__ void item_stamp(int which) {
 #endif
 }
 
+// Stamp `which` (kTlItemComputed, kTlItemWritten) of the CTA's n-th item, by the threads of the
+// roles after the TMA thread (consumers, epilogue warps) whose threadIdx.x is a multiple of `every`
+// (128: each warpgroup's first, 32: each warp's first). Those roles run the items in the TMA thread's
+// order and count them. Several threads stamp one word: the latest wins (an earlier call's stamp in
+// it is older). Every argument is a plain value, so that in the other builds nothing is left of a
+// call (ptx::thread_idx() is volatile: it is read here, in the timeline build only).
+__device__ __forceinline__ void item_stamp_at(int n, int which, int every) {
+#ifdef MEGAMOE_TIMELINE
+  if (blockIdx.x < kTimelineCtas && n < kTimelineItems && threadIdx.x % every == 0)
+    atomicMax(item_words(static_cast<unsigned long long>(n)) + 1 + which,
+              static_cast<unsigned long long>(ptx::global_ns()));
+#endif
+}
+
 }  // namespace megamoe::timeline

@@ -451,9 +451,11 @@ enum TimelineItemStamp : int {
   kTlItemTaken = 0,  // the TMA thread starts the item
   kTlItemGated = 1,  // its gate passed: its pool rows (L1) or their L1 tiles (L2) are there
   kTlItemIssued = 2,  // its last stage issued (the ring then holds the rest of the item)
+  kTlItemComputed = 3,  // the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)
+  kTlItemWritten = 4,  // its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)
 };
 constexpr int kTimelineItems = 256, kTimelineCtas = 256;
-constexpr int kTimelineItemWords = 4, kTimelineStride = 1036;
+constexpr int kTimelineItemWords = 6, kTimelineStride = 1548;
 constexpr int kTimelineItemTag = 32;   // tag = layer << kTimelineItemTag | index
 
 }  // namespace megamoe

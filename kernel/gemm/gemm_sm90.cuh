@@ -153,8 +153,9 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
 // the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
+// tl_item: the item's number among the CTA's (the timeline build's stamps; unused elsewhere).
 template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, typename Ctx>
-__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi) {
+__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, int tl_item) {
   float acc[N / 2];
   // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
   // tiles up to 64 they are loaded before the mainloop, so that their global-memory latency hides
@@ -176,6 +177,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   };
   if constexpr (kEarly) load_row_bases();
   mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
+  if (wi.last) timeline::item_stamp_at(tl_item, kTlItemComputed, 128);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
     const float fa = exp2i(row_base_a - expert_base);
@@ -189,6 +191,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   const int wg = ptx::thread_idx() / 128 - 1;
   uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
   layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
+  if (wi.last) timeline::item_stamp_at(tl_item, kTlItemWritten, 128);
 }
 
 // The consumer side of a launch's items, as one loop: layer kLayerA's (standalone), or those of
@@ -233,9 +236,9 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
       if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
+        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken);
       else
-        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi);
+        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken);
     }
   };
   while (item < launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {

@@ -324,6 +324,8 @@ TIMELINE_ITEM_STAMPS = (
     ("taken", "the TMA thread starts the item"),
     ("gated", "its gate passed: its pool rows (L1) or their L1 tiles (L2) are there"),
     ("issued", "its last stage issued (the ring then holds the rest of the item)"),
+    ("computed", "the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)"),
+    ("written", "its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)"),
 )
 TIMELINE_ITEMS = 256
 TIMELINE_CTAS = 256
