@@ -127,7 +127,10 @@ class Timeline:
         """Per layer, each item's time in the consumers (us): its `computed` less that of the item its
         CTA ran before it (either layer's), or less the CTA's `gemm` phase for its first. So the
         consumers' mainloop of the item and, in the swap-AB and narrow engines, where the consumers
-        write it, the epilogue of the one before."""
+        write it, the epilogue of the one before (in the prefill engine, the one before's staging,
+        which waits for the epilogue warps to free the staging buffer). A narrow-engine item of more
+        than 8 rows runs in parts: its pace holds every part, its `written - computed` (the epilogue
+        median of layer_rows) the last part's epilogue only."""
         ctas = self.phases.shape[0]
         computed = np.full((ctas, C.TIMELINE_ITEMS), np.nan)
         for it in self.items.values():

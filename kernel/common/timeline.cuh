@@ -2,8 +2,10 @@
 // finding where a call's time goes (bench/NOTES.md v22 did it with a build that was not kept). The build
 // is megamoe/jit/build.py FusedSpec(timeline=True), which defines MEGAMOE_TIMELINE; the stamps land in the
 // cubin's array megamoe_timeline (one row per CTA, its layout in contract.cuh: kTl*, kTimeline*), read back
-// by megamoe/timeline.py after the call. In every other build each function here is empty, so the release
-// and debug kernels' machine code is what it was without them (bench.sass_identity).
+// by megamoe/timeline.py after the call. In every other build each function here is empty and its
+// arguments are plain values, so no instruction of a call is left in the release and debug kernels;
+// passing the consumers' item number to run_item moved ptxas's register choice in 26 of them (the same
+// instructions otherwise: bench/NOTES.md v36).
 //
 // Between calls only the item counts are cleared (at each CTA's entry): a module's globals start at zero,
 // and a call writes its engine's phases, so a row holds the last call's stamps, and those of an earlier
