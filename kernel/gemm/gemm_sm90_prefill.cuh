@@ -376,8 +376,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
       prefill_mainloop_k32<Cfg>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
     }
   }
-  // The CTA's items are blockIdx.x + n gridDim.x (the static order): n, the timeline's item number.
-  timeline::item_stamp_at((item - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x), kTlItemComputed, 128);
+  timeline::item_stamp_at(timeline::static_item_number(item), kTlItemComputed, 128);
   const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
   prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty,
                                            sm.epi_full, phase, second ? kLayerB : kLayerA);
@@ -466,8 +465,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
           prefill_l1_out<Act, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
         else
           prefill_l2_out(p, wi, staging, warp - 2, lane);
-        timeline::item_stamp_at((item - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x), kTlItemWritten,
-                                32);
+        timeline::item_stamp_at(timeline::static_item_number(item), kTlItemWritten, 32);
         ptx::mbar_arrive(sm.epi_empty);
         phase ^= 1;
       }

@@ -77,12 +77,13 @@ def test_the_timeline_build_gives_the_release_bits_and_stamps_every_phase_and_it
     assert tl.unstamped == 0
     want_items = expected_items(engine, promotion, inp.topk_idx)
     assert sorted(tl.items) == [1, 2]
+    pace = tl.item_pace()
     for lay, it in tl.items.items():
         assert np.array_equal(np.sort(it.index), np.arange(want_items[lay])), f"L{lay}'s item indices"
         assert (it.stamp("taken") <= it.stamp("gated")).all() and (it.stamp("gated") <= it.stamp("issued")).all()
         computed, written = it.stamp("computed"), it.stamp("written")
         assert not np.isnan(computed).any() and not np.isnan(written).any(), f"L{lay}: an item not computed or written"
         assert (computed <= written).all() and (it.stamp("taken") <= computed).all()
-        assert (tl.item_pace()[lay] > 0).all(), f"L{lay}: the consumers ran an item before the one before it"
+        assert (pace[lay] > 0).all(), f"L{lay}: the consumers ran an item before the one before it"
     assert int(tl.counts.sum()) == sum(it.index.size for it in tl.items.values())
     print(tl.format())
