@@ -2,7 +2,9 @@
 // consumer warpgroups of one CTA per SM in groups of four (one K128 block), each group waited for
 // before the next (the wide tile's serial schedule), with nothing else to do but, optionally,
 // promote each group's products with one FFMA per accumulator (the fast mode's promotion; without
-// it the groups accumulate). Prints the rate per SM clock of each variant against the dense peak
+// it the groups accumulate). The rows of N 8 and 16 are the exact mode's narrow tiles: what the
+// tensor core gives the narrow engine (8 tokens, two consumer warpgroups, or three) whatever its
+// warps do around the wgmmas. Prints the rate per SM clock of each variant against the dense peak
 // (1024 FP8 multiply-adds per clock per SM sub-partition, 4096 per SM).
 //
 //   wgmma_rate            (built and run by python -m bench.wgmma_rate)
@@ -44,14 +46,14 @@ __device__ __forceinline__ void group(float (&d)[N / 2], uint32_t a, uint32_t a_
 }
 
 template <bool kRS, int N, bool kPromote>
-__global__ void __launch_bounds__(256, 1) rate_kernel(int iters, long long* cycles, float* sink) {
+__global__ void __launch_bounds__(384, 1) rate_kernel(int iters, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   uint8_t* b_tile = smem;                         // [N][128] bytes, shared by the warpgroups
   uint8_t* a_tile = smem + N * 128 + wg * 8192;   // [64][128] bytes per warpgroup (SS)
   uint32_t* words = reinterpret_cast<uint32_t*>(smem);
-  const int n_words = (N * 128 + 2 * 8192) / 4;
+  const int n_words = (N * 128 + blockDim.x / 128 * 8192) / 4;
   for (int i = tid; i < n_words; i += blockDim.x) words[i] = 0x38383838u ^ ((i * 0x01010101u) & 0x07070707u);
   ptx::fence_proxy_async_smem();
   __syncthreads();
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(int iters, long long* cycl
 template <bool kRS, int N, bool kPromote>
 static void run(int wgs, int sms, long long* cycles, float* sink) {
   auto kernel = rate_kernel<kRS, N, kPromote>;
-  const int smem = N * 128 + 2 * 8192;
+  const int smem = N * 128 + wgs * 8192;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   const int iters = 4000 * 256 / N;
   const ProbeTime t = probe_time([&] { kernel<<<sms, 128 * wgs, smem>>>(iters, cycles, sink); }, cycles, sms);
@@ -120,5 +122,10 @@ int main() {
   run<false, 128, false>(2, sms, cycles, sink);
   run<false, 128, true>(2, sms, cycles, sink);
   run<false, 256, false>(2, sms, cycles, sink);
+  run<true, 8, false>(2, sms, cycles, sink);
+  run<true, 8, true>(2, sms, cycles, sink);
+  run<true, 8, false>(3, sms, cycles, sink);
+  run<true, 8, true>(3, sms, cycles, sink);
+  run<true, 16, false>(2, sms, cycles, sink);
   return 0;
 }
