@@ -43,7 +43,9 @@ Each rank owns experts [rank E_l, (rank + 1) E_l) and returns y for its own toke
 per rank, 0 included). Before each launch the ranks agree with one host collective on a gloo group
 (`megamoe.ranks.agree`): one rank's bad input (or a kernel that failed to build) is refused on
 every rank, and so are calls whose options (debug, fast_math, clamp, record_stats, timeline) differ between
-ranks, so no rank waits in the kernel for a peer that never launches. `megamoe.multirank.spawn`
+ranks, so no rank waits in the kernel for a peer that never launches. The constructor does the same
+for its own checks and for the work on a rank's weights (their layout, `predecoded`'s tiles): a
+rank that failed there (out of memory, say) fails every rank's constructor. `megamoe.multirank.spawn`
 runs R ranks as processes, on one GPU when there is one.
 
 Debug calls (`debug=True`) run the debug build, which keeps the fp32 accumulators (D5, D7) and
@@ -142,19 +144,15 @@ class MegaMoE:
         # Several ranks refuse together (a rank that raised alone would leave its peers waiting in
         # the collectives below).
         ranks.agree(self._host, refused)
-        dev, local = self.device, self.weights
-        self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
-        # predecoded: the prefill engine's E4M3 weight tiles of both layers, decoded here once and
-        # kept (the kernel layout's copy of the weights is the layer's own, so they cannot go stale).
-        self._decoded: tuple[torch.Tensor, torch.Tensor] | None = None
-        if predecoded:
-            with torch.cuda.device(dev):
-                stream = self._stream()
-                prefill = FusedLauncher(self._spec(True, False, "prefill"))
-                self._decoded = prefill.predecode(cfg, self.kw, dev.index, stream)
-                torch.cuda.current_stream(dev).synchronize()  # calls on any stream read them
-        # SPEC §8's biases as the kernel reads them: bf16 [E_l, 2I] and [E_l, H], canonical rows.
-        self._biases = tuple(None if b is None else kernel_bias(b) for b in (local.b1, local.b2))
+        failed = None
+        try:
+            self._prepare_weights(predecoded)
+        except Exception as e:  # out of memory, a kernel that did not build: raised on every rank below
+            failed = e
+        # As above: a rank whose weights could not be prepared would leave its peers waiting for it
+        # in the collectives that follow, so every rank raises.
+        ranks.agree(self._host, failed)
+        dev = self.device
         layout, total = C.workspace_layout(cfg)
         self.dims = C.workspace_dims(cfg)
         self._sms = driver.num_sms(dev.index) if num_sms is None else int(num_sms)
@@ -174,6 +172,23 @@ class MegaMoE:
         # allocator state would then hand that memory out twice) and x's address.
         self._last: tuple | None = None
         self._debug_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _prepare_weights(self, predecoded: bool) -> None:
+        """The constructor's per-rank work on this rank's weights: their kernel layout, the
+        predecoded tiles where asked for, the biases in the kernel's form."""
+        dev, local = self.device, self.weights
+        self.kw = transform_weights(local.w1, local.w1_sf, local.w2, local.w2_sf)
+        # predecoded: the prefill engine's E4M3 weight tiles of both layers, decoded here once and
+        # kept (the kernel layout's copy of the weights is the layer's own, so they cannot go stale).
+        self._decoded: tuple[torch.Tensor, torch.Tensor] | None = None
+        if predecoded:
+            with torch.cuda.device(dev):
+                stream = self._stream()
+                prefill = FusedLauncher(self._spec(True, False, "prefill"))
+                self._decoded = prefill.predecode(self.cfg, self.kw, dev.index, stream)
+                torch.cuda.current_stream(dev).synchronize()  # calls on any stream read them
+        # SPEC §8's biases as the kernel reads them: bf16 [E_l, 2I] and [E_l, H], canonical rows.
+        self._biases = tuple(None if b is None else kernel_bias(b) for b in (local.b1, local.b2))
 
     def _check_layer(self, weights: ref.ExpertWeights, size: int, device, promotion: str) -> None:
         """The constructor's argument checks (SPEC §7); sets device and this rank's weights."""

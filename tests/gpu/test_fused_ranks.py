@@ -4,7 +4,8 @@ GPU each where there are enough): every dump point of every rank through the con
 uniform and skewed routings, uneven T per rank, T = 0 on one rank, one hot expert that receives
 every token of every rank, masked slots, clamp on and off, both SiLU modes and both GEMM modes; y
 of a global batch split over 1, 2, 4 (and 8) ranks bitwise the same; 20 repeats the same bits; one
-rank's bad input refused on every rank before a launch.
+rank's bad input refused on every rank before a launch; one rank's failed predecode fails every
+rank's constructor.
 
 Each R is one spawn that runs every case (a process start and the kernels' loading are most of a
 case's cost on one time-sliced GPU); the tests then check what the ranks returned.
@@ -20,6 +21,7 @@ from megamoe import multirank
 from megamoe import reference as ref
 from megamoe.conformance.suite import check
 from megamoe.jit import build as jb
+from megamoe.launchers import FusedLauncher
 from megamoe.moe import MegaMoE
 
 SHAPE = dict(hidden=1024, intermediate=512, num_experts=16, top_k=4, max_tokens_per_rank=128, block_m=64)
@@ -153,6 +155,32 @@ def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ran
     for r in range(last):
         assert per_rank[r]["refused"].startswith(f"rank {last} refused its call"), per_rank[r]["refused"]
     assert all(r["untouched"] for r in per_rank)
+
+
+def _predecode_fails_on_the_last_rank(rank: int, ranks: int) -> str:
+    """One rank's constructor of a predecoded layer whose predecode raises on the last rank (as an
+    allocation that ran out of memory would): what the constructor raised, on every rank."""
+    if rank == ranks - 1:
+
+        def planted(*args, **kwargs):
+            raise torch.OutOfMemoryError(f"planted on rank {rank}")
+
+        FusedLauncher.predecode = planted
+    try:
+        MegaMoE(_cfg(ranks), _weights(), group=multirank.group(), engine="prefill", predecoded=True)
+    except (RuntimeError, torch.OutOfMemoryError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "constructed"
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_a_rank_whose_predecode_fails_fails_every_ranks_constructor_instead_of_leaving_them_waiting(ranks):
+    per_rank = multirank.spawn(_predecode_fails_on_the_last_rank, ranks, timeout=120)
+    last = ranks - 1
+    assert per_rank[last] == f"OutOfMemoryError: planted on rank {last}"
+    for r in range(last):
+        assert per_rank[r].startswith(f"RuntimeError: rank {last} refused its call"), per_rank[r]
+        assert f"planted on rank {last}" in per_rank[r]
 
 
 def _padded_sizes(rank: int, ranks: int, engine: str) -> tuple:
