@@ -250,11 +250,11 @@ def test_bench_abs_variant_tree_is_the_sources_with_the_patch_applied_and_import
     # patched ones. The patch is a real one of bench/patches.
     from bench import ab
 
-    patch = ROOT / "bench/patches/v35_narrow_scales.patch"
+    patch = ROOT / "bench/patches/v34_narrow_ring20.patch"
     tree = ab.prepare_tree(str(patch), tmp_path / "t")
     assert ab.prepare_tree("main", tmp_path / "m") is None
-    assert "stage_scales_narrow" in (tree / "kernel/gemm/producer.cuh").read_text()
-    assert "stage_scales_narrow" not in (ROOT / "kernel/gemm/producer.cuh").read_text()
+    assert "kMaxStagesNarrow" in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
+    assert "kMaxStagesNarrow" not in (ROOT / "kernel/gemm/gemm_sm90.cuh").read_text()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     code = "from megamoe.kernel import KERNEL_DIR; import megamoe.reference as r; print(KERNEL_DIR, r.__file__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
@@ -274,11 +274,11 @@ def test_bench_ab_applies_patches_with_patch_where_git_is_missing(tmp_path, monk
         pytest.skip("no patch program here")
     which = shutil.which
     monkeypatch.setattr(ab.shutil, "which", lambda name: None if name == "git" else which(name))
-    tree = ab.prepare_tree(str(ROOT / "bench/patches/v35_narrow_scales.patch"), tmp_path / "t")
-    assert "stage_scales_narrow" in (tree / "kernel/gemm/producer.cuh").read_text()
+    tree = ab.prepare_tree(str(ROOT / "bench/patches/v34_narrow_ring20.patch"), tmp_path / "t")
+    assert "kMaxStagesNarrow" in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
     monkeypatch.setattr(ab.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs git or patch"):
-        ab.prepare_tree(str(ROOT / "bench/patches/v35_narrow_scales.patch"), tmp_path / "u")
+        ab.prepare_tree(str(ROOT / "bench/patches/v34_narrow_ring20.patch"), tmp_path / "u")
 
 
 def test_bench_abs_table_has_every_rounds_time_the_bits_against_the_first_variant_and_a_failed_variant(tmp_path):

@@ -310,6 +310,11 @@ __device__ __forceinline__ int atom_acq_rel_gpu_add(int* p, int v) {
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
+// A release RMW at gpu scope: the semantics of fence.acq_rel.gpu before a relaxed add, cumulative
+// over the writes this thread observed (those of its CTA before a barrier it passed). No fence
+// before it: a __threadfence() (fence.sc.gpu: MEMBAR.SC.GPU and an L1 invalidation) orders nothing
+// more for a counter that publishes data, and it was the second of two membars on the exact mode's
+// consumers at every L1 tile (ncu, bench/NOTES.md v37).
 __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

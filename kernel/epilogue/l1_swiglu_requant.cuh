@@ -74,7 +74,6 @@ __device__ __forceinline__ void rebase_l1_tile(const GemmParams& p, const WorkIt
   ptx::named_barrier(1 + wg, 128);
   if (wtid == 0) {
     ptx::fence_proxy_async_global();
-    __threadfence();
     ptx::red_release_gpu_add(p.signal + blk, 4);
   }
 }
@@ -211,8 +210,7 @@ __device__ __forceinline__ void l1_epilogue(const GemmParams& p, const WorkItem&
     if constexpr (kPerK32) {
       if (wtid == 0 && real && wi.last) {  // (an item in parts: its last, scheduler.cuh item_part)
         ptx::fence_proxy_async_global();
-        __threadfence();
-        ptx::red_release_gpu_add(p.signal + wi.row0 / p.arrival_block, 1);
+        ptx::red_release_gpu_add(p.signal + wi.row0 / p.arrival_block, 1);  // (ptx.cuh: the release is the fence)
       }
     } else {  // the fast mode's L2 reads the intermediate rebased per 128 channels
       rebase_l1_tile(p, wi, s_epi_wg, wg, wtid, ch0);

@@ -255,7 +255,6 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       const int64_t below_i = (inter - ch_cta) / 32;
       const int groups = below_i < 4 ? static_cast<int>(below_i) : 4;
       ptx::fence_proxy_async_global();
-      __threadfence();
       ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups);
     }
   }

@@ -249,7 +249,6 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     }
     __syncwarp();
     if (lane == 0) {
-      __threadfence();
       ptx::red_release_gpu_add(fp.ws_arrivals + row / fp.block_m, 1);
     }
   }

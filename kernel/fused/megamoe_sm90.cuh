@@ -172,7 +172,6 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
   if (threadIdx.x == 0) {
     int* sig = call_signals(fp, call_epoch(fp));
     ptx::fence_proxy_async_global();
-    __threadfence();
     ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
     wait_counter<false>(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
     timeline::stamp(kTlDecodedAll);
