@@ -146,9 +146,7 @@ SITES = [
 def applies(spec: jb.FusedSpec, which: str) -> bool:
     """Whether the site is in spec's kernel: every "-"-joined part names its promotion or engine, one
     of a part's "|"-joined alternatives enough (the narrow engine is the swap-AB engine's roles)."""
-    return all(
-        any(alt in ("all", spec.promotion, spec.engine) for alt in part.split("|")) for part in which.split("-")
-    )
+    return all(any(alt in ("all", spec.promotion, spec.engine) for alt in part.split("|")) for part in which.split("-"))
 
 
 @functools.cache
