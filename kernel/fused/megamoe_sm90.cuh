@@ -61,6 +61,9 @@ struct SwapAbEngine {
   using Cfg = GemmConfig<0, kMaxN, kPerK32, kWGs>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kFusedMaxN;
+  // The exact mode's layouts are padded to 128 weight rows (SPEC §8's sizes: megamoe/jit/layout.py
+  // padded_rows), so its 256-row CTA tiles may end in a half block (the fast mode's sizes fill them).
+  static constexpr bool kPartial = kWGs > 2 && kPerK32;
   static constexpr bool kPredecode = false;
   static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 
@@ -83,17 +86,17 @@ struct SwapAbEngine {
     RingCursor cur;
     if (threadIdx.x / 32 >= 4) {
       ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-      run_consumer<Cfg, kMaxN, kPerK32, Act, kDebug, 1, 2, kTokenBlock>(fp.l1, fp.l2, cur);
+      run_consumer<Cfg, kMaxN, kPerK32, Act, kDebug, 1, 2, kTokenBlock, kPartial>(fp.l1, fp.l2, cur);
       return false;
     }
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     {
       const GemmSmem<Cfg> sm;
-      run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true, kTokenBlock>(fp.l1, fp.l2, sm.ring, *sm.sched, cur,
-                                                                                sm.queue);
+      run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true, kTokenBlock, kPartial>(fp.l1, fp.l2, sm.ring,
+                                                                                          *sm.sched, cur, sm.queue);
     }
     const GemmSmem<Cfg> sm;
-    if (static_cast<int>(blockIdx.x) < launch_items<Cfg::kRows, true>(*sm.sched, fp.l1, fp.l2))
+    if (static_cast<int>(blockIdx.x) < launch_items<Cfg::kRows, true, kPartial>(*sm.sched, fp.l1, fp.l2))
       ptx::mbar_wait(sm.done, 0, kWaitL2Done, -1, fp.l1.err);
     return true;
   }

@@ -53,7 +53,7 @@ template <int kLayer, int kMaxN, bool kPerK32, int kWGs_>
 struct GemmConfig {
   static constexpr int kWGs = kWGs_;
   static constexpr bool kFused = kLayer == 0;
-  static_assert(kWGs == 2 || kWGs == 4, "consumer warpgroups");
+  static_assert(kWGs >= 2 && kWGs <= 4, "consumer warpgroups");
   static constexpr int kThreads = 128 * (1 + kWGs);
   static constexpr int kRows = kRowsPerWg * kWGs;   // weight rows per CTA
   using Ring = StageRing<kMaxN, kRows, kPerK32>;
@@ -81,7 +81,7 @@ struct GemmConfig {
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;   // what ptxas allocates (compile gate)
   static constexpr bool kWide = kMaxN > kWideTile;
   static constexpr int kProducerRegs = kWGs == 4 || kWide ? 40 : 56;
-  static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWide ? 232 : 224;
+  static constexpr int kConsumerRegs = kWGs == 4 ? 104 : kWGs == 3 ? 152 : kWide ? 232 : 224;
   static_assert(128 * kProducerRegs + 128 * kWGs * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg budget exceeds the launch allocation");
   static_assert(kMaxN <= (kPerK32 ? kMaxTileExact : kMaxTileFast), "the promotion's largest token tile");
@@ -205,9 +205,10 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 // 104 registers a thread, and the mainloop spilled with the item count and the barrier's address
 // held): the launch's item count and an item's layer are read from the schedule where needed.
 // kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: each item in
-// parts, scheduler.cuh item_part).
+// parts, scheduler.cuh item_part). kPartial: a layer's last block of weight rows may be partial (the
+// narrow engine's 256-row CTA tiles over a layout padded to 128 rows: scheduler.cuh row_blocks).
 template <typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kLayerA, int kLayerB = 0,
-          int kBlock = kMaxN>
+          int kBlock = kMaxN, bool kPartial = false>
 __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur) {
   constexpr bool kTwo = kLayerB != 0;
   const GemmSmem<Cfg> sm;
@@ -231,8 +232,8 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     constexpr int L = decltype(layer_c)::value;
     const GemmParams& p = kTwo && L == kLayerB ? pb : pa;
     ctx.p = &p;
-    const WorkItem item_wi =
-        decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched, p.n_rows / Cfg::kRows);
+    const WorkItem item_wi = decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched,
+                                                                    row_blocks<Cfg::kRows, kPartial>(p.n_rows));
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
       if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
@@ -241,14 +242,14 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
         run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken);
     }
   };
-  while (item < launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {
-    const int na = layer_items<Cfg::kRows>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
+  while (item < launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {
+    const int na = layer_items<Cfg::kRows, kPartial>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
     if (!kTwo || item < na)
       run(std::integral_constant<int, kLayerA>{}, item);
     else
       run(std::integral_constant<int, (kTwo ? kLayerB : kLayerA)>{}, item - na);
     item = next_posted(*GemmSmem<Cfg>().queue, taken++);
-    if (kTwo && item >= launch_items<Cfg::kRows, kTwo>(*GemmSmem<Cfg>().sched, pa, pb)) {   // the CTA's last
+    if (kTwo && item >= launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {  // the CTA's last
       __syncwarp();
       if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(GemmSmem<Cfg>().done);
     }

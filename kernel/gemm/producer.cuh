@@ -189,7 +189,9 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
 // with kTwo pa's then pb's (the fused kernel). The TMA thread claims the items in the dynamic order
 // (scheduler.cuh; the counter is pa's item_counter) and posts them to `queue` for the scale warps
 // and the consumers.
-template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kTwo, int kBlock = kMaxN>
+// kBlock, kPartial: as run_consumer's (gemm_sm90.cuh); a partial block's weights and scale bytes are
+// copied for its rows only (the other warpgroups compute on what the stage held, and store nothing).
+template <int kMaxN, int kRows, int kStages, bool kPerK32, bool kTwo, int kBlock = kMaxN, bool kPartial = false>
 __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmParams& pb,
                                              const StageRing<kMaxN, kRows, kPerK32>& r, const Schedule& sched,
                                              RingCursor& cur, ItemQueue* queue) {
@@ -203,13 +205,13 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       ptx::prefetch_tma_desc(&pb.tmap_x8);
       ptx::prefetch_tma_desc(&pb.tmap_x64);
     }
-    const int num_items = launch_items<kRows, kTwo>(sched, pa, pb);
+    const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
     int item = blockIdx.x;   // every role's first item; the TMA thread posts the later ones
     while (item < num_items) {
       int local = item;
-      const GemmParams& p = item_layer<kRows, kTwo>(local, sched, pa, pb);
+      const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
-      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, p.n_rows / kRows);
+      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
       timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
       wait_token_block(p, item_wi);
       timeline::item_stamp(kTlItemGated);
@@ -225,17 +227,20 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
         const int box = wide ? kChunkN : 8;
         const int boxes = wi.tile / box;
         const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
+        // The block's weight rows: kRows, or what a partial last block has.
+        const int rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
         for (int kb = 0; kb < num_kb; ++kb) {
           if (part == parts - 1 && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
             post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
-          ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + R::kW + R::kWsf);
+          ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + rows * (kBlockK / 2 + 4));
           for (int b = 0; b < boxes; ++b)
             ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
                              &r.full[stage]);
-          ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, R::kW, &r.full[stage]);
-          ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, R::kWsf,
+          ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, rows * (kBlockK / 2),
+                        &r.full[stage]);
+          ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
                         &r.full[stage]);
           cur.advance<kStages>();
         }
@@ -246,8 +251,8 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
     timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
-    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo, false, kBlock>(pa, pb, r, sched, cur, warp, lane,
-                                                                                     queue);
+    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, warp,
+                                                                                        lane, queue);
   }
 }
 

@@ -165,7 +165,7 @@ class FusedSpec:
     engine: "swapab" at token tile contract.FUSED_MAX_TILE with four consumer warpgroups in the fast
     mode (its 16 .. 64-token serial mainloop; the fast mode's H and I are multiples of 512, so its
     weight rows fill 256-row CTAs) and two in the exact mode (k32 has no four-warpgroup 64-token
-    tile), "narrow" (exact mode: the swap-AB engine at token tile 8, two consumer warpgroups; a pool
+    tile), "narrow" (exact mode: the swap-AB engine at token tile 8, three consumer warpgroups; a pool
     block of more rows runs in parts), or "prefill"."""
 
     fast_math: bool = True  # the SiLU approximation (SPEC D6 step 3)
@@ -191,6 +191,8 @@ class FusedSpec:
     @property
     def wgs(self) -> int:
         """Consumer warpgroups (64 weight rows each)."""
+        if self.engine == "narrow":
+            return 3  # 192-row CTA tiles: three consumer warps a scheduler (bench/NOTES.md v38)
         four = self.engine == "swapab" and contract.FUSED_MAX_TILE <= max_wgs4_tile(self.promotion)
         return 4 if four else 2
 
