@@ -65,7 +65,7 @@ SITES = [
         ["red.release.gpu"],
         [PROXY_FENCE],
         [],
-        "swapab|narrow-k32",
+        "swapab-k32",
     ),
     # The fast mode: an L1 tile counts itself in its (pool block, 128 channels) rebase counter, a
     # relaxed atomic between two fences (the other tiles' writes before, the rebasing reads after)...
@@ -88,15 +88,16 @@ SITES = [
         [],
         "swapab-k128",
     ),
-    # D6 in the prefill engine: its epilogue warps count 4 scale groups per pool block.
+    # D6 in the prefill engine and the narrow engine: their epilogue warps count a tile's scale
+    # groups per pool block (the narrow engine's at an item's last part).
     (
-        "L1 rows of the prefill engine -> L1-completion counter",
+        "L1 rows of the epilogue warps -> L1-completion counter",
         "epilogue/prefill_rows.cuh",
         "red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups",
         ["red.release.gpu"],
         [PROXY_FENCE],
         [],
-        "prefill",
+        "prefill|narrow",
     ),
     # The prefill engine's predecoded weight tiles, then the CTAs' count (TMA reads the tiles).
     (

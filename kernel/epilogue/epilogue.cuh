@@ -4,6 +4,7 @@
 
 #include "l1_swiglu_requant.cuh"
 #include "l2_combine_rows.cuh"
+#include "prefill_rows.cuh"
 
 namespace megamoe {
 

@@ -1,18 +1,23 @@
 // The layers' epilogues in the prefill kernel (gemm_sm90_prefill.cuh: tokens as rows of the
-// accumulator), in two parts so that the tensor cores do not wait for them:
+// accumulator), and L1's in the fused narrow engine (gemm_sm90.cuh's swap-AB roles at token tile 8),
+// in two parts so that the tensor cores do not wait for them:
 //   prefill_stage_tile   the consumers, right after an item's mainloop: the rows' factors
 //                        (scaled tables), the debug dumps, and the tile rounded to bf16 into a staging
 //                        buffer in shared memory; then the consumers go on to the next item;
+//   l1_stage_handoff     the narrow engine's consumers: the same for their L1 tile (8 tokens x
+//                        the CTA's weight rows, the swap-AB fragment), into one of two L1Handoff
+//                        buffers (used in turn), with the item part it holds;
 //   prefill_l1_out /     the producer warpgroup's two epilogue warps, during the next item's
 //   prefill_l2_out       mainloop: D6 (SwiGLU with the routing weight, requant) or D8 (bf16 rows to
-//                        their combine rows) from the staged tile, in 8- and 16-byte stores.
+//                        their combine rows) from the staged tile, in 8- and 16-byte stores (the
+//                        narrow engine: prefill_l1_out, by one warp).
 // The arithmetic is D6's and D8's as in l1_swiglu_requant.cuh and l2_combine_rows.cuh (the
 // activation policy's routed, requant_scale_byte, bias_or_neg_zero's -0.0: one definition); SPEC
 // §8's biases are added before the staging's rounding. D6 step 1 (gate and up, biased, rounded to
 // bf16) is the staging itself, and D8 is bf16 of the same value as the swap-AB epilogue's: staging
 // loses nothing either layer reads.
 // (With the whole epilogue in the consumers, it took 12 % of their time, ncu, with the tensor cores
-// idle.)
+// idle; in the narrow engine an L1 item's epilogue was 3.4 of its 11.5 µs, bench/NOTES.md v37.)
 //
 // Consumer fragment: thread (warpgroup wg, warp wq, lane g * 4 + t) holds acc[h][4j + 2r + c] =
 // token 64 wg + 16 wq + g + 8r of the tile, weight row 128 h + 8j + 2t + c of its 256. Rows
@@ -42,6 +47,98 @@ constexpr int kPrefillStagingBytes = 128 * 256 * 2;
 
 __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int tok, int chunk) {
   return staging + tok * 512 + ((chunk ^ (tok & 7)) << 4);
+}
+
+// One L1 tile of the narrow engine on its way from the consumers to the epilogue warp: the staged
+// tile (prefill_staging_addr's layout, kSmallTile tokens, up to 256 weight rows), the item part it
+// is, and the barriers: full (every consumer thread), empty (the warp's 32 lanes). A buffer with
+// `stop` set ends the warp's loop (the CTA's L1 items are done).
+struct alignas(16) L1Handoff {   // 16: the second buffer's tile takes 16-byte loads
+  uint8_t tile[kSmallTile * 512];
+  WorkItem wi;
+  int tl_item;   // the item's number among the CTA's (the timeline build's stamp)
+  int stop;
+  uint64_t full;
+  uint64_t empty;
+};
+
+// The L1 channel of a narrow-engine consumer thread (wg, wq, g, t) in its item's tile: 32 wg + 8 wq
+// + g of the tile's kRows / 2, whose gate and up it holds for tokens 2t, 2t + 1 (the fragment of
+// l1_swiglu_requant.cuh at N = 8), and whether its group is below I (l1_epilogue's `real`: the
+// padding group past I is never stored). Its gate and up rows are chunks 8 wg + 2 wq and + 1 of
+// the staging, prefill_l1_out's group wg.
+template <int kRows>
+__device__ __forceinline__ int64_t handoff_channel(const GemmParams& p, const WorkItem& wi, bool& real) {
+  const int ctid = ptx::thread_idx() - 128;  // re-read where needed: held across the mainloop it spills
+  const int64_t ch0 = static_cast<int64_t>(wi.n_block) * (kRows / 2) + ctid / 128 * 32;
+  real = ch0 < p.n_out / 2;
+  return ch0 + ctid % 128 / 32 * 8 + ctid % 32 / 4;
+}
+
+// SPEC §8's b1 of the thread's gate and up channel (bias_or_neg_zero's -0.0 without; 0 and never
+// added where the group is not real), loaded before the item's mainloop, so that their latency
+// hides under it (after it, the loads stalled every consumer warp at each item's end: ncu, NOTES v37).
+template <int kRows>
+__device__ __forceinline__ float2 handoff_bias(const GemmParams& p, const WorkItem& wi) {
+  bool real;
+  const int64_t ch = handoff_channel<kRows>(p, wi, real);
+  if (!real) return make_float2(0.0f, 0.0f);
+  return make_float2(bias_or_neg_zero(p, wi.expert, ch), bias_or_neg_zero(p, wi.expert, p.n_out / 2 + ch));
+}
+
+// The narrow engine's consumers after an L1 item part's mainloop: D5's dump (debug), SPEC §8's b1
+// (Act::kOai: bias, handoff_bias's), the bf16 rounding of D6 step 1 (as l1_epilogue: the same
+// bits), then the tile into buffer h once the epilogue warp released it (parity: that of the
+// buffer's use) and one arrival a thread; the first consumer thread also writes the item part.
+template <int kRows, typename Act, bool kDebug>
+__device__ __forceinline__ void l1_stage_handoff(const GemmParams& p, const WorkItem& wi, const float (&acc)[4],
+                                                 float2 bias, L1Handoff& h, uint32_t parity, int tl_item) {
+  const int ctid = ptx::thread_idx() - 128;
+  const int wg = ctid / 128;
+  const int wq = ctid % 128 / 32;
+  const int g = ctid % 32 / 4;
+  const int t = ctid % 4;
+  const int64_t inter = p.n_out / 2;
+  bool real;
+  const int64_t ch = handoff_channel<kRows>(p, wi, real);
+  if constexpr (kDebug) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 2 * t + c;
+      if (tok < wi.valid && real) {
+        p.dump[(wi.row0 + tok) * 2 * inter + ch] = acc[c];
+        p.dump[(wi.row0 + tok) * 2 * inter + inter + ch] = acc[2 + c];
+      }
+    }
+  }
+  ptx::mbar_wait(&h.empty, parity ^ 1, kWaitEmpty, -1, p.err);
+  const uint32_t tile = ptx::smem_addr(h.tile);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    float gate = acc[c], up = acc[2 + c];
+    if constexpr (Act::kOai) {
+      gate = __fadd_rn(gate, bias.x);
+      up = __fadd_rn(up, bias.y);
+    }
+    const __nv_bfloat16 gb = __float2bfloat16_rn(gate), ub = __float2bfloat16_rn(up);
+    ptx::st_shared_u16(prefill_staging_addr(tile, 2 * t + c, 8 * wg + 2 * wq) + 2 * g,
+                       *reinterpret_cast<const uint16_t*>(&gb));
+    ptx::st_shared_u16(prefill_staging_addr(tile, 2 * t + c, 8 * wg + 2 * wq + 1) + 2 * g,
+                       *reinterpret_cast<const uint16_t*>(&ub));
+  }
+  if (ctid == 0) {
+    h.wi = wi;
+    h.tl_item = tl_item;
+    h.stop = 0;
+  }
+  ptx::mbar_arrive(&h.full);
+}
+
+// The consumers' last use of buffer h in a launch: `stop` for its epilogue warp.
+__device__ __forceinline__ void l1_stop_handoff(const GemmParams& p, L1Handoff& h, uint32_t parity) {
+  ptx::mbar_wait(&h.empty, parity ^ 1, kWaitEmpty, -1, p.err);
+  if (ptx::thread_idx() == 128) h.stop = 1;
+  ptx::mbar_arrive(&h.full);
 }
 
 // The consumers' part: the row factors 2^(B_r - B_e) <= 1 where the mainloop used the scaled
@@ -163,23 +260,26 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
   return __uint_as_float(w & 0xFFFF0000u);
 }
 
-// D6 from the staged tile, by the epilogue warp ew (0 or 1: tokens 64 ew .. 64 ew + 63). Per step a
-// warp takes two tokens; lane l: token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the
-// tile's four, its 8 channels l % 4 (the group's maximum over four lanes: two shuffles), stored as 8
-// bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's scale byte.
+// D6 from the staged tile, by the epilogue warp ew (0 or 1: tokens 64 ew .. 64 ew + 63; the narrow
+// engine's warps each take a whole item part, ew = 0). Per step a warp takes two tokens; lane l:
+// token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the tile's kGroups (4; the narrow
+// engine's: its consumer warpgroups), its 8 channels l % 4 (the group's maximum over four lanes: two
+// shuffles), stored as 8 bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's
+// scale byte.
 // kFused (the fused kernel): an item's 128 channels are one K128 block of L2, so in the fast mode
 // (kRebase) the warp also writes them rebased per 128 channels (rebase_k128: the largest of the
 // token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
-// block's scale groups (4, or those below I in the layer's last tile) in the block's L1-completion counter
-// (complete at I / 32, as the swap-AB epilogue counts them), after a proxy fence: the L2 TMA reads
-// what it wrote.
-template <typename Act, bool kFused = false, bool kRebase = false>
+// block's scale groups (kGroups, or those below I in the layer's last tile) in the block's
+// L1-completion counter (complete at I / 32, as the swap-AB epilogue counts them; an item in parts:
+// its last part), after a proxy fence: the L2 TMA reads what it wrote.
+template <typename Act, bool kFused = false, bool kRebase = false, int kGroups = 4>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
+  static_assert(kGroups <= 4 && (!kRebase || kGroups == 4), "a token's groups are one 16-lane half's");
   const int64_t inter = p.n_out / 2;
   const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int64_t n_sf = ld / 32;
-  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * 128;  // the tile's first channel
+  const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * (32 * kGroups);  // the tile's first channel
   const float bound = clamp_bound(p);
   const int grp = (lane % 16) / 4;
   const int q = lane % 4;
@@ -225,7 +325,7 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
     // SPEC §8's sizes in multiples of 32): the others are computed and never stored, and the
     // intermediate's padding stays the workspace's zeros. (The fast mode's rebase below has no such
     // guard: its H and I are multiples of 512, every tile whole.)
-    if (tok < wi.valid && ch_cta + 32 * grp < inter) {
+    if (tok < wi.valid && grp < kGroups && ch_cta + 32 * grp < inter) {
       const int64_t row = wi.row0 + tok;
       *reinterpret_cast<uint2*>(out + row * ld + ch_cta + 32 * grp + 8 * q) = make_uint2(qw[0], qw[1]);
       if (q == 0) p.out_sf[row * n_sf + (ch_cta + 32 * grp) / 32] = static_cast<uint8_t>(byte);
@@ -250,10 +350,10 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
   }
   if constexpr (kFused) {
     __syncwarp();
-    if (lane == 0 && first < wi.valid) {
-      // The tile's groups below I, at most 4 (computed here, not held across the loop: 56 registers).
+    if (lane == 0 && first < wi.valid && wi.last) {
+      // The tile's groups below I, at most kGroups (computed here, not held across the loop: 56 registers).
       const int64_t below_i = (inter - ch_cta) / 32;
-      const int groups = below_i < 4 ? static_cast<int>(below_i) : 4;
+      const int groups = below_i < kGroups ? static_cast<int>(below_i) : kGroups;
       ptx::fence_proxy_async_global();
       ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups);
     }

@@ -10,7 +10,8 @@
 //                     SwapAbEngine   ../gemm/gemm_sm90.cuh: weights as wgmma M, FP4 decoded in the
 //                                    consumers, tokens as N up to 64 a pool block, two or four
 //                                    consumer warpgroups, the dynamic item order (decode sizes); at
-//                                    token tile 8 the narrow engine (the exact mode's smallest calls);
+//                                    token tile 8 with three, the narrow engine (the exact mode's
+//                                    smallest calls; its L1 epilogue in a producer warp);
 //                     PrefillEngine  ../gemm/gemm_sm90_prefill.cuh: every weight decoded once per
 //                                    call by every CTA after the pull (predecode.cuh; or kept
 //                                    decoded from the layer's construction), then tokens as wgmma
@@ -49,10 +50,11 @@ constexpr int kTailThreads = 128;   // the producer warpgroup
 // The swap-AB engine: kWGs consumer warpgroups, token blocks of kFusedMaxN = BLOCK_M rows, so a
 // token block is one pool block and its L1-completion count is I / 32 whatever the tile of its
 // items. Token tile kMaxN: kFusedMaxN (with four warpgroups the serial mainloop runs an item at 8,
-// 16, 32 or 64 tokens: scheduler.cuh pick_tile), or kSmallTile, the narrow engine (exact mode, two
+// 16, 32 or 64 tokens: scheduler.cuh pick_tile), or kSmallTile, the narrow engine (exact mode, three
 // warpgroups): only the 8-token mainloop (mainloop.cuh mainloop_k32_narrow, which beside the
-// 64-token one made ptxas serialise the wgmmas), a ring of 1 KB activation slots, and an item of
-// more than 8 rows in parts (scheduler.cuh item_part).
+// 64-token one made ptxas serialise the wgmmas), a ring of 1 KB activation slots, an item of more
+// than 8 rows in parts (scheduler.cuh item_part), and its L1 tiles written by producer warp 2
+// (gemm_sm90.cuh run_epilogue_warp), so that the consumers go on to the next item.
 // kPerK32: the exact promotion (k32), else the fast one (k128: the pull and the L1 epilogue also
 // write the operands rebased per 128 channels, which the GEMMs read).
 template <int kWGs, int kMaxN, bool kPerK32, typename Act, bool kDebug>
@@ -94,6 +96,9 @@ struct SwapAbEngine {
       const GemmSmem<Cfg> sm;
       run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true, kTokenBlock, kPartial>(fp.l1, fp.l2, sm.ring,
                                                                                           *sm.sched, cur, sm.queue);
+    }
+    if constexpr (Cfg::kEpilogueWarps) {
+      if (threadIdx.x / 32 == 2) run_epilogue_warp<Cfg, Act, kPartial>(fp.l1, fp.l2);
     }
     const GemmSmem<Cfg> sm;
     if (static_cast<int>(blockIdx.x) < launch_items<Cfg::kRows, true, kPartial>(*sm.sched, fp.l1, fp.l2))

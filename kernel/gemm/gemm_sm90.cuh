@@ -15,7 +15,8 @@
 //
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
 // are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 for token tiles
-// up to 64 in the fast mode and 8 in the exact mode). Stages (BK = 128) are handed over through
+// up to 64 in the fast mode and 8 in the exact mode, or 3 in the fused narrow engine, whose L1
+// epilogue an idle producer warp runs: kEpilogueWarps). Stages (BK = 128) are handed over through
 // full / empty mbarriers. Token tiles 8 .. 128 (two per kernel), the four-warpgroup tiles 16 .. 64
 // (fast mode; one mainloop, each item as wide as its rows) and the wide tile 256 (fast mode;
 // charged per 64-token chunk): see scheduler.cuh and the serial schedule in mainloop.cuh.
@@ -65,9 +66,18 @@ struct GemmConfig {
   // Every swap-AB kernel takes its items in the dynamic order (scheduler.cuh claim_item), through
   // the TMA thread's item queue.
   static constexpr int kQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
+  // The fused narrow engine hands each L1 tile to an idle warp of the producer warpgroup (warp 2; the
+  // scale warp is warp 1), which writes it (l1_stage_handoff, then prefill_l1_out), so that the
+  // consumers go on to the next item: two L1Handoff buffers, used in turn. One warp writes every
+  // part of an item, so the last part's release covers them all (the L1-completion count's meaning);
+  // a part's D6 takes it ~1-2 µs, its mainloop several.
+  static constexpr bool kEpilogueWarps = kFused && kMaxN == kSmallTile;
+  static_assert(!kEpilogueWarps || Ring::kScaleWarps == 1, "warp 2 is free");
+  static constexpr int kHandoffBytes = kEpilogueWarps ? 2 * static_cast<int>(sizeof(L1Handoff)) : 0;
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
-  // the epilogue staging, the scaled tables, the schedule, the item queue.
-  static constexpr int kFixedBytes = 16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kQueueBytes;
+  // the epilogue staging, the scaled tables, the schedule, the item queue, the L1 handoff.
+  static constexpr int kFixedBytes =
+      16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kQueueBytes + kHandoffBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
@@ -76,8 +86,9 @@ struct GemmConfig {
   // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
   // the consumers gain, the producer must give up. 2 WGs: 384 x 168 -> 128 x 56 + 256 x 224, or
   // for the wide tile (its 128 accumulators) 128 x 40 + 256 x 232, where the TMA thread's and the
-  // scale warps' loops are written to fit 40; 4 WGs: 640 x 96 -> 128 x 40 + 512 x 104. (The
-  // fused kernel's producer warpgroup also runs the dispatch tail and the combine.)
+  // scale warps' loops are written to fit 40; 3 WGs: 512 x 128 -> 128 x 56 + 384 x 152; 4 WGs:
+  // 640 x 96 -> 128 x 40 + 512 x 104. (The fused kernel's producer warpgroup also runs the dispatch
+  // tail and the combine.)
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;   // what ptxas allocates (compile gate)
   static constexpr bool kWide = kMaxN > kWideTile;
   static constexpr int kProducerRegs = kWGs == 4 || kWide ? 40 : 56;
@@ -104,6 +115,7 @@ struct GemmSmem {
   uint2* lut;       // the fast mode's scaled tables
   Schedule* sched;
   ItemQueue* queue;   // the dynamic order's (scheduler.cuh)
+  L1Handoff* handoff;   // [2]: the narrow engine's L1 tiles to the epilogue warps (Cfg::kEpilogueWarps)
 
   __device__ __forceinline__ GemmSmem() {
     uint8_t* smem = dyn_smem;
@@ -120,6 +132,7 @@ struct GemmSmem {
     lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
     sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
     queue = reinterpret_cast<ItemQueue*>(reinterpret_cast<uint8_t*>(sched) + Cfg::kScheduleBytes);
+    handoff = reinterpret_cast<L1Handoff*>(reinterpret_cast<uint8_t*>(queue) + Cfg::kQueueBytes);
   }
 };
 
@@ -144,6 +157,12 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
     }
     for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
+    if constexpr (Cfg::kEpilogueWarps) {
+      for (int b = 0; b < 2; ++b) {
+        ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);   // every consumer thread
+        ptx::mbar_init(&sm.handoff[b].empty, 32);               // the epilogue warp's lanes
+      }
+    }
     ptx::fence_mbar_init();
   } else if (tid == 32 && !kPerK32) {
 #pragma unroll
@@ -154,8 +173,10 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
 // the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
 // tl_item: the item's number among the CTA's (the timeline build's stamps; unused elsewhere).
+// handoffs: the L1 tiles this warpgroup handed to the epilogue warps so far (Cfg::kEpilogueWarps).
 template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, typename Ctx>
-__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, int tl_item) {
+__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, int tl_item,
+                                         int& handoffs) {
   float acc[N / 2];
   // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
   // tiles up to 64 they are loaded before the mainloop, so that their global-memory latency hides
@@ -176,6 +197,9 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
+  constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarps;
+  float2 bias{};
+  if constexpr (kHandoff && Act::kOai) bias = handoff_bias<Cfg::kRows>(*ctx.p, wi);
   mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
   if (wi.last) timeline::item_stamp_at(tl_item, kTlItemComputed, 128);
   if constexpr (!kPerK32) {
@@ -185,13 +209,21 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = __fmul_rn(acc[i], (i & 2) ? fb : fa);
   }
-  // The warpgroup and its epilogue staging, from threadIdx after the mainloop, so that neither is an
-  // argument held across it (measured: the four-warpgroup fused kernel's spills, 244 bytes, the
-  // same either way; kept as the simpler signature).
-  const int wg = ptx::thread_idx() / 128 - 1;
-  uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
-  layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
-  if (wi.last) timeline::item_stamp_at(tl_item, kTlItemWritten, 128);
+  if constexpr (kHandoff) {
+    // The n-th handoff: buffer n % 2, at that buffer's (n / 2)-th use. The epilogue warp stamps the
+    // item's `written`.
+    const int n = handoffs++;
+    l1_stage_handoff<Cfg::kRows, Act, kDebug>(*ctx.p, wi, acc, bias, GemmSmem<Cfg>().handoff[n % 2], (n / 2) & 1,
+                                              tl_item);
+  } else {
+    // The warpgroup and its epilogue staging, from threadIdx after the mainloop, so that neither is
+    // an argument held across it (measured: the four-warpgroup fused kernel's spills, 244 bytes, the
+    // same either way; kept as the simpler signature).
+    const int wg = ptx::thread_idx() / 128 - 1;
+    uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
+    layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
+    if (wi.last) timeline::item_stamp_at(tl_item, kTlItemWritten, 128);
+  }
 }
 
 // The consumer side of a launch's items, as one loop: layer kLayerA's (standalone), or those of
@@ -225,6 +257,15 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.t = clane % 4;
   int item = blockIdx.x;
   int taken = 0;   // items taken from the queue
+  // Cfg::kEpilogueWarps: L1 tiles handed to the epilogue warp, and whether its loop still runs
+  // (stopped at the CTA's first L2 item, or after its last item).
+  int handoffs = 0;
+  bool handing = Cfg::kEpilogueWarps;
+  auto stop_handoffs = [&] {
+    if (!handing) return;
+    handing = false;
+    l1_stop_handoff(pa, GemmSmem<Cfg>().handoff[handoffs % 2], (handoffs / 2) & 1);
+  };
   // One instantiation of the mainloop and epilogue per (layer, token tile), each with its layer's
   // parameters known at compile time (kernel parameter space: read as constants, where a pointer
   // chosen at run time held two registers across the mainloop and made every field a load).
@@ -237,22 +278,44 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
       if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken);
+        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken, handoffs);
       else
-        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken);
+        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken, handoffs);
     }
   };
   while (item < launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {
     const int na = layer_items<Cfg::kRows, kPartial>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
-    if (!kTwo || item < na)
+    if (!kTwo || item < na) {
       run(std::integral_constant<int, kLayerA>{}, item);
-    else
+    } else {
+      stop_handoffs();
       run(std::integral_constant<int, (kTwo ? kLayerB : kLayerA)>{}, item - na);
+    }
     item = next_posted(*GemmSmem<Cfg>().queue, taken++);
     if (kTwo && item >= launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {  // the CTA's last
+      stop_handoffs();
       __syncwarp();
       if (ptx::thread_idx() % 32 == 0) ptx::mbar_arrive(GemmSmem<Cfg>().done);
     }
+  }
+}
+
+// The fused narrow engine's epilogue warp (producer warp 2): D6 of every L1 tile the consumers hand
+// it (l1_stage_handoff), in their order, until the `stop`. A CTA without items gets no handoff, not
+// even the stop.
+template <typename Cfg, typename Act, bool kPartial>
+__device__ __forceinline__ void run_epilogue_warp(const GemmParams& pa, const GemmParams& pb) {
+  const GemmSmem<Cfg> sm;
+  if (static_cast<int>(blockIdx.x) >= launch_items<Cfg::kRows, true, kPartial>(*sm.sched, pa, pb)) return;
+  const int lane = threadIdx.x % 32;
+  for (int n = 0;; ++n) {
+    L1Handoff& h = sm.handoff[n % 2];
+    ptx::mbar_wait(&h.full, (n / 2) & 1, kWaitFull, -1, pa.err);
+    if (h.stop) break;
+    const WorkItem wi = h.wi;
+    prefill_l1_out<Act, true, false, Cfg::kWGs>(pa, wi, ptx::smem_addr(h.tile), 0, lane);
+    if (wi.last) timeline::item_stamp_at(h.tl_item, kTlItemWritten, 32);
+    ptx::mbar_arrive(&h.empty);
   }
 }
 

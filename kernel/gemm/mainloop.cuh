@@ -549,10 +549,8 @@ __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages
                                          int num_kb, int tile, float (&acc)[N / 2]) {
   // The narrow schedule only in kernels whose tiles are all narrow: beside the 64-token loop (the
   // fused swap-AB engine, the 64-token kernels) it made ptxas serialise every wgmma or spill in
-  // the wide loop (C7512, 80-1800 bytes, as the variants moved its register allocation). And with
-  // two consumer warpgroups: at four (104 registers a thread) its eight temporaries and two A
-  // buffers made ptxas serialise the fused narrow engine's wgmmas (C7512).
-  if constexpr (kPerK32 && kMaxN <= 16 && kRows <= 3 * kRowsPerWg)
+  // the wide loop (C7512, 80-1800 bytes, as the variants moved its register allocation).
+  if constexpr (kPerK32 && kMaxN <= 16)
     mainloop_k32_narrow<N>(ctx, cur, num_kb, acc);
   else if constexpr (kPerK32)
     mainloop_k32<N>(ctx, cur, num_kb, acc);
