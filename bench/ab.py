@@ -1,6 +1,6 @@
 """Kernel variants of the fused layer side by side, on the same weights and inputs: `python -m bench.ab`.
 
-    python -m bench.ab --variants main,bench/patches/v34_narrow_ring20.patch --shape gpt-oss \\
+    python -m bench.ab --variants main,bench/patches/NAME.patch --shape gpt-oss \\
         --tokens 1,8,64 --engine narrow [--rounds 2] [--check] [--predecoded]
 
 A variant is this checkout as it is ("main"), or a copy of its sources with patches applied (`git

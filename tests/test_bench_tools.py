@@ -244,17 +244,33 @@ def test_bench_ab_names_a_variant_that_is_no_patch_and_says_in_one_line_that_it_
         ab.main(["--variants", "main", "--tokens", "8"])
 
 
+MARKER = "// bench.ab's test marker"
+
+
+def _marker_patch(tmp_path) -> Path:
+    """A kernel patch as bench/patches holds them (git's unified diff, paths a/ and b/): one line
+    added to a kernel source. Written by the test, so that no patch has to outlive its A/B."""
+    import difflib
+
+    rel = "kernel/gemm/gemm_sm90.cuh"
+    old = (ROOT / rel).read_text().splitlines(keepends=True)
+    new = [*old[:1], MARKER + "\n", *old[1:]]
+    path = tmp_path / "marker.patch"
+    path.write_text(f"diff --git a/{rel} b/{rel}\n" + "".join(difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}")))
+    return path
+
+
 def test_bench_abs_variant_tree_is_the_sources_with_the_patch_applied_and_imports_its_own_kernels(tmp_path):
     # A variant's process imports megamoe from its copy (PYTHONPATH), and the package's mapped
     # folders (kernel, reference, conformance) from the copy too: the kernels it builds are the
-    # patched ones. The patch is a real one of bench/patches.
+    # patched ones.
     from bench import ab
 
-    patch = ROOT / "bench/patches/v34_narrow_ring20.patch"
+    patch = _marker_patch(tmp_path)
     tree = ab.prepare_tree(str(patch), tmp_path / "t")
     assert ab.prepare_tree("main", tmp_path / "m") is None
-    assert "kMaxStagesNarrow" in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
-    assert "kMaxStagesNarrow" not in (ROOT / "kernel/gemm/gemm_sm90.cuh").read_text()
+    assert MARKER in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
+    assert MARKER not in (ROOT / "kernel/gemm/gemm_sm90.cuh").read_text()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     code = "from megamoe.kernel import KERNEL_DIR; import megamoe.reference as r; print(KERNEL_DIR, r.__file__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
@@ -274,11 +290,12 @@ def test_bench_ab_applies_patches_with_patch_where_git_is_missing(tmp_path, monk
         pytest.skip("no patch program here")
     which = shutil.which
     monkeypatch.setattr(ab.shutil, "which", lambda name: None if name == "git" else which(name))
-    tree = ab.prepare_tree(str(ROOT / "bench/patches/v34_narrow_ring20.patch"), tmp_path / "t")
-    assert "kMaxStagesNarrow" in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
+    patch = _marker_patch(tmp_path)
+    tree = ab.prepare_tree(str(patch), tmp_path / "t")
+    assert MARKER in (tree / "kernel/gemm/gemm_sm90.cuh").read_text()
     monkeypatch.setattr(ab.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="needs git or patch"):
-        ab.prepare_tree(str(ROOT / "bench/patches/v34_narrow_ring20.patch"), tmp_path / "u")
+        ab.prepare_tree(str(patch), tmp_path / "u")
 
 
 def test_bench_abs_table_has_every_rounds_time_the_bits_against_the_first_variant_and_a_failed_variant(tmp_path):
