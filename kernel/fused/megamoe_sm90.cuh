@@ -64,7 +64,8 @@ struct SwapAbEngine {
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = kFusedMaxN;
   // The exact mode's layouts are padded to 128 weight rows (SPEC §8's sizes: megamoe/jit/layout.py
-  // padded_rows), so its 256-row CTA tiles may end in a half block (the fast mode's sizes fill them).
+  // padded_rows), so CTA tiles of three warpgroups (the narrow engine's 192 rows) may end in a
+  // partial block (the fast mode's sizes fill its 256-row tiles).
   static constexpr bool kPartial = kWGs > 2 && kPerK32;
   static constexpr bool kPredecode = false;
   static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
@@ -97,7 +98,7 @@ struct SwapAbEngine {
       run_producer<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32, true, kTokenBlock, kPartial>(fp.l1, fp.l2, sm.ring,
                                                                                           *sm.sched, cur, sm.queue);
     }
-    if constexpr (Cfg::kEpilogueWarps) {
+    if constexpr (Cfg::kEpilogueWarp) {
       if (threadIdx.x / 32 == 2) run_epilogue_warp<Cfg, Act, kPartial>(fp.l1, fp.l2);
     }
     const GemmSmem<Cfg> sm;

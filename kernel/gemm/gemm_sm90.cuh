@@ -16,7 +16,7 @@
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
 // are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 for token tiles
 // up to 64 in the fast mode and 8 in the exact mode, or 3 in the fused narrow engine, whose L1
-// epilogue an idle producer warp runs: kEpilogueWarps). Stages (BK = 128) are handed over through
+// epilogue an idle producer warp runs: kEpilogueWarp). Stages (BK = 128) are handed over through
 // full / empty mbarriers. Token tiles 8 .. 128 (two per kernel), the four-warpgroup tiles 16 .. 64
 // (fast mode; one mainloop, each item as wide as its rows) and the wide tile 256 (fast mode;
 // charged per 64-token chunk): see scheduler.cuh and the serial schedule in mainloop.cuh.
@@ -71,9 +71,9 @@ struct GemmConfig {
   // consumers go on to the next item: two L1Handoff buffers, used in turn. One warp writes every
   // part of an item, so the last part's release covers them all (the L1-completion count's meaning);
   // a part's D6 takes it ~1-2 µs, its mainloop several.
-  static constexpr bool kEpilogueWarps = kFused && kMaxN == kSmallTile;
-  static_assert(!kEpilogueWarps || Ring::kScaleWarps == 1, "warp 2 is free");
-  static constexpr int kHandoffBytes = kEpilogueWarps ? 2 * static_cast<int>(sizeof(L1Handoff)) : 0;
+  static constexpr bool kEpilogueWarp = kFused && kMaxN == kSmallTile;
+  static_assert(!kEpilogueWarp || Ring::kScaleWarps == 1, "warp 2 is free");
+  static constexpr int kHandoffBytes = kEpilogueWarp ? 2 * static_cast<int>(sizeof(L1Handoff)) : 0;
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
   // the epilogue staging, the scaled tables, the schedule, the item queue, the L1 handoff.
   static constexpr int kFixedBytes =
@@ -115,7 +115,7 @@ struct GemmSmem {
   uint2* lut;       // the fast mode's scaled tables
   Schedule* sched;
   ItemQueue* queue;   // the dynamic order's (scheduler.cuh)
-  L1Handoff* handoff;   // [2]: the narrow engine's L1 tiles to the epilogue warps (Cfg::kEpilogueWarps)
+  L1Handoff* handoff;   // [2]: the narrow engine's L1 tiles to its epilogue warp (Cfg::kEpilogueWarp)
 
   __device__ __forceinline__ GemmSmem() {
     uint8_t* smem = dyn_smem;
@@ -157,7 +157,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
     }
     for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
-    if constexpr (Cfg::kEpilogueWarps) {
+    if constexpr (Cfg::kEpilogueWarp) {
       for (int b = 0; b < 2; ++b) {
         ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);   // every consumer thread
         ptx::mbar_init(&sm.handoff[b].empty, 32);               // the epilogue warp's lanes
@@ -173,7 +173,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 // One work item of one consumer warpgroup at token tile N: mainloop, the fast mode's row factors,
 // the epilogue of layer kLayer (Cfg: the kernel's config, whose ring the mainloop drains).
 // tl_item: the item's number among the CTA's (the timeline build's stamps; unused elsewhere).
-// handoffs: the L1 tiles this warpgroup handed to the epilogue warps so far (Cfg::kEpilogueWarps).
+// handoffs: the L1 tiles the consumers handed to the epilogue warp so far (Cfg::kEpilogueWarp).
 template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, typename Ctx>
 __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, int tl_item,
                                          int& handoffs) {
@@ -197,7 +197,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     row_base_b = __ldg(rb + row_a + 8);
   };
   if constexpr (kEarly) load_row_bases();
-  constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarps;
+  constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarp;
   float2 bias{};
   if constexpr (kHandoff && Act::kOai) bias = handoff_bias<Cfg::kRows>(*ctx.p, wi);
   mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
@@ -238,7 +238,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
 // held): the launch's item count and an item's layer are read from the schedule where needed.
 // kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: each item in
 // parts, scheduler.cuh item_part). kPartial: a layer's last block of weight rows may be partial (the
-// narrow engine's 256-row CTA tiles over a layout padded to 128 rows: scheduler.cuh row_blocks).
+// narrow engine's 192-row CTA tiles over a layout padded to 128 rows: scheduler.cuh row_blocks).
 template <typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, int kLayerA, int kLayerB = 0,
           int kBlock = kMaxN, bool kPartial = false>
 __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmParams& pb, RingCursor& cur) {
@@ -257,10 +257,10 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.t = clane % 4;
   int item = blockIdx.x;
   int taken = 0;   // items taken from the queue
-  // Cfg::kEpilogueWarps: L1 tiles handed to the epilogue warp, and whether its loop still runs
+  // Cfg::kEpilogueWarp: L1 tiles handed to the epilogue warp, and whether its loop still runs
   // (stopped at the CTA's first L2 item, or after its last item).
   int handoffs = 0;
-  bool handing = Cfg::kEpilogueWarps;
+  bool handing = Cfg::kEpilogueWarp;
   auto stop_handoffs = [&] {
     if (!handing) return;
     handing = false;
