@@ -44,7 +44,10 @@
 
 namespace megamoe {
 
-constexpr int kTailBarrier = 3;     // named barrier of the producers' tail (1 + wg are the epilogues')
+// The named barrier of the producers' tail. The consumer warpgroups' epilogues take 1 + wg, so with
+// three or four of them it is also warpgroup 2's: the tail starts after the consumers' `done`, which
+// follows their last use of it.
+constexpr int kTailBarrier = 3;
 constexpr int kTailThreads = 128;   // the producer warpgroup
 
 // The swap-AB engine: kWGs consumer warpgroups, token blocks of kFusedMaxN = BLOCK_M rows, so a

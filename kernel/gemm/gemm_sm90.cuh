@@ -73,6 +73,7 @@ struct GemmConfig {
   // a part's D6 takes it ~1-2 µs, its mainloop several.
   static constexpr bool kEpilogueWarp = kFused && kMaxN == kSmallTile;
   static_assert(!kEpilogueWarp || Ring::kScaleWarps == 1, "warp 2 is free");
+  static_assert(!kEpilogueWarp || kPerK32, "its prefill_l1_out writes no rebased L2 operand (fast mode)");
   static constexpr int kHandoffBytes = kEpilogueWarp ? 2 * static_cast<int>(sizeof(L1Handoff)) : 0;
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
   // the epilogue staging, the scaled tables, the schedule, the item queue, the L1 handoff.

@@ -191,10 +191,12 @@ __device__ __forceinline__ WorkItem item_part(WorkItem wi, int j) {
 // same pool), so an item's layer and its index there follow from the schedule alone; nothing about
 // the split is held across a role's loop (the producer's roles have 40 registers).
 //
-// A layer's blocks of kRows weight rows: its rows are padded to the swap-AB kernels' CTA tiles
-// (megamoe/jit/layout.py padded_rows), so those kernels' blocks are whole; the prefill kernel's
-// 256-row blocks (kPartial) may end in a half block where a size is not a multiple of 256 (SPEC §8:
-// 2880), whose other half is no row of the layout (prefill_rows.cuh guards it).
+// A layer's blocks of kRows weight rows: its rows are padded to whole 128-row tiles
+// (megamoe/jit/layout.py padded_rows), so the blocks of the two-warpgroup kernels, and of the fast
+// mode's four (its sizes are multiples of 512), are whole; the narrow engine's 192-row blocks and the
+// prefill kernel's 256-row blocks (kPartial) may end in a partial block where a size is not a
+// multiple of theirs (SPEC §8: 2880), whose rows past the layout are no row of it (the epilogues
+// guard them).
 template <int kRows, bool kPartial = false>
 __host__ __device__ constexpr int row_blocks(int n_rows) {
   return kPartial ? (n_rows + kRows - 1) / kRows : n_rows / kRows;
