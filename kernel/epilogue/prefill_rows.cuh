@@ -261,7 +261,7 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
 }
 
 // D6 from the staged tile, by the epilogue warp ew (0 or 1: tokens 64 ew .. 64 ew + 63; the narrow
-// engine's warps each take a whole item part, ew = 0). Per step a warp takes two tokens; lane l:
+// engine's one warp takes each whole item part, ew = 0). Per step a warp takes two tokens; lane l:
 // token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the tile's kGroups (4; the narrow
 // engine's: its consumer warpgroups), its 8 channels l % 4 (the group's maximum over four lanes: two
 // shuffles), stored as 8 bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's
