@@ -17,7 +17,7 @@ from bench import probe, sass_stage
 from megamoe.jit import build as jb
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBES = ["wgmma_rate", "prefill_rate", "decode_rate"]
+PROBES = ["wgmma_rate", "prefill_rate", "decode_rate", "exact_rate"]
 
 
 def _no_compiling(monkeypatch):
