@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <cuda_bf16.h>
+#include <type_traits>
 
 #include "../common/ptx.cuh"
 #include "../common/rebase.cuh"
@@ -218,23 +219,54 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       wr[r] = layer == 2 && tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
+    // All 32 pairs are loaded before any is used, each from its column or, where the column is not
+    // real, from the expert's first (then replaced by the -0.0 pair): a load in a branch of its own
+    // waited out its latency before the next was issued, 32 round trips an item (ncu at gpt-oss
+    // T = 4096: a fifth of the consumers' time beside the mainloop; bench/NOTES.md v39). The layer
+    // is chosen once, outside the loads: chosen per column, it made a branch of each.
+    uint32_t pairs[2][16];
+    const uint16_t* bias = p.bias;
+    auto load_pairs = [&](auto layer_c) {
+      constexpr int kL = decltype(layer_c)::value;
+      const uint16_t* eb = bias + static_cast<int64_t>(wi.expert) * p.n_out;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const bool real = kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out;
+          const int64_t col = kL == 1 ? (j % 2) * inter + ch1(h, j, 0) : h2(h, j, 0);
+          pairs[h][j] = __ldg(reinterpret_cast<const uint32_t*>(eb + (real ? col : 0)));
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          if (!(kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out)) pairs[h][j] = 0x80008000u;
+    };
+    if (bias == nullptr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) pairs[h][j] = 0x80008000u;
+    } else if (layer == 1) {
+      load_pairs(std::integral_constant<int, 1>{});
+    } else {
+      load_pairs(std::integral_constant<int, 2>{});
+    }
+    // The term added: L1 b1 itself; L2 routed_bias's fp32(w_route · b2), or without b2 -0.0, which
+    // is then b itself (the -0.0 pair). One select per term on the thread's flag `plain`: chosen per
+    // term by layer and by bias, each term took a branch of its own.
+    const bool plain = layer == 1 || bias == nullptr;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const int64_t col = layer == 1 ? (j % 2) * inter + ch1(h, j, 0) : h2(h, j, 0);
-        const bool real = layer == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out;
-        const uint32_t pair =
-            p.bias != nullptr && real
-                ? __ldg(reinterpret_cast<const uint32_t*>(p.bias + static_cast<int64_t>(wi.expert) * p.n_out + col))
-                : 0x80008000u;
-        const float b[2] = {__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u)};
+        const float b[2] = {__uint_as_float(pairs[h][j] << 16), __uint_as_float(pairs[h][j] & 0xFFFF0000u)};
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            // L2: routed_bias's term (-0.0 without b2, whose add keeps every value).
-            const float term = layer == 1 ? b[c] : p.bias != nullptr ? __fmul_rn(wr[r], b[c]) : -0.0f;
+            const float term = plain ? b[c] : __fmul_rn(wr[r], b[c]);
             acc[h][4 * j + 2 * r + c] = __fadd_rn(acc[h][4 * j + 2 * r + c], term);
           }
       }
