@@ -187,6 +187,14 @@ def timeline_specs() -> list[jb.FusedSpec]:
 # 16 rows, 2004 / 1841 at 128. Between the measured points: 256 (fast), 128 (exact).
 FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 
+# The same for a layer whose weights are predecoded (MegaMoE(predecoded=True)): its prefill calls
+# have no predecode phase, so the engine wins from fewer rows. Measured on gpt-oss-20b (H100,
+# bench/NOTES.md v39, one call, us, the swap-AB engine / the predecoded prefill engine): 491.8 /
+# 432.4 at 32 rows (T = 256), 641.5 / 462.6 at 64, 1064.6 / 579.8 at 125 (T = 1000); the narrow
+# engine keeps its 8 rows (T = 64: 234.4). Between 8 and 32 rows not measured: 32 (exact). The fast
+# mode's predecoded layers are not measured either: its per-call threshold.
+FUSED_PREFILL_MIN_ROWS_PREDECODED = {"k128": 256, "k32": 32}
+
 # The exact mode's narrow engine (token tile 8) up to this many expected pool rows per local expert
 # (T R K / E, as FUSED_PREFILL_MIN_ROWS). Up to T R = 8 no expert can receive more than 8 rows; past
 # it experts of 9-16 rows run in two parts (their weights streamed twice), and still the narrow
@@ -195,16 +203,20 @@ FUSED_PREFILL_MIN_ROWS = {"k128": 256, "k32": 128}
 FUSED_NARROW_MAX_ROWS = 8
 
 
-def choose_engine(cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto") -> str:
+def choose_engine(
+    cfg: ref.MoEConfig, promotion: str, tokens: int, engine: str = "auto", predecoded: bool = False
+) -> str:
     """The GEMM engine of a call of `tokens` tokens on this rank: `engine` unless "auto", else the
     prefill engine from FUSED_PREFILL_MIN_ROWS[promotion] expected pool rows per local expert
-    (T R K / E: every rank's call as large as this one, routed uniformly), the narrow engine in the
-    exact mode up to FUSED_NARROW_MAX_ROWS of them, else the swap-AB engine. Every engine runs every
-    layer the fused kernel takes (SPEC §8's activation and sizes included)."""
+    (T R K / E: every rank's call as large as this one, routed uniformly; for a layer whose weights
+    are `predecoded`, FUSED_PREFILL_MIN_ROWS_PREDECODED's), the narrow engine in the exact mode up
+    to FUSED_NARROW_MAX_ROWS of them, else the swap-AB engine. Every engine runs every layer the
+    fused kernel takes (SPEC §8's activation and sizes included)."""
     if engine != "auto":
         return engine
     rows = tokens * cfg.num_ranks * cfg.top_k / cfg.num_experts
-    if rows >= FUSED_PREFILL_MIN_ROWS[promotion]:
-        return "prefill"
     narrow = promotion == "k32" and rows <= FUSED_NARROW_MAX_ROWS
-    return "narrow" if narrow else "swapab"
+    if narrow:
+        return "narrow"
+    least = (FUSED_PREFILL_MIN_ROWS_PREDECODED if predecoded else FUSED_PREFILL_MIN_ROWS)[promotion]
+    return "prefill" if rows >= least else "swapab"

@@ -34,7 +34,7 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   them once, when the layer is made (whatever `engine` says: it may be reassigned), into buffers of
   the layer's own (the same bytes and size as the scratch: E_l * 3 * H * I at whole sizes, 9/8 of
   it in the exact mode; 0.95 GB for gpt-oss's 32 experts), and its prefill calls skip the per-call
-  predecode.
+  predecode (so "auto" takes the prefill engine from fewer rows: choose_engine).
 
 Expert parallelism (SPEC §6): with a process group of R ranks (`cfg.num_ranks` = R), every rank
 makes its MegaMoE with the same arguments (a collective: the symmetric workspace is allocated and
@@ -254,9 +254,10 @@ class MegaMoE:
     def engine_for(self, tokens: int) -> str:
         """The GEMM engine a call of `tokens` tokens (this rank's T) runs on (choose_engine). The
         `engine` attribute may be reassigned between calls (one workspace serves every engine): it
-        is checked here as in the constructor."""
+        is checked here as in the constructor. A predecoded layer takes the prefill engine from fewer
+        rows (heuristics.FUSED_PREFILL_MIN_ROWS_PREDECODED)."""
         self._check_engine()
-        return choose_engine(self.cfg, self.promotion, tokens, self.engine)
+        return choose_engine(self.cfg, self.promotion, tokens, self.engine, self.predecoded)
 
     def _check_engine(self) -> None:
         """`engine`: "auto" or an engine of the layer's promotion (jit.build.FUSED_ENGINES_OF)."""

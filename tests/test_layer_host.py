@@ -56,6 +56,22 @@ def test_auto_takes_the_prefill_engine_from_its_rows_per_expert_for_every_layer_
     assert choose_engine(plain, "k32", 1024) == "prefill"
 
 
+def test_a_predecoded_layer_takes_the_prefill_engine_from_32_expected_rows_an_expert_in_the_exact_mode():
+    # Without the per-call predecode the prefill engine wins from fewer rows (NOTES v39): gpt-oss-20b
+    # from T = 256; the narrow engine keeps its 8 rows, the fast mode its per-call threshold.
+    oai = ref.MoEConfig(
+        **GPT_OSS_SHAPE, num_experts=GPT_OSS_MODELS["gpt-oss-20b"], max_tokens_per_rank=4096, activation="swiglu_oai"
+    )
+    assert choose_engine(oai, "k32", 255, predecoded=True) == "swapab"
+    assert choose_engine(oai, "k32", 256, predecoded=True) == "prefill"
+    assert choose_engine(oai, "k32", 1000, predecoded=True) == "prefill"
+    assert choose_engine(oai, "k32", 64, predecoded=True) == "narrow"
+    assert choose_engine(oai, "k32", 256, "swapab", predecoded=True) == "swapab"
+    fast = ref.MoEConfig(**dict(oai.to_dict(), hidden=512, intermediate=512, activation="swiglu"))
+    assert choose_engine(fast, "k128", 1024, predecoded=True) == "swapab"
+    assert choose_engine(fast, "k128", 2048, predecoded=True) == "prefill"
+
+
 def test_auto_takes_the_narrow_engine_up_to_eight_expected_rows_an_expert_in_the_exact_mode_only():
     # gpt-oss-20b: E 32, top-4, so T R / 8 rows an expert: the narrow engine up to T R = 64.
     cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=128, activation="swiglu_oai")
@@ -184,8 +200,13 @@ def test_an_engine_reassigned_on_a_layer_is_checked_against_its_promotion_at_the
     # do); the fast mode has no narrow engine.
     layer = MegaMoE.__new__(MegaMoE)
     layer.cfg = ref.MoEConfig(**GPT_OSS_SHAPE, num_experts=32, max_tokens_per_rank=8)
-    layer.promotion, layer.engine = "k128", "narrow"
+    layer.promotion, layer.engine, layer._decoded = "k128", "narrow", None
     with pytest.raises(MegaMoEInputError, match=r"argument 'engine': expected one of \('auto', 'swapab', 'prefill'\)"):
         layer.engine_for(8)
     layer.promotion = "k32"
     assert layer.engine_for(8) == "narrow"
+    # "auto" asks whether the layer's weights are predecoded (its own prefill threshold).
+    layer.engine = "auto"
+    assert layer.engine_for(256) == "swapab"
+    layer._decoded = (torch.empty(0), torch.empty(0))
+    assert layer.engine_for(256) == "prefill"
