@@ -187,6 +187,11 @@ __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src,
                : "memory");
 }
 
+// 8-byte asynchronous global->shared copy (LDGSTS). Completed by this thread's cp_async_wait.
+__device__ __forceinline__ void cp_async_8(uint32_t smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
+}
+
 // 16-byte asynchronous global->shared copy through L2 (LDGSTS.BYPASS); src_bytes = 0 writes zeros and
 // reads nothing. Completed by this thread's cp_async_wait (commit groups).
 __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, uint32_t src_bytes) {

@@ -19,16 +19,24 @@ namespace megamoe {
 // tail's registers (40 in the four-warpgroup kernel) hold few rows. So the rows land in shared
 // memory by cp.async, which costs no register: a thread's chunk (a token's 8 channels) is cut into
 // units of up to kCombineUnitSlots slots, and kCombineUnits units are in flight, each unit's copies
-// one commit group, laid out [unit][slot][thread] (a warp's 16-byte accesses on distinct banks).
+// one commit group, laid out [unit][slot][thread] (a warp's 16-byte accesses on distinct banks),
+// each slot's topk_idx entry beside its row ([unit][slot][thread], 8 bytes, after all the rows).
+// Every slot's row is copied and a slot whose entry is negative is skipped where the rows are
+// summed: a copy sized by the entry waited for the entry's load before it was issued, a round trip
+// a unit (ncu at gpt-oss T = 4096: the combine at ~1.4 TB/s; bench/NOTES.md v39). A skipped slot's
+// row is read and not used: the combine buffer's (zeroed when the workspace was made, or an earlier
+// call's).
 constexpr int kCombineUnitSlots = 8;
 constexpr int kCombineUnits = 4;
 template <int kThreads>
-constexpr int kCombineSmemBytes = kCombineUnits * kCombineUnitSlots * kThreads * 16;
+constexpr int kCombineRowBytes = kCombineUnits * kCombineUnitSlots * kThreads * 16;
+template <int kThreads>
+constexpr int kCombineSmemBytes = kCombineRowBytes<kThreads> + kCombineUnits * kCombineUnitSlots * kThreads * 8;
 
 // tid / kThreads: this thread among the CTA's threads that run the tail; smem: kCombineSmemBytes
-// free bytes of shared memory. A masked slot's copy writes zeros and reads nothing, and adding +0.0
-// leaves the sum's bits as they are (it starts at +0.0, so it is never -0.0): SPEC D9's sum over the
-// valid slots in ascending k.
+// free bytes of shared memory. Skipping a slot is adding +0.0 to the sum, which leaves its bits as
+// they are (it starts at +0.0, so it is never -0.0): SPEC D9's sum over the valid slots in
+// ascending k.
 template <int kThreads>
 __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, uint8_t* smem) {
   const int H = fp.hidden;
@@ -42,6 +50,7 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
   const int stride = static_cast<int>(gridDim.x) * kThreads;
   const int units = (first < chunks ? (chunks - 1 - first) / stride + 1 : 0) * groups;
   const uint32_t base = ptx::smem_addr(smem) + 16 * tid;
+  const uint32_t idx_base = ptx::smem_addr(smem) + kCombineRowBytes<kThreads> + 8 * tid;
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
@@ -51,14 +60,17 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
       const int t = c / (H / 8);
       const int k0 = (u % groups) * per_unit;
       const uint32_t dst = base + 16 * kThreads * kCombineUnitSlots * (u % kCombineUnits);
+      const uint32_t idx_dst = idx_base + 8 * kThreads * kCombineUnitSlots * (u % kCombineUnits);
       // The owners wrote these rows during this launch: read through L2 (cp.async.cg). Element
       // (k0 + j, t, 8 (c % (H / 8))) of combine [K, T_max, H] (ws_combine_index), written out here:
       // through the generated index the compiler no longer folds the slots' stride into the row's
       // index, and the loop's machine code changes (bench.sass_identity).
       const uint16_t* src = fp.ws_combine + (static_cast<int64_t>(k0) * fp.max_tokens + t) * H + 8 * (c - t * (H / 8));
-      for (int j = 0; j < per_unit && k0 + j < K; ++j)
-        ptx::cp_async_16(dst + 16 * kThreads * j, src + static_cast<int64_t>(j) * fp.max_tokens * H,
-                         __ldg(fp.topk_idx + static_cast<int64_t>(t) * K + k0 + j) >= 0 ? 16u : 0u);
+      const int64_t* idx = fp.topk_idx + static_cast<int64_t>(t) * K + k0;
+      for (int j = 0; j < per_unit && k0 + j < K; ++j) {
+        ptx::cp_async_16(dst + 16 * kThreads * j, src + static_cast<int64_t>(j) * fp.max_tokens * H, 16u);
+        ptx::cp_async_8(idx_dst + 8 * kThreads * j, idx + j);
+      }
     }
     ptx::cp_async_commit();
     if (u < kCombineUnits - 1) continue;
@@ -66,7 +78,10 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
     const int v = u - (kCombineUnits - 1);
     const int k0 = (v % groups) * per_unit;
     const uint32_t src = base + 16 * kThreads * kCombineUnitSlots * (v % kCombineUnits);
+    const uint32_t idx_src = idx_base + 8 * kThreads * kCombineUnitSlots * (v % kCombineUnits);
     for (int j = 0; j < per_unit && k0 + j < K; ++j) {
+      // The entry's high word holds its sign: -1 (no expert) skips the slot.
+      if (static_cast<int>(ptx::ld_shared_u32(idx_src + 8 * kThreads * j + 4)) < 0) continue;
       const uint4 w = ptx::ld_shared_v4(src + 16 * kThreads * j);
       const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
