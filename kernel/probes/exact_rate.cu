@@ -233,24 +233,14 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
 // Source stages: E4M3 activations and weights near 1, token scales near 1.
 template <typename L>
 uint8_t* make_source() {
-  const size_t bytes = static_cast<size_t>(kSrcSlots) * L::kCopy;
-  uint8_t* host = static_cast<uint8_t*>(std::malloc(bytes));
-  uint32_t x = 12345u;
-  auto rnd = [&] {
-    x = x * 1664525u + 1013904223u;
-    return x >> 8;
-  };
-  for (int s = 0; s < kSrcSlots; ++s) {
-    uint8_t* p = host + static_cast<size_t>(s) * L::kCopy;
-    for (int i = 0; i < L::kX + L::kB; ++i) p[i] = static_cast<uint8_t>(0x30 + rnd() % 16);
-    float* sx = reinterpret_cast<float*>(p + L::kX + L::kB);
-    for (int i = 0; i < 4 * L::kM; ++i) sx[i] = 1.0f + static_cast<float>(rnd() % 64) * 0x1p-10f;
-  }
-  uint8_t* dev;
-  probe_check(cudaMalloc(&dev, bytes), "cudaMalloc");
-  probe_check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  std::free(host);
-  return dev;
+  return probe_upload(static_cast<size_t>(kSrcSlots) * L::kCopy, [](uint8_t* host, auto& rnd) {
+    for (int s = 0; s < kSrcSlots; ++s) {
+      uint8_t* p = host + static_cast<size_t>(s) * L::kCopy;
+      for (int i = 0; i < L::kX + L::kB; ++i) p[i] = static_cast<uint8_t>(0x30 + rnd() % 16);
+      float* sx = reinterpret_cast<float*>(p + L::kX + L::kB);
+      for (int i = 0; i < 4 * L::kM; ++i) sx[i] = 1.0f + static_cast<float>(rnd() % 64) * 0x1p-10f;
+    }
+  });
 }
 
 template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo>

@@ -1,8 +1,10 @@
-// Host side shared by the rate probes (wgmma_rate.cu, prefill_rate.cu): the error check, one timed
-// launch after a warm-up (the launch's time and the mean of the CTAs' clock64 spans), and the rate
-// columns every probe prints after its own.
+// Host side shared by the rate probes (wgmma_rate.cu, prefill_rate.cu, exact_rate.cu, ...): the
+// error check, their source data (probe_upload), one timed launch after a warm-up (the launch's
+// time and the mean of the CTAs' clock64 spans), and the rate columns every probe prints after its
+// own.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,6 +15,24 @@ inline void probe_check(cudaError_t e, const char* what) {
     std::fprintf(stderr, "probe: %s failed: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
   }
+}
+
+// The probes' source data: a device copy of `bytes` bytes that fill(host, rnd) writes on the host,
+// rnd() drawing 24 pseudo-random bits (an LCG, so every run gets the same bytes).
+template <typename Fill>
+uint8_t* probe_upload(size_t bytes, Fill fill) {
+  uint8_t* host = static_cast<uint8_t*>(std::malloc(bytes));
+  uint32_t x = 12345u;
+  auto rnd = [&] {
+    x = x * 1664525u + 1013904223u;
+    return x >> 8;
+  };
+  fill(host, rnd);
+  uint8_t* dev;
+  probe_check(cudaMalloc(&dev, bytes), "cudaMalloc");
+  probe_check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  std::free(host);
+  return dev;
 }
 
 struct ProbeTime {
