@@ -218,14 +218,7 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
     if (item + 1 == items) {
       // The end is inside the loop: ptxas gives the setmaxnreg budget only to a region that ends
       // with the loop (code after it made it fall back to the launch's registers and spill).
-      const long long t1 = clock64();
-      float sum = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kParts; ++q)
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) sum += acc[q][i];
-      if (sum == 1.2345f) sink[ctid] = sum;  // keeps the products live; never true for these operands
-      if (ctid == 0) cycles[blockIdx.x] = t1 - t0;
+      probe_end(acc, t0, sink, cycles, ctid);
     }
   }
 }
@@ -244,7 +237,7 @@ uint8_t* make_source() {
 }
 
 template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo>
-void run(int sms, long long* cycles, float* sink, int* err) {
+void run(const ProbeBuffers& b) {
   using L = Layout<kWGs, kRows>;
   auto kernel = exact_kernel<kWGs, kRows, kStepN, kDepth, kPromo>;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
@@ -253,45 +246,37 @@ void run(int sms, long long* cycles, float* sink, int* err) {
   // Items of 23 K blocks (gpt-oss's K = 2880), about the same work per variant.
   const int num_kb = 23;
   const int items = (1 << 21) / (kWGs * kRows / 64) / num_kb;
-  const ProbeTime t =
-      probe_time([&] { kernel<<<sms, L::kThreads, L::kSmem>>>(items, num_kb, src, cycles, sink, err); }, cycles, sms);
+  const ProbeTime t = probe_time(
+      [&] { kernel<<<b.sms, L::kThreads, L::kSmem>>>(items, num_kb, src, b.cycles, b.sink, b.err); }, b.cycles, b.sms);
   probe_check(cudaFree(src), "cudaFree");
   std::printf("%4d %5d %5d %5d %6d %-9s", L::kM, kRows, kStepN, kDepth, L::kStages,
               kPromo == kK32        ? "k32"
               : kPromo == kWaitOnly ? "wait-only"
                                     : "k128");
-  print_rate(static_cast<double>(items) * num_kb * L::kM * kRows * kBlockK, t, sms);
+  print_rate(static_cast<double>(items) * num_kb * L::kM * kRows * kBlockK, t, b.sms);
 }
 
 }  // namespace
 
 int main() {
-  int sms = 0;
-  probe_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-  long long* cycles;
-  float* sink;
-  int* err;
-  probe_check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
-  probe_check(cudaMalloc(&sink, sizeof(float) * 512), "cudaMalloc");
-  probe_check(cudaMalloc(&err, sizeof(int) * 8), "cudaMalloc");
-  probe_check(cudaMemset(err, 0, sizeof(int) * 8), "cudaMemset");
+  const ProbeBuffers b = probe_buffers();
   std::printf("%4s %5s %5s %5s %6s %-9s", "M", "rows", "N", "depth", "stages", "promote");
   print_rate_header();
   // The fused prefill engine's tile (128 tokens x 256 rows): the fast mode's loop, the exact one
   // as it is, its chain without the FFMAs, and the exact one with smaller wgmmas, pipelined.
-  run<2, 256, 128, 1, kK128>(sms, cycles, sink, err);
-  run<2, 256, 128, 1, kK32>(sms, cycles, sink, err);
-  run<2, 256, 128, 1, kWaitOnly>(sms, cycles, sink, err);
-  run<2, 256, 64, 1, kK32>(sms, cycles, sink, err);
-  run<2, 256, 64, 2, kK32>(sms, cycles, sink, err);
+  run<2, 256, 128, 1, kK128>(b);
+  run<2, 256, 128, 1, kK32>(b);
+  run<2, 256, 128, 1, kWaitOnly>(b);
+  run<2, 256, 64, 1, kK32>(b);
+  run<2, 256, 64, 2, kK32>(b);
   // Half the rows: room for a second temporary of 64 registers, or four of 32.
-  run<2, 128, 128, 1, kK32>(sms, cycles, sink, err);
-  run<2, 128, 128, 2, kK32>(sms, cycles, sink, err);
-  run<2, 128, 64, 2, kK32>(sms, cycles, sink, err);
-  run<2, 128, 64, 4, kK32>(sms, cycles, sink, err);
+  run<2, 128, 128, 1, kK32>(b);
+  run<2, 128, 128, 2, kK32>(b);
+  run<2, 128, 64, 2, kK32>(b);
+  run<2, 128, 64, 4, kK32>(b);
   // Three consumer warpgroups (192 tokens x 128 rows, 152 registers a thread).
-  run<3, 128, 128, 1, kK32>(sms, cycles, sink, err);
-  run<3, 128, 64, 1, kK32>(sms, cycles, sink, err);
-  run<3, 128, 64, 2, kK32>(sms, cycles, sink, err);
+  run<3, 128, 128, 1, kK32>(b);
+  run<3, 128, 64, 1, kK32>(b);
+  run<3, 128, 64, 2, kK32>(b);
   return 0;
 }

@@ -241,16 +241,7 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows, kDecode>::kThreads, 1)
     phase = next_phase;
     // The end is inside the loop: ptxas gives the setmaxnreg budget only to a region that ends with
     // the loop (code after it made it fall back to the launch's registers and spill; gemm_sm90.cuh).
-    if (kb + 1 == num_kb) {
-      const long long t1 = clock64();
-      float sum = 0.0f;
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-        for (int i = 0; i < kHalfRows / 2; ++i) sum += acc[h][i];
-      if (sum == 1.2345f) sink[ctid] = sum;   // keeps the products live; never true for these operands
-      if (ctid == 0) cycles[blockIdx.x] = t1 - t0;
-    }
+    if (kb + 1 == num_kb) probe_end(acc, t0, sink, cycles, ctid);
   }
 }
 
@@ -272,15 +263,15 @@ uint8_t* make_source() {
 }
 
 template <int kWGs, int kRows, Decoder kDecode, bool kPromote>
-void run(int sms, long long* cycles, float* sink, int* err) {
+void run(const ProbeBuffers& b) {
   using L = Layout<kWGs, kRows, kDecode>;
   auto kernel = prefill_kernel<kWGs, kRows, kDecode, kPromote>;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
               "cudaFuncSetAttribute");
   uint8_t* src = make_source<L>();
   const int num_kb = 1 << 20 >> (kRows / 128 + kWGs);   // about the same work per variant
-  const ProbeTime t =
-      probe_time([&] { kernel<<<sms, L::kThreads, L::kSmem>>>(num_kb, src, cycles, sink, err); }, cycles, sms);
+  const ProbeTime t = probe_time(
+      [&] { kernel<<<b.sms, L::kThreads, L::kSmem>>>(num_kb, src, b.cycles, b.sink, b.err); }, b.cycles, b.sms);
   probe_check(cudaFree(src), "cudaFree");
   std::printf("%4d %5d %6d %-9s %-8s", L::kM, kRows, L::kStages,
               kDecode == kNoDecode         ? "-"
@@ -289,33 +280,25 @@ void run(int sms, long long* cycles, float* sink, int* err) {
               : kDecode == kPredecoded     ? "before"
                                            : "7 warps",
               kPromote ? "FFMA" : "-");
-  print_rate(static_cast<double>(num_kb) * L::kM * kRows * kBlockK, t, sms);
+  print_rate(static_cast<double>(num_kb) * L::kM * kRows * kBlockK, t, b.sms);
 }
 
 }  // namespace
 
 int main() {
-  int sms = 0;
-  probe_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-  long long* cycles;
-  float* sink;
-  int* err;
-  probe_check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
-  probe_check(cudaMalloc(&sink, sizeof(float) * 512), "cudaMalloc");
-  probe_check(cudaMalloc(&err, sizeof(int) * 8), "cudaMalloc");
-  probe_check(cudaMemset(err, 0, sizeof(int) * 8), "cudaMemset");
+  const ProbeBuffers b = probe_buffers();
   std::printf("%4s %5s %6s %-9s %-8s", "M", "rows", "stages", "decode", "promote");
   print_rate_header();
-  run<2, 128, kConsumerDecode, true>(sms, cycles, sink, err);
-  run<2, 128, kProducerDecode, true>(sms, cycles, sink, err);
-  run<2, 128, kNoDecode, true>(sms, cycles, sink, err);
-  run<2, 128, kPredecoded, true>(sms, cycles, sink, err);
-  run<2, 256, kConsumerDecode, true>(sms, cycles, sink, err);
-  run<2, 256, kProducerDecode, true>(sms, cycles, sink, err);
-  run<2, 256, kNoDecode, true>(sms, cycles, sink, err);
-  run<2, 256, kPredecoded, true>(sms, cycles, sink, err);
-  run<2, 128, kWarpgroupDecode, true>(sms, cycles, sink, err);
-  run<2, 256, kWarpgroupDecode, true>(sms, cycles, sink, err);
-  run<2, 256, kProducerDecode, false>(sms, cycles, sink, err);
+  run<2, 128, kConsumerDecode, true>(b);
+  run<2, 128, kProducerDecode, true>(b);
+  run<2, 128, kNoDecode, true>(b);
+  run<2, 128, kPredecoded, true>(b);
+  run<2, 256, kConsumerDecode, true>(b);
+  run<2, 256, kProducerDecode, true>(b);
+  run<2, 256, kNoDecode, true>(b);
+  run<2, 256, kPredecoded, true>(b);
+  run<2, 128, kWarpgroupDecode, true>(b);
+  run<2, 256, kWarpgroupDecode, true>(b);
+  run<2, 256, kProducerDecode, false>(b);
   return 0;
 }

@@ -63,6 +63,41 @@ ProbeTime probe_time(Launch launch, const long long* cycles, int sms) {
   return {ms, mean};
 }
 
+// What a probe's launches share: the SM count, each CTA's span (cycles[blockIdx.x]), a sink for
+// values kept live, and a zeroed trap record (mbar_wait's).
+struct ProbeBuffers {
+  int sms = 0;
+  long long* cycles = nullptr;
+  float* sink = nullptr;
+  int* err = nullptr;
+};
+
+inline ProbeBuffers probe_buffers() {
+  ProbeBuffers b;
+  probe_check(cudaDeviceGetAttribute(&b.sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  probe_check(cudaMalloc(&b.cycles, sizeof(long long) * b.sms), "cudaMalloc");
+  probe_check(cudaMalloc(&b.sink, sizeof(float) * 512), "cudaMalloc");
+  probe_check(cudaMalloc(&b.err, sizeof(int) * 8), "cudaMalloc");
+  probe_check(cudaMemset(b.err, 0, sizeof(int) * 8), "cudaMemset");
+  return b;
+}
+
+// A consumer thread's end of the timed loop (t0: its clock64 at the start): the CTA's span by
+// consumer thread 0, and the accumulators summed into a sink that is never written for the probes'
+// operands, so that their products stay live.
+template <int A, int B>
+__device__ __forceinline__ void probe_end(const float (&acc)[A][B], long long t0, float* sink, long long* cycles,
+                                          int ctid) {
+  const long long t1 = clock64();
+  float sum = 0.0f;
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int i = 0; i < B; ++i) sum += acc[a][i];
+  if (sum == 1.2345f) sink[ctid] = sum;
+  if (ctid == 0) cycles[blockIdx.x] = t1 - t0;
+}
+
 // MAC/clk/SM, % of the dense FP8 peak per clock (4096), TFLOP/s over all SMs, SM clock (GHz), for
 // `macs` multiply-adds per CTA.
 inline void print_rate(double macs, const ProbeTime& t, int sms) {
