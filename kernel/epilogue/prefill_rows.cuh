@@ -229,19 +229,19 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
     auto load_pairs = [&](auto layer_c) {
       constexpr int kL = decltype(layer_c)::value;
       const uint16_t* eb = bias + static_cast<int64_t>(wi.expert) * p.n_out;
+      auto real = [&](int h, int j) { return kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out; };
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const bool real = kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out;
           const int64_t col = kL == 1 ? (j % 2) * inter + ch1(h, j, 0) : h2(h, j, 0);
-          pairs[h][j] = __ldg(reinterpret_cast<const uint32_t*>(eb + (real ? col : 0)));
+          pairs[h][j] = __ldg(reinterpret_cast<const uint32_t*>(eb + (real(h, j) ? col : 0)));
         }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
-          if (!(kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out)) pairs[h][j] = 0x80008000u;
+          if (!real(h, j)) pairs[h][j] = 0x80008000u;
     };
     if (bias == nullptr) {
 #pragma unroll
