@@ -184,13 +184,14 @@ def test_the_kernel_layout_refuses_weights_the_kernels_cannot_take_naming_them()
         G.transform_weights(w.w1, w.w1_sf, w.w2, w.w2_sf.float())
 
 
-def test_a_bias_view_at_an_odd_element_offset_is_copied_for_the_kernels_4_byte_loads():
-    # The prefill engine reads b1 / b2 two columns at a time, one 4-byte word.
-    flat = torch.arange(2 * 64 + 1, dtype=torch.bfloat16)
-    odd = flat[1:].view(2, 64)
-    assert odd.data_ptr() % 4 == 2
-    b = kernel_bias(odd)
-    assert b.data_ptr() % 4 == 0 and torch.equal(b, odd)
+def test_a_bias_view_off_a_16_byte_boundary_is_copied_for_the_kernels_16_byte_copies():
+    # The prefill engine copies b1 / b2 eight columns at a time, 16 bytes by cp.async.
+    flat = torch.arange(2 * 64 + 8, dtype=torch.bfloat16)
+    for first in (1, 2):  # 2 and 4 bytes past the (64-byte aligned) start
+        view = flat[first : first + 128].view(2, 64)
+        assert view.data_ptr() % 16 == 2 * first
+        b = kernel_bias(view)
+        assert b.data_ptr() % 16 == 0 and torch.equal(b, view)
     even = flat[:128].view(2, 64)
     assert kernel_bias(even).data_ptr() == even.data_ptr()  # no copy where none is needed
 

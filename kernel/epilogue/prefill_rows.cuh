@@ -142,6 +142,56 @@ __device__ __forceinline__ void l1_stop_handoff(const GemmParams& p, L1Handoff& 
   ptx::mbar_arrive(&h.full);
 }
 
+// What prefill_stage_tile reads of the weights besides the tile, per item: copied into shared memory
+// by the consumers' cp.async at the item's start (prefill_item_fetch), so that it has landed when
+// their mainloop ends. Loaded after the mainloop, its round trips (the row factors', then the
+// biases') were a tenth of an item's time (bench/NOTES.md v39). Static weight data only: the routing
+// weights are written by this launch's pull, and a copy issued before the item's first stage has
+// passed would not be ordered after the gate that makes them visible. Layout (bytes):
+//   [0, 256)     the tile's 256 row-base bytes (kRowFactors; 0 past the layer's rows)
+//   [256, 768)   SPEC §8's bias of the tile's columns, bf16: L1 the tile's 128 gate channels, then
+//                its 128 up channels; L2 its 256 rows (0 past the real ones)
+//   [768, 772)   the 4-byte word of w_expert_base that holds the expert's byte (kRowFactors)
+constexpr int kPrefillItemBytes = 784;
+constexpr int kPrefillItemBias = 256, kPrefillItemBase = 768;
+static_assert(kPrefillItemBytes % 16 == 0 && kPrefillItemBase + 4 <= kPrefillItemBytes,
+              "the item's data keeps what follows aligned");
+// The consumers' barrier before they read it (256 threads; ids 1-3 serve other roles' barriers).
+constexpr int kPrefillItemBarrier = 5;
+
+// The copies of item `wi`'s data into `item` (kPrefillItemBytes of shared memory), by consumer
+// threads 0-48, each one cp.async group (every thread commits one, empty or not). A chunk past the
+// layer's rows copies nothing and writes zeros.
+template <typename Act, bool kRowFactors>
+__device__ __forceinline__ void prefill_item_fetch(const GemmParams& p, const WorkItem& wi, int layer, uint32_t item) {
+  const int ctid = ptx::thread_idx() - 128;
+  const int64_t row_tile = static_cast<int64_t>(wi.n_block) * 256;
+  if (kRowFactors && ctid < 16) {
+    const bool ok = row_tile + 16 * ctid < p.n_rows;   // n_rows: a multiple of 128
+    ptx::cp_async_16(item + 16 * ctid,
+                     p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + (ok ? row_tile + 16 * ctid : 0),
+                     ok ? 16u : 0u);
+  }
+  if (Act::kOai && ctid >= 16 && ctid < 48 && p.bias != nullptr) {
+    const int c = ctid - 16;   // 8 columns a chunk (n_out and I: multiples of 32)
+    const int64_t inter = p.n_out / 2;
+    int64_t col;
+    bool ok;
+    if (layer == 1) {
+      const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 8 * (c % 16);
+      col = (c / 16) * inter + ch;
+      ok = ch < inter;
+    } else {
+      col = row_tile + 8 * c;
+      ok = col < p.n_out;
+    }
+    ptx::cp_async_16(item + kPrefillItemBias + 16 * c,
+                     p.bias + static_cast<int64_t>(wi.expert) * p.n_out + (ok ? col : 0), ok ? 16u : 0u);
+  }
+  if (kRowFactors && ctid == 48) ptx::cp_async_4(item + kPrefillItemBase, p.w_expert_base + (wi.expert & ~3));
+  ptx::cp_async_commit();
+}
+
 // The consumers' part: the row factors 2^(B_r - B_e) <= 1 where the mainloop used the scaled
 // tables (kRowFactors: the fast mode, the exact mode's folded items; static weight data, here per
 // column), the debug dumps (the fp32 values D5 / D7 compare), SPEC §8's biases (Act::kOai: b1 at D6
@@ -158,21 +208,24 @@ __device__ __forceinline__ void l1_stop_handoff(const GemmParams& p, L1Handoff& 
 template <typename Act, bool kDebug, bool kRowFactors>
 __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
                                                    uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
-                                                   uint32_t phase, int layer) {
+                                                   uint32_t phase, int layer, uint32_t item) {
   const int ctid = ptx::thread_idx() - 128;  // re-read: held across the mainloop it is spilled
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
   const int row_tile = wi.n_block * 256;  // the tile's first weight row of the layout
+  // The item's data (prefill_item_fetch): every consumer thread's copies landed, then all of them.
+  ptx::cp_async_wait<0>();
+  ptx::named_barrier(kPrefillItemBarrier, 256);
   if constexpr (kRowFactors) {
-    const uint8_t* rb = p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + row_tile + 2 * t;
-    const int expert_base = __ldg(p.w_expert_base + wi.expert);
+    const int expert_base =
+        static_cast<int>(ptx::ld_shared_u32(item + kPrefillItemBase) >> (8 * (wi.expert & 3)) & 0xFFu);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const bool in_layout = row_tile + 128 * h < p.n_rows;  // n_rows: a multiple of 128
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const uint32_t pair = in_layout ? __ldg(reinterpret_cast<const uint16_t*>(rb + 128 * h + 8 * j)) : 0u;
+        // Rows past the layout were copied as zeros (the old in_layout test's 0).
+        const uint32_t pair = ptx::ld_shared_u16(item + 128 * h + 8 * j + 2 * t);
         const float f0 = exp2i(static_cast<int>(pair & 0xFFu) - expert_base);
         const float f1 = exp2i(static_cast<int>(pair >> 8) - expert_base);
 #pragma unroll
@@ -228,20 +281,19 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
     const uint16_t* bias = p.bias;
     auto load_pairs = [&](auto layer_c) {
       constexpr int kL = decltype(layer_c)::value;
-      const uint16_t* eb = bias + static_cast<int64_t>(wi.expert) * p.n_out;
-      auto real = [&](int h, int j) { return kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out; };
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const int64_t col = kL == 1 ? (j % 2) * inter + ch1(h, j, 0) : h2(h, j, 0);
-          pairs[h][j] = __ldg(reinterpret_cast<const uint32_t*>(eb + (real(h, j) ? col : 0)));
+          // The column's pair in the item's bias copy: L1 gate channels then up channels, L2 rows.
+          const int k = kL == 1 ? (j % 2) * 128 + 64 * h + 8 * (j / 2) + 2 * t : 128 * h + 8 * j + 2 * t;
+          pairs[h][j] = ptx::ld_shared_u32(item + kPrefillItemBias + 2 * k);
         }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
-          if (!real(h, j)) pairs[h][j] = 0x80008000u;
+          if (!(kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out)) pairs[h][j] = 0x80008000u;
     };
     if (bias == nullptr) {
 #pragma unroll

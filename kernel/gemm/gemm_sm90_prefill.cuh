@@ -113,8 +113,9 @@ struct PrefillConfig {
   using Ring = PrefillRing<kPerK32>;
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
-  // The staging buffer and its two barriers (epi_full, epi_empty) beside the ring.
-  static constexpr int kEpilogueBytes = kPrefillStagingBytes + 16;
+  // The staging buffer, the item's data (prefill_item_fetch) and the staging's two barriers
+  // (epi_full, epi_empty) beside the ring.
+  static constexpr int kEpilogueBytes = kPrefillStagingBytes + kPrefillItemBytes + 16;
   static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kEpilogueBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes;
@@ -134,6 +135,7 @@ struct PrefillSmem {
   using Ring = typename Cfg::Ring;
   Ring ring;
   uint8_t* staging;
+  uint8_t* item;         // the item's data beside its tile (prefill_item_fetch)
   uint64_t* epi_full;    // the consumers' 256 arrivals: an item's tile is staged
   uint64_t* epi_empty;   // the epilogue warps' 64 arrivals: the staging buffer is free
   Schedule* sched;
@@ -143,7 +145,8 @@ struct PrefillSmem {
     ring.x = dyn_smem;                                                        // [S][128 x 128]
     ring.w = ring.x + S * Ring::kX;                                           // [S][tile]
     staging = ring.w + S * Ring::kW;                                          // [128][256] bf16
-    ring.sx = reinterpret_cast<float*>(staging + kPrefillStagingBytes);       // [S][128]
+    item = staging + kPrefillStagingBytes;                                    // kPrefillItemBytes
+    ring.sx = reinterpret_cast<float*>(item + kPrefillItemBytes);             // [S][128]
     ring.full = reinterpret_cast<uint64_t*>(ring.sx + S * Ring::kSxWords);
     ring.empty = ring.full + S;
     epi_full = ring.empty + S;
@@ -370,6 +373,9 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
   {
     const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
     const int num_kb = (second ? pb.k : pa.k) / kBlockK;
+    // Every consumer thread has read the previous item's data (its stage tile): then this one's.
+    ptx::named_barrier(kPrefillItemBarrier, 256);
+    prefill_item_fetch<Act, kScaled>(second ? pb : pa, wi, second ? kLayerB : kLayerA, ptx::smem_addr(sm.item));
     if constexpr (kScaled) {
       prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
     } else {
@@ -379,7 +385,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
   timeline::item_stamp_at(timeline::static_item_number(item), kTlItemComputed, 128);
   const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
   prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty,
-                                           sm.epi_full, phase, second ? kLayerB : kLayerA);
+                                           sm.epi_full, phase, second ? kLayerB : kLayerA, ptx::smem_addr(sm.item));
 }
 
 // Before the roles split: the layout check and the barriers (thread 0; the schedule is the caller's,
