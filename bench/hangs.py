@@ -46,19 +46,36 @@ def _layer_and_inputs(ranks: int, rank: int, engine: str, group=None):
     return layer, inp
 
 
+# A site's process (and each of its ranks' processes) writes every thread's Python stack to its
+# stderr once it has run this long, so that a site which run_site kills at its bound shows where it
+# stood (v39-v40: a different site each run printed nothing in 90 s, its stacks unknown).
+STACKS_AFTER = 75.0
+
+
+def _progress(rank: int, what: str) -> None:
+    print(f"[site rank {rank}] {what}", flush=True)
+
+
 def withheld_call(rank: int, ranks: int, wait: str, on_rank: int, engine: str) -> str:
     """One rank's call with `wait` withheld on rank `on_rank` (after a clean call, so that the
-    kernels are loaded and the ranks are in step). Raises the call's error with the seconds it took."""
+    kernels are loaded and the ranks are in step). Raises the call's error with the seconds it took.
+    Prints a line at each step, and its stacks after STACKS_AFTER seconds."""
+    import faulthandler
+
     import torch
 
     from megamoe import multirank
 
+    faulthandler.dump_traceback_later(STACKS_AFTER, exit=False)
     layer, inp = _layer_and_inputs(ranks, rank, engine, multirank.group() if ranks > 1 else None)
     args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
+    _progress(rank, "layer made")
     layer(*args)
     torch.cuda.synchronize()
+    _progress(rank, "clean call done")
     if rank == on_rank:
         layer.withhold(wait)
+    _progress(rank, f"{'withheld' if rank == on_rank else 'peer'} call launched")
     start = time.monotonic()
     try:
         with layer.named_failures():
@@ -70,9 +87,10 @@ def withheld_call(rank: int, ranks: int, wait: str, on_rank: int, engine: str) -
 
 
 _SCRIPT = """
-import sys
-from bench.hangs import withheld_call
+import faulthandler, sys
+from bench.hangs import STACKS_AFTER, withheld_call
 from megamoe import multirank
+faulthandler.dump_traceback_later(STACKS_AFTER, exit=False)
 wait, ranks, on_rank, engine = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if ranks == 1:
     print("RESULT", withheld_call(0, 1, wait, on_rank, engine))
@@ -88,7 +106,7 @@ else:
 def run_site(wait: str, ranks: int, on_rank: int, engine: str, timeout: float = 90) -> str:
     """A site in a new process: everything it printed (the error with its record, or RESULT), or,
     if it has not ended after `timeout` seconds (three times the 30 s bar), that and what it printed
-    so far. The process is killed then."""
+    so far: its steps and, past STACKS_AFTER, its processes' stacks. The process is killed then."""
     cmd = [sys.executable, "-c", _SCRIPT, wait, str(ranks), str(on_rank), engine]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
