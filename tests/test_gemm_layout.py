@@ -73,6 +73,16 @@ def test_fold_blocks_mark_the_256_row_blocks_whose_rows_span_at_most_11_binades(
     assert L.fold_blocks(sfk[:, :, :301], row_base[:, :301]).tolist() == [[1, 0], [1, 1], [1, 0]]
 
 
+def test_the_expert_bases_are_zero_padded_to_whole_4_byte_words():
+    # The prefill engine copies the 4-byte word that holds an expert's base byte (cp.async of 4
+    # bytes): at E = 6 the word of experts 4-5 ends past them, so the tensor holds 8 bytes.
+    sf = torch.full((6, 128, 4), 120, dtype=torch.uint8)
+    sf[4, 0, 0] = 131
+    _, row_base, expert_base = L.fast_scales_kernel_layout(L.sf_to_kernel_layout(sf))
+    assert expert_base.dtype == torch.uint8 and expert_base.tolist() == [120, 120, 120, 120, 131, 120, 0, 0]
+    assert row_base.shape == (6, 128)
+
+
 def test_sizes_in_multiples_of_32_are_padded_in_the_kernel_layout_and_come_back_unpadded():
     # SPEC §8 (gpt-oss's H = I = 2880 at a smaller size): K padded to whole 128-channel blocks with
     # zero codes and scale byte 0, L2's H rows to whole 128-row tiles with zero rows; the canonical

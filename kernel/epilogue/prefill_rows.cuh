@@ -151,7 +151,8 @@ __device__ __forceinline__ void l1_stop_handoff(const GemmParams& p, L1Handoff& 
 //   [0, 256)     the tile's 256 row-base bytes (kRowFactors; 0 past the layer's rows)
 //   [256, 768)   SPEC §8's bias of the tile's columns, bf16: L1 the tile's 128 gate channels, then
 //                its 128 up channels; L2 its 256 rows (0 past the real ones)
-//   [768, 772)   the 4-byte word of w_expert_base that holds the expert's byte (kRowFactors)
+//   [768, 772)   the 4-byte word of w_expert_base that holds the expert's byte (kRowFactors; the
+//                tensor is zero-padded to whole words: megamoe/jit/layout.py)
 constexpr int kPrefillItemBytes = 784;
 constexpr int kPrefillItemBias = 256, kPrefillItemBase = 768;
 static_assert(kPrefillItemBytes % 16 == 0 && kPrefillItemBase + 4 <= kPrefillItemBytes,

@@ -25,7 +25,9 @@ bits, so `untransform_weights` restores the canonical tensors bit for bit.
 
 Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_scales_kernel_layout):
     lut [E, K/128, R, 4] uint8: 8 * min(B_r - s_g, 19), the byte offset of group g's scaled table
-    row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E] uint8: max_r B_r.
+    row_base [E, R] uint8: B_r, the row's largest scale byte; expert_base [E4] uint8: max_r B_r,
+    zero past E to whole 4-byte words (E4 = E rounded up to a multiple of 4: the prefill engine
+    copies the word that holds an expert's byte).
 The exact mode's (promotion k32) prefill path uses them too (fold_blocks):
     fold [E, ceil(R/256)] uint8: 1 where every row of the 256-row block has all its scale bytes
     within FOLD_BINADES (11) of its row base, and that within FOLD_ROW_SPREAD (32) of B_e.
@@ -100,11 +102,13 @@ def sf_from_kernel_layout(sfk: torch.Tensor) -> torch.Tensor:
 def fast_scales_kernel_layout(sfk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fast mode's (promotion k128) view of kernel-layout scale bytes [E, K/128, R, 4], by the
     reference's rule (megamoe.reference.quantize.fast_weight_scales): LUT byte offsets 8 d in the
-    same layout, the row bases B_r [E, R] and each expert's largest row base B_e [E]."""
+    same layout, the row bases B_r [E, R] and each expert's largest row base B_e [E4] (zeros past E
+    to whole 4-byte words: kernel/epilogue/prefill_rows.cuh prefill_item_fetch)."""
     sf = sfk.to(torch.int32)
     row_base = sf.amax(dim=(1, 3))  # [E, R]
     d = (row_base[:, None, :, None] - sf).clamp(max=Q.FAST_LUT_ENTRIES - 1)
-    return (8 * d).to(torch.uint8), row_base.to(torch.uint8), row_base.amax(dim=1).to(torch.uint8)
+    expert_base = torch.nn.functional.pad(row_base.amax(dim=1), (0, -row_base.shape[0] % 4))
+    return (8 * d).to(torch.uint8), row_base.to(torch.uint8), expert_base.to(torch.uint8)
 
 
 # The exact mode's prefill path folds a block's weight scales into its predecoded bytes where every
@@ -162,7 +166,7 @@ class KernelWeights:
     intermediate: int
     w1_lut: torch.Tensor = dataclasses.field(init=False)  # [E, H_pad/128, R1, 4] uint8, 8 d
     w1_row_base: torch.Tensor = dataclasses.field(init=False)  # [E, R1] uint8
-    w1_expert_base: torch.Tensor = dataclasses.field(init=False)  # [E] uint8
+    w1_expert_base: torch.Tensor = dataclasses.field(init=False)  # [E4] uint8 (E to whole words)
     w2_lut: torch.Tensor = dataclasses.field(init=False)
     w2_row_base: torch.Tensor = dataclasses.field(init=False)
     w2_expert_base: torch.Tensor = dataclasses.field(init=False)
@@ -179,7 +183,7 @@ class KernelWeights:
         self.w1_fold = fold_blocks(self.w1_sf, self.w1_row_base, real1, self.hidden)
         self.w2_fold = fold_blocks(self.w2_sf, self.w2_row_base, real2, self.intermediate)
         self.row_spread = max(
-            int((eb[:, None].int() - rb[:, :real].int()).max()) if rb.numel() else 0
+            int((eb[: rb.shape[0], None].int() - rb[:, :real].int()).max()) if rb.numel() else 0
             for eb, rb, real in (
                 (self.w1_expert_base, self.w1_row_base, real1),
                 (self.w2_expert_base, self.w2_row_base, real2),
