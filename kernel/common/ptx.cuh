@@ -186,13 +186,7 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
-// 4-byte asynchronous global->shared copy (LDGSTS); src_bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(smem_dst)), "l"(gmem_src), "r"(src_bytes)
-               : "memory");
-}
-
-// The same to a shared-memory address, the whole word.
+// 4-byte asynchronous global->shared copy (LDGSTS). Completed by this thread's cp_async_wait.
 __device__ __forceinline__ void cp_async_4(uint32_t smem_dst, const void* gmem_src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_dst), "l"(gmem_src) : "memory");
 }

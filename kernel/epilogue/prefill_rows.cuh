@@ -225,7 +225,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        // Rows past the layout were copied as zeros (the old in_layout test's 0).
+        // Rows past the layout were copied as zeros (no row: never stored).
         const uint32_t pair = ptx::ld_shared_u16(item + 128 * h + 8 * j + 2 * t);
         const float f0 = exp2i(static_cast<int>(pair & 0xFFu) - expert_base);
         const float f1 = exp2i(static_cast<int>(pair >> 8) - expert_base);
@@ -273,11 +273,9 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       wr[r] = layer == 2 && tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
-    // All 32 pairs are loaded before any is used, each from its column or, where the column is not
-    // real, from the expert's first (then replaced by the -0.0 pair): a load in a branch of its own
-    // waited out its latency before the next was issued, 32 round trips an item (ncu at gpt-oss
-    // T = 4096: a fifth of the consumers' time beside the mainloop; bench/NOTES.md v39). The layer
-    // is chosen once, outside the loads: chosen per column, it made a branch of each.
+    // All 32 pairs from the item's copy (prefill_item_fetch), a column that is not real then given
+    // the -0.0 pair (its copy holds zeros). The layer is chosen once, outside the loads: chosen per
+    // column, it made a branch of each (bench/NOTES.md v39).
     uint32_t pairs[2][16];
     const uint16_t* bias = p.bias;
     auto load_pairs = [&](auto layer_c) {

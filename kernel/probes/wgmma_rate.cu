@@ -94,38 +94,33 @@ __global__ void __launch_bounds__(384, 1) rate_kernel(int iters, long long* cycl
 }
 
 template <bool kRS, int N, bool kPromote>
-static void run(int wgs, int sms, long long* cycles, float* sink) {
+static void run(int wgs, const ProbeBuffers& b) {
   auto kernel = rate_kernel<kRS, N, kPromote>;
   const int smem = N * 128 + wgs * 8192;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "cudaFuncSetAttribute");
   const int iters = 4000 * 256 / N;
-  const ProbeTime t = probe_time([&] { kernel<<<sms, 128 * wgs, smem>>>(iters, cycles, sink); }, cycles, sms);
+  const ProbeTime t = probe_time([&] { kernel<<<b.sms, 128 * wgs, smem>>>(iters, b.cycles, b.sink); }, b.cycles, b.sms);
   std::printf("%-4s %4d %4d %-8s", kRS ? "RS" : "SS", N, wgs, kPromote ? "FFMA" : "-");
-  print_rate(static_cast<double>(wgs) * iters * 4 * 64 * N * 32, t, sms);
+  print_rate(static_cast<double>(wgs) * iters * 4 * 64 * N * 32, t, b.sms);
 }
 
 int main() {
-  int sms = 0;
-  probe_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-  long long* cycles;
-  float* sink;
-  probe_check(cudaMalloc(&cycles, sizeof(long long) * sms), "cudaMalloc");
-  probe_check(cudaMalloc(&sink, sizeof(float) * 256), "cudaMalloc");
+  const ProbeBuffers b = probe_buffers();
   std::printf("%-4s %4s %4s %-8s", "form", "N", "wgs", "promote");
   print_rate_header();
-  run<true, 64, false>(2, sms, cycles, sink);
-  run<true, 64, true>(2, sms, cycles, sink);
-  run<true, 128, false>(1, sms, cycles, sink);
-  run<true, 128, false>(2, sms, cycles, sink);
-  run<true, 128, true>(2, sms, cycles, sink);
-  run<true, 256, false>(2, sms, cycles, sink);
-  run<false, 128, false>(2, sms, cycles, sink);
-  run<false, 128, true>(2, sms, cycles, sink);
-  run<false, 256, false>(2, sms, cycles, sink);
-  run<true, 8, false>(2, sms, cycles, sink);
-  run<true, 8, true>(2, sms, cycles, sink);
-  run<true, 8, false>(3, sms, cycles, sink);
-  run<true, 8, true>(3, sms, cycles, sink);
-  run<true, 16, false>(2, sms, cycles, sink);
+  run<true, 64, false>(2, b);
+  run<true, 64, true>(2, b);
+  run<true, 128, false>(1, b);
+  run<true, 128, false>(2, b);
+  run<true, 128, true>(2, b);
+  run<true, 256, false>(2, b);
+  run<false, 128, false>(2, b);
+  run<false, 128, true>(2, b);
+  run<false, 256, false>(2, b);
+  run<true, 8, false>(2, b);
+  run<true, 8, true>(2, b);
+  run<true, 8, false>(3, b);
+  run<true, 8, true>(3, b);
+  run<true, 16, false>(2, b);
   return 0;
 }
