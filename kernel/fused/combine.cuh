@@ -18,30 +18,29 @@ namespace megamoe {
 // engine's time at 8192 tokens, ncu: 128 threads an SM, each waiting for one 16-byte row), and the
 // tail's registers (40 in the four-warpgroup kernel) hold few rows. So the rows land in shared
 // memory by cp.async, which costs no register: a thread's chunk (a token's 8 channels) is cut into
-// units of up to kCombineUnitSlots slots, and kCombineUnits units are in flight, each unit's copies
-// one commit group, laid out [unit][slot][thread] (a warp's 16-byte accesses on distinct banks),
-// each slot's topk_idx entry beside its row ([unit][slot][thread], 8 bytes, after all the rows).
+// units of up to kUnitSlots slots, and kCombineSlots / kUnitSlots units are in flight, each unit's
+// copies one commit group, laid out [unit][slot][thread] (a warp's 16-byte accesses on distinct
+// banks), each slot's topk_idx entry beside its row ([unit][slot][thread], 8 bytes, after all the
+// rows). Units of 8 slots, or of 4 where K <= 4 (twice as many chunks in flight in the same shared
+// memory: at top-4 half of the 8-slot units' memory sat unused, bench/NOTES.md v40).
 // Every slot's row is copied and a slot whose entry is negative is skipped where the rows are
 // summed: a copy sized by the entry waited for the entry's load before it was issued, a round trip
 // a unit (ncu at gpt-oss T = 4096: the combine at ~1.4 TB/s; bench/NOTES.md v39). A skipped slot's
 // row is read and not used: the combine buffer's (zeroed when the workspace was made, or an earlier
 // call's).
-constexpr int kCombineUnitSlots = 8;
-constexpr int kCombineUnits = 4;
+constexpr int kCombineSlots = 32;   // a thread's slots in flight
 template <int kThreads>
-constexpr int kCombineRowBytes = kCombineUnits * kCombineUnitSlots * kThreads * 16;
+constexpr int kCombineRowBytes = kCombineSlots * kThreads * 16;
 template <int kThreads>
-constexpr int kCombineSmemBytes = kCombineRowBytes<kThreads> + kCombineUnits * kCombineUnitSlots * kThreads * 8;
+constexpr int kCombineSmemBytes = kCombineRowBytes<kThreads> + kCombineSlots * kThreads * 8;
 
-// tid / kThreads: this thread among the CTA's threads that run the tail; smem: kCombineSmemBytes
-// free bytes of shared memory. Skipping a slot is adding +0.0 to the sum, which leaves its bits as
-// they are (it starts at +0.0, so it is never -0.0): SPEC D9's sum over the valid slots in
-// ascending k.
-template <int kThreads>
-__device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, uint8_t* smem) {
+// combine_tokens (below) in units of kUnitSlots slots.
+template <int kThreads, int kUnitSlots>
+__device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, int tid, uint8_t* smem) {
+  constexpr int kCombineUnits = kCombineSlots / kUnitSlots;   // units in flight
   const int H = fp.hidden;
   const int K = fp.top_k;
-  const int per_unit = K < kCombineUnitSlots ? K : kCombineUnitSlots;
+  const int per_unit = K < kUnitSlots ? K : kUnitSlots;
   const int groups = (K + per_unit - 1) / per_unit;   // units of one chunk
   // 32-bit counts (T H / 8 < 2^31: T_max H is a workspace region's size): the tail runs at the
   // producer's registers.
@@ -59,8 +58,8 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
       const int c = first + (u / groups) * stride;
       const int t = c / (H / 8);
       const int k0 = (u % groups) * per_unit;
-      const uint32_t dst = base + 16 * kThreads * kCombineUnitSlots * (u % kCombineUnits);
-      const uint32_t idx_dst = idx_base + 8 * kThreads * kCombineUnitSlots * (u % kCombineUnits);
+      const uint32_t dst = base + 16 * kThreads * kUnitSlots * (u % kCombineUnits);
+      const uint32_t idx_dst = idx_base + 8 * kThreads * kUnitSlots * (u % kCombineUnits);
       // The owners wrote these rows during this launch: read through L2 (cp.async.cg). Element
       // (k0 + j, t, 8 (c % (H / 8))) of combine [K, T_max, H] (ws_combine_index), written out here:
       // through the generated index the compiler no longer folds the slots' stride into the row's
@@ -77,8 +76,8 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
     ptx::cp_async_wait<kCombineUnits - 1>();   // unit v has landed
     const int v = u - (kCombineUnits - 1);
     const int k0 = (v % groups) * per_unit;
-    const uint32_t src = base + 16 * kThreads * kCombineUnitSlots * (v % kCombineUnits);
-    const uint32_t idx_src = idx_base + 8 * kThreads * kCombineUnitSlots * (v % kCombineUnits);
+    const uint32_t src = base + 16 * kThreads * kUnitSlots * (v % kCombineUnits);
+    const uint32_t idx_src = idx_base + 8 * kThreads * kUnitSlots * (v % kCombineUnits);
     for (int j = 0; j < per_unit && k0 + j < K; ++j) {
       // The entry's high word holds its sign: -1 (no expert) skips the slot.
       if (static_cast<int>(ptx::ld_shared_u32(idx_src + 8 * kThreads * j + 4)) < 0) continue;
@@ -101,6 +100,18 @@ __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, u
       for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
     }
   }
+}
+
+// tid / kThreads: this thread among the CTA's threads that run the tail; smem: kCombineSmemBytes
+// free bytes of shared memory. Skipping a slot is adding +0.0 to the sum, which leaves its bits as
+// they are (it starts at +0.0, so it is never -0.0): SPEC D9's sum over the valid slots in
+// ascending k.
+template <int kThreads>
+__device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, uint8_t* smem) {
+  if (fp.top_k <= 4)
+    combine_tokens_in_units<kThreads, 4>(fp, tid, smem);
+  else
+    combine_tokens_in_units<kThreads, 8>(fp, tid, smem);
 }
 
 // Every counter region of the workspace goes back to zero after the call (D10): arrivals, l1_done

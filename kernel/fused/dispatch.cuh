@@ -52,37 +52,64 @@ __device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
              t * fp.top_k);
 }
 
-// D1-D3 for the experts of this CTA. scratch: blockDim / 32 + 1 ints of shared memory.
+// D1-D3 for the experts of this CTA. Thread i scans its own run of consecutive entries (ceil(T K /
+// threads) of them), so that one scan of the block's per-thread counts places every thread's hits,
+// ascending in t * K + k, with one round of loads in flight: a scan of the routing in chunks of
+// one entry a thread, each chunk's load waited for and placed by two barriers before the next was
+// loaded, took 36 us at T K = 16384 (bench/NOTES.md v40). The run is read twice (counted, then
+// placed), each time eight loads in flight. scratch: blockDim / 32 ints of shared memory.
 __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scratch) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int nwarps = blockDim.x / 32;
   const int n = fp.num_tokens * fp.top_k;
+  const int run = (n + blockDim.x - 1) / blockDim.x;
+  const int j0 = min(n, tid * run);
+  const int j1 = min(n, j0 + run);
   for (int e = blockIdx.x; e < fp.num_experts; e += gridDim.x) {
     const int owner = e / fp.local_experts;
     const int le = e - owner * fp.local_experts;
     int* list =
         peer_ptr(fp, owner, fp.ws_source_lists) + ws_source_lists_index(le, fp.rank, 0, fp.num_ranks, fp.max_tokens);
-    int base = 0;
-    for (int j0 = 0; j0 < n; j0 += blockDim.x) {
-      const int j = j0 + tid;
-      const bool hit = j < n && __ldg(fp.topk_idx + j) == e;
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, hit);
-      if (lane == 0) scratch[warp] = __popc(ballot);
-      __syncthreads();
-      int before = base;
-      for (int w = 0; w < warp; ++w) before += scratch[w];
-      if (hit) list[before + __popc(ballot & ((1u << lane) - 1u))] = j;   // j = t * K + k
-      int total = 0;
-      for (int w = 0; w < nwarps; ++w) total += scratch[w];
-      base += total;
-      __syncthreads();   // scratch is rewritten by the next chunk
+    // Eight entries of the run at a time, all loaded before any is tested (unrolled by hand: the
+    // run's length is not a constant); past the run's end an entry reads as -1, no expert.
+    auto eight = [&](int j, int64_t (&v)[8]) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = j + i < j1 ? __ldg(fp.topk_idx + j + i) : -1;
+    };
+    int hits = 0;
+    for (int j = j0; j < j1; j += 8) {
+      int64_t v[8];
+      eight(j, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) hits += v[i] == e;
+    }
+    const int incl = warp_inclusive_sum(hits);
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int at = incl - hits;   // this thread's first place in the list
+    int total = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      const int c = scratch[w];
+      at += w < warp ? c : 0;
+      total += c;
+    }
+    for (int j = j0; hits > 0 && j < j1; j += 8) {   // a thread without hits reads nothing again
+      int64_t v[8];
+      eight(j, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (v[i] != e) continue;
+        list[at++] = j + i;   // t * K + k
+        --hits;
+      }
     }
     if (tid == 0) {
-      fp.ws_send_counts[e] = base;
-      peer_ptr(fp, owner, fp.ws_recv_counts)[ws_recv_counts_index(fp.rank, le, fp.local_experts)] = base;
+      fp.ws_send_counts[e] = total;
+      peer_ptr(fp, owner, fp.ws_recv_counts)[ws_recv_counts_index(fp.rank, le, fp.local_experts)] = total;
     }
+    __syncthreads();   // scratch is rewritten by the next expert
   }
 }
 
