@@ -5,8 +5,9 @@ it (one table; needs nvcc and a CUDA GPU).
     python -m bench.decode_rate
 
 Rows: the predecode pass as launched today, then a persistent form on k SMs with D groups in flight
-per warp. GB/s counts packed bytes, LUT offsets and the E4M3 bytes written. Reading: bench/NOTES.md
-v17."""
+per warp (GB/s: packed bytes, LUT offsets and the E4M3 bytes written), then "to smem", the persistent
+form on every SM without writing the tiles out (GB/s: the bytes read; a decode-rate bound for decoder
+warps that feed shared-memory wgmma operands). Reading: bench/NOTES.md v17, v41."""
 
 from __future__ import annotations
 

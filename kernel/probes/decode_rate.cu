@@ -11,6 +11,9 @@
 // next D groups already loaded into registers (D groups in flight per warp), decoding through the
 // scaled tables into its 2 KB of shared memory and copying the group out as 16-byte vectors. Data:
 // the DSV3 L1 slice (32 experts, K 7168, 4096 rows: 470 MB packed, 940 MB out).
+// Last, "to smem": the persistent form without the copy out, on every SM: what warps that decode a
+// streamed layer into shared memory tiles reach (a decode-rate bound for an engine whose decoder
+// warps feed shared-memory wgmma operands, bench/NOTES.md v41), its GB/s the bytes read only.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -71,7 +74,7 @@ __device__ __forceinline__ void decode_regs16(const GroupRegs& r, int lane, cons
   }
 }
 
-template <int D>
+template <int D, bool kCopyOut>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     decode_persistent(const __grid_constant__ GemmParams p, long long* cycles) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -97,13 +100,15 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       const int64_t g = grp + d * stride;
       if (g >= groups) break;
       decode_regs16(r[d], lane, lut, ptx::smem_addr(mine));
-      __syncwarp();
-      const int64_t row0 = g * 16 % p.n_rows;
-      const int64_t ekb = g * 16 / p.n_rows;
-      uint8_t* dst = p.w_e4m3 + (ekb * (p.n_rows / 256) + row0 / 256) * (256 * kBlockK) + (row0 % 256) / 16 * 2048;
+      if constexpr (kCopyOut) {
+        __syncwarp();
+        const int64_t row0 = g * 16 % p.n_rows;
+        const int64_t ekb = g * 16 / p.n_rows;
+        uint8_t* dst = p.w_e4m3 + (ekb * (p.n_rows / 256) + row0 / 256) * (256 * kBlockK) + (row0 % 256) / 16 * 2048;
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        reinterpret_cast<uint4*>(dst)[lane + 32 * i] = reinterpret_cast<const uint4*>(mine)[lane + 32 * i];
+        for (int i = 0; i < 4; ++i)
+          reinterpret_cast<uint4*>(dst)[lane + 32 * i] = reinterpret_cast<const uint4*>(mine)[lane + 32 * i];
+      }
       __syncwarp();
       if (g + D * stride < groups) load_group(p, g + D * stride, lane, r[d]);
     }
@@ -125,14 +130,14 @@ void report(const char* name, int sms, int depth, const ProbeTime& t, double byt
               t.ms * 1e3 / experts);
 }
 
-template <int D>
+template <int D, bool kCopyOut = true>
 void run_persistent(const GemmParams& p, long long* cycles, int sms, double bytes) {
-  auto kernel = decode_persistent<D>;
+  auto kernel = decode_persistent<D, kCopyOut>;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kOneCtaSmem),
               "cudaFuncSetAttribute");
   const ProbeTime t = probe_time([&] { kernel<<<sms, 32 * kWarps, kOneCtaSmem>>>(p, cycles); }, cycles, sms);
   probe_check(cudaGetLastError(), "launch");
-  report("persistent", sms, D, t, bytes, p.num_experts);
+  report(kCopyOut ? "persistent" : "to smem", sms, D, t, bytes, p.num_experts);
 }
 
 }  // namespace
@@ -170,5 +175,8 @@ int main() {
     run_persistent<4>(p, cycles, sms, bytes);
     run_persistent<8>(p, cycles, sms, bytes);
   }
+  const double in_bytes = weights / 2.0 + weights / 32.0;
+  run_persistent<4, false>(p, cycles, gpu_sms, in_bytes);
+  run_persistent<8, false>(p, cycles, gpu_sms, in_bytes);
   return 0;
 }
