@@ -7,7 +7,8 @@ cooperative or not) and makes the driver.Launch that runs it:
 * GemmLauncher (jit.build.GemmSpec): the standalone swap-AB GEMM, one CTA per SM, its items in the
   dynamic order (a pair of item counters per launch object, so one launch object per stream);
 * PrefillLauncher (jit.build.PrefillSpec): the standalone prefill GEMM after its predecode pass
-  (PredecodeLauncher) into the stream's scratch buffer, one CTA per SM, its order static;
+  (PredecodeLauncher) into the stream's scratch buffer, one CTA per SM, its items in the dynamic
+  order as GemmLauncher's;
 * PredecodeLauncher (jit.build.PredecodeSpec): a layer's weights to the prefill kernel's E4M3
   tiles, one warp per 16-row group of one K block;
 * FusedLauncher (jit.build.FusedSpec): the fused layer, one CTA per SM of the layer's SM count,
@@ -95,12 +96,12 @@ class GemmLauncher(_Launcher):
     spec: jb.GemmSpec
 
     def stream_key(self, stream: int) -> int | None:
-        """The stream's part of a launch's cache key: the swap-AB kernels' launch objects are per
-        stream, each holds its own item counters (runtime.item_counter)."""
+        """The stream's part of a launch's cache key: the swap-AB and prefill kernels' launch objects
+        are per stream, each holds its own item counters (runtime.item_counter)."""
         return stream
 
     def item_counter(self, dev: int) -> int:
-        """GemmParams.item_counter: the swap-AB kernels claim their items dynamically."""
+        """GemmParams.item_counter: the swap-AB and prefill kernels claim their items dynamically."""
         return RT.item_counter(dev)
 
     def grid(self, kern: RT.Kernel) -> int:
@@ -147,15 +148,6 @@ class PrefillLauncher(GemmLauncher):
     predecode pass of its layer's weights (PredecodeLauncher of the same promotion)."""
 
     spec: jb.PrefillSpec
-
-    def stream_key(self, stream: int) -> None:
-        """Its launches hold no item counters (the scratch buffer's address, in the key, is the
-        stream's)."""
-        return None
-
-    def item_counter(self, dev: int) -> int:
-        """The prefill kernel's order is static."""
-        return 0
 
     def launch(
         self, kw: KernelWeights, x: torch.Tensor, k: int, n_rows: int, num_experts: int, fields: dict, stream: int
@@ -325,7 +317,7 @@ class FusedLauncher(_Launcher):
             rebase_x=ws.ptr("l2_x128") if layer == 1 and fast else 0,
             rebase_sf=ws.ptr("l2_sf128") if layer == 1 and fast else 0,
             rebase_count=ws.ptr("rebase_count") if layer == 1 and fast else 0,
-            item_counter=ws.ptr("item_counter"),  # the swap-AB engine's dynamic order (both layers')
+            item_counter=ws.ptr("item_counter"),  # every engine's dynamic order (both layers')
             arrival_block=cfg.block_m,
             arrival_need=0 if layer == 1 else inter // 32,
             combine_rows=cfg.top_k * cfg.max_tokens_per_rank,

@@ -183,11 +183,11 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
             _expected(device, pre, groups // (pre.threads // 32), LA.gemm_params(0, k, 0, n_rows, E, err, **rest))
         )
         spec = jb.PrefillSpec(layer=layer, fast_math=True, debug=False, promotion=promotion)
-        fields.update(item_counter=0, w_e4m3=scratch.data_ptr())
+        fields.update(item_counter=device.counters[0], w_e4m3=scratch.data_ptr())
     else:
         spec = heuristics.spec_for(layer, promotion=promotion, n_rows=n_rows, rows_per_expert=P / E)
         fields.update(item_counter=device.counters[0], w_e4m3=0)
-        assert len(device.counters) == 1  # one pair of item counters per kept launch
+    assert len(device.counters) == 1  # one pair of item counters per kept launch
     want.append(_expected(device, spec, SMS, LA.gemm_params(x.data_ptr(), k, P, n_rows, E, err, **fields)))
     assert set(device.fns) == ({spec, jb.PredecodeSpec(promotion=promotion)} if prefill else {spec})
     assert device.launches == want + want

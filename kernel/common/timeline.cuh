@@ -82,12 +82,6 @@ __device__ __forceinline__ void item_stamp(int which) {
 #endif
 }
 
-// The CTA's number n of launch item `item` in the static order (blockIdx.x + n gridDim.x: the prefill
-// engine's), the number item_stamp_at takes.
-__device__ __forceinline__ int static_item_number(int item) {
-  return (item - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x);
-}
-
 // Stamp `which` (kTlItemComputed, kTlItemWritten) of the CTA's n-th item, by the threads of the
 // roles after the TMA thread (consumers, epilogue warps) whose threadIdx.x is a multiple of `every`
 // (128: each warpgroup's first, 32: each warp's first). Those roles run the items in the TMA thread's

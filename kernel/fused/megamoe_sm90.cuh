@@ -114,7 +114,7 @@ struct SwapAbEngine {
 // The prefill engine: the weights of both layers decoded to E4M3 tiles by every CTA after the pull
 // (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch; or once, before the first call, by the
 // standalone pass into the layer's own buffers: fp.weights_decoded), then the prefill kernel's roles over
-// 128-token blocks (two pool blocks) in the static order; its epilogue warps count each pool block's
+// 128-token blocks (two pool blocks) in the dynamic order; its epilogue warps count each pool block's
 // L1 tiles (prefill_l1_out).
 template <bool kPerK32, typename Act, bool kDebug>
 struct PrefillEngine {

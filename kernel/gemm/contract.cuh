@@ -95,7 +95,7 @@ struct GemmParams {
   uint8_t* rebase_x;  // L1 (fused, k128): [P, I] the intermediate rebased per 128 channels for L2 (nullptr = off)
   uint8_t* rebase_sf;  // L1 (fused, k128): [P, I/128] its scale bytes
   int* rebase_count;  // L1 (fused, k128): [B, I/128] warpgroup tiles written per 128 channels
-  int* item_counter;  // standalone swap-AB kernels: int[2], zero before the launch (each launch leaves it zero): work items claimed past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch object
+  int* item_counter;  // standalone swap-AB and prefill kernels: int[2], zero before the launch (each launch leaves it zero): work items claimed past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch object
   int* err;  // trap record (host-mapped), nullptr = trap without a record
   int32_t num_experts;  // E
   int32_t num_pool_rows;  // P
@@ -198,7 +198,7 @@ struct FusedParams {
   int64_t* ws_recv_stats;  // E_l: D10: cumulative N_e
   int* ws_snap_arrivals;  // B: debug build: arrivals before the cleanup
   int* ws_snap_l1_done;  // B: debug build: l1_done before the cleanup
-  int* ws_item_counter;  // 2: the swap-AB engine's dynamic item order (GemmParams.item_counter): items claimed past the first gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)
+  int* ws_item_counter;  // 2: the swap-AB and prefill engines' dynamic item order (GemmParams.item_counter): items claimed past the first gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)
   int32_t rank;  // this rank
   int32_t num_ranks;  // R
   int32_t num_tokens;  // T of this call on this rank

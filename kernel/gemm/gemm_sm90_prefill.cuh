@@ -113,12 +113,13 @@ struct PrefillConfig {
   using Ring = PrefillRing<kPerK32>;
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
+  static constexpr int kQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
   // The staging buffer, the item's data (prefill_item_fetch) and the staging's two barriers
   // (epi_full, epi_empty) beside the ring.
   static constexpr int kEpilogueBytes = kPrefillStagingBytes + kPrefillItemBytes + 16;
-  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kEpilogueBytes) / (Ring::kStage + 16);
+  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kQueueBytes - kEpilogueBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
-  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes;
+  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes + kQueueBytes;
   static_assert(kStages >= 3, "the stage ring");
   static_assert(Ring::kX % 1024 == 0 && Ring::kW % 1024 == 0, "swizzle atoms stay aligned");
   static constexpr int kProducerRegs = 56;
@@ -139,6 +140,7 @@ struct PrefillSmem {
   uint64_t* epi_full;    // the consumers' 256 arrivals: an item's tile is staged
   uint64_t* epi_empty;   // the epilogue warps' 64 arrivals: the staging buffer is free
   Schedule* sched;
+  ItemQueue* queue;      // the dynamic order's (scheduler.cuh)
 
   __device__ __forceinline__ PrefillSmem() {
     constexpr int S = Cfg::kStages;
@@ -152,6 +154,7 @@ struct PrefillSmem {
     epi_full = ring.empty + S;
     epi_empty = epi_full + 1;
     sched = reinterpret_cast<Schedule*>(epi_empty + 1);
+    queue = reinterpret_cast<ItemQueue*>(reinterpret_cast<uint8_t*>(sched) + Cfg::kScheduleBytes);
   }
 };
 
@@ -368,7 +371,7 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
 template <typename Cfg, typename Act, bool kDebug, bool kPerK32, bool kScaled, int kLayerA, int kLayerB>
 __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmParams& pb, int item,
                                              const PrefillSmem<Cfg>& sm, RingCursor& cur, const WorkItem& wi, int wg,
-                                             int sx0, uint32_t phase) {
+                                             int sx0, uint32_t phase, int n) {
   constexpr bool kTwo = kLayerB != 0;
   float acc[2][kPrefillHalf / 2];
 #pragma unroll
@@ -391,7 +394,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
       prefill_mainloop_k32<Cfg>(pa, num_kb, half, sm.ring, cur, wg, sx0, acc);
     }
   }
-  timeline::item_stamp_at(timeline::static_item_number(item), kTlItemComputed, 128);
+  timeline::item_stamp_at(n, kTlItemComputed, 128);   // n: the item's number among the CTA's
   const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
   prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty,
                                            sm.epi_full, phase, second ? kLayerB : kLayerA, ptx::smem_addr(sm.item));
@@ -413,12 +416,23 @@ __device__ __forceinline__ void prefill_setup(int* err) {
     }
     ptx::mbar_init(sm.epi_full, 256);
     ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);
+    // The item queue's readers: the scale warp, the epilogue warps and the 8 consumer warps.
+    for (int s = 0; s < kItemSlots; ++s) {
+      ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
+      ptx::mbar_init(&sm.queue->empty[s], Ring::kScaleWarps + kPrefillEpilogueWarps + 8);
+    }
+    for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
     ptx::fence_mbar_init();
   }
 }
 
-// The roles over a launch's items, in the static order: layer kLayerA's (pa), or with kLayerB (the
-// fused kernel) kLayerA's then kLayerB's (pb; scheduler.cuh launch_items). Returns false in the
+// The roles over a launch's items, in the dynamic order (scheduler.cuh claim_item: a CTA's first
+// item is blockIdx.x, its TMA thread claims each later one from pa's item_counter while it issues
+// the current one's last kClaimAhead stages, and posts it to the queue, which the scale warp and the
+// epilogue warps take from and the consumers read after the current item's last stage): layer
+// kLayerA's (pa), or with kLayerB (the fused kernel) kLayerA's then kLayerB's (pb; scheduler.cuh
+// launch_items). In the static round robin (item += gridDim.x) the CTAs' last items ended up to
+// ~4 items apart (bench/NOTES.md v41: gpt-oss T = 4096, 1345-1485 us). Returns false in the
 // consumers, which have nothing after their loop (setmaxnreg: run_consumer in gemm_sm90.cuh says
 // why), and true in the producer warpgroup once each of its roles is done: its epilogue warps have
 // written the CTA's last item when the caller's barrier over the warpgroup passes.
@@ -438,7 +452,8 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tma_desc(&pa.tmap_x64);
       if constexpr (kTwo) ptx::prefetch_tma_desc(&pb.tmap_x64);
-      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+      int item = blockIdx.x;   // every role's first item; the TMA thread posts the later ones
+      while (item < num_items) {
         int local = item;
         const GemmParams& p = item_layer<kPrefillRows, kTwo, true>(local, *sm.sched, pa, pb);
         const int num_kb = p.k / kBlockK;
@@ -449,6 +464,8 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
         // A folded exact-mode tile is the fast mode's bytes: its fp32 scales were not written.
         const int w_bytes = kPerK32 && !Ring::folded(p, wi) ? Ring::kW : kPrefillTileFast;
         for (int kb = 0; kb < num_kb; ++kb) {
+          if (kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
+            post_item(*sm.queue, claim_item(pa.item_counter));   // past the end: the roles' end
           const int s = cur.stage;
           ptx::mbar_wait(&sm.ring.empty[s], cur.phase ^ 1, kWaitEmpty, s, p.err);
           ptx::mbar_arrive_expect_tx(&sm.ring.full[s], Ring::kX + w_bytes);
@@ -462,15 +479,18 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
           cur.advance<S>();
         }
         timeline::item_stamp(kTlItemIssued);
+        item = last_posted(*sm.queue);
       }
       timeline::stamp(kTlIssued);
+      retire_claims(pa.item_counter);
     } else if (warp == 1) {
-      stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, false, kTwo, true>(pa, pb, sm.ring, *sm.sched,
-                                                                                            cur, warp, lane);
+      stage_token_scales<kPrefillTokens, kPrefillRows, S, kPerK32, Ring, kTwo, true>(pa, pb, sm.ring, *sm.sched, cur,
+                                                                                     warp, lane, *sm.queue);
     } else if (warp >= 2) {
       const uint32_t staging = ptx::smem_addr(sm.staging);
       uint32_t phase = 0;
-      for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+      int n = 0;   // the item's number among the CTA's (the timeline build's stamps)
+      for (int item = blockIdx.x; item < num_items; item = take_item(*sm.queue, warp), ++n) {
         int local = item;
         const GemmParams& p = item_layer<kPrefillRows, kTwo, true>(local, *sm.sched, pa, pb);
         const bool second = kTwo && &p == &pb;
@@ -480,7 +500,7 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
           prefill_l1_out<Act, kFused, kFused && !kPerK32>(p, wi, staging, warp - 2, lane);
         else
           prefill_l2_out(p, wi, staging, warp - 2, lane);
-        timeline::item_stamp_at(timeline::static_item_number(item), kTlItemWritten, 32);
+        timeline::item_stamp_at(n, kTlItemWritten, 32);
         ptx::mbar_arrive(sm.epi_empty);
         phase ^= 1;
       }
@@ -495,7 +515,8 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
   // The warpgroup's first token row of the thread: 16 wq + g (the other is + 8).
   const int sx0 = 64 * wg + 16 * (ctid / 32 % 4) + ctid % 32 / 4;
   uint32_t phase = 0;
-  for (int item = blockIdx.x; item < num_items; item += gridDim.x) {
+  int taken = 0;   // items read from the queue (the next item's number among the CTA's)
+  for (int item = blockIdx.x; item < num_items; item = next_posted(*sm.queue, taken++)) {
     // One instantiation of each mainloop serves both layers (with one per layer, ptxas spilled the
     // exact mode's mainloops in the fused kernel: 664 bytes); the branches are uniform.
     const int na = layer_items<kPrefillRows, true>(*sm.sched, pa);
@@ -504,11 +525,11 @@ __device__ __forceinline__ bool prefill_roles(const GemmParams& pa, const GemmPa
     const WorkItem wi =
         decode_item<kPrefillTokens, kPrefillRows>(second ? item - na : item, *sm.sched, prefill_blocks(p));
     if constexpr (!kPerK32)
-      prefill_item<Cfg, Act, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, false, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase, taken);
     else if (Ring::folded(p, wi))
-      prefill_item<Cfg, Act, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, true, true, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase, taken);
     else
-      prefill_item<Cfg, Act, kDebug, true, false, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase);
+      prefill_item<Cfg, Act, kDebug, true, false, kLayerA, kLayerB>(pa, pb, item, sm, cur, wi, wg, sx0, phase, taken);
     phase ^= 1;
   }
   return false;

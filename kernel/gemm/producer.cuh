@@ -91,14 +91,14 @@ struct RingCursor {
 // Ring::scale_index (the ring of gemm_sm90.cuh or of the prefill kernel, whose consumers read them in
 // their own orders). warp / lane: the caller's. The items are layer pa's, or with kTwo pa's then
 // pb's (the fused kernel: scheduler.cuh launch_items).
-// kDynamic: the items come from the TMA thread's queue (scheduler.cuh), else the static round robin.
+// The items come from the TMA thread's queue (scheduler.cuh, the dynamic order).
 // kPartial: a layer's last block of kRows rows may be partial (the prefill kernel: row_blocks).
 // kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: item_part).
-template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kDynamic = false, bool kTwo = false,
-          bool kPartial = false, int kBlock = kMaxN>
+template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kTwo = false, bool kPartial = false,
+          int kBlock = kMaxN>
 __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const GemmParams& pb, const Ring& r,
                                                    const Schedule& sched, RingCursor& cur, int warp, int lane,
-                                                   ItemQueue* queue = nullptr) {
+                                                   ItemQueue& queue) {
   using R = Ring;
   const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
   // Lane l of scale warp w owns tokens 32 (w - 1) + l + 32 kScaleWarps m. One 4-byte word of
@@ -109,8 +109,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
   constexpr int kStride = 32 * R::kScaleWarps;
   constexpr int kM = (kMaxN + kStride - 1) / kStride;
   const int t0 = 32 * (warp - 1) + lane;
-  for (int item = blockIdx.x; item < num_items;
-       item = kDynamic ? take_item(*queue, warp) : item + static_cast<int>(gridDim.x)) {
+  for (int item = blockIdx.x; item < num_items; item = take_item(queue, warp)) {
     int local = item;
     const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
     const int num_kb = p.k / kBlockK;
@@ -251,8 +250,8 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
     timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
-    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, true, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, warp,
-                                                                                        lane, queue);
+    stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, warp, lane,
+                                                                                  *queue);
   }
 }
 

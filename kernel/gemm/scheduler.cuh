@@ -226,14 +226,14 @@ __device__ __forceinline__ const GemmParams& item_layer(int& item, const Schedul
   return pa;
 }
 
-// The swap-AB kernels (standalone and fused) take their items in a dynamic order: a CTA's first item
-// is blockIdx.x, each later one the next unclaimed item of a counter in global memory, claimed by the
-// TMA thread while it issues the last stages of its current item. The static round robin (item +=
-// gridDim.x, still the prefill kernel's order) gave a CTA its items whatever the speed of its
+// The swap-AB and prefill kernels (standalone and fused) take their items in a dynamic order: a CTA's
+// first item is blockIdx.x, each later one the next unclaimed item of a counter in global memory,
+// claimed by the TMA thread while it issues the last stages of its current item. The static round
+// robin (item += gridDim.x) gave a CTA its items whatever the speed of its
 // earlier ones: at 8 tokens per expert an L1 item took 25-39 us by the SM (clock stamps, bench/NOTES.md
 // v13b), so the CTAs ended between 88 and 130 us. The TMA thread posts each claimed item to the
-// CTA's other roles (scale warps, consumers) through a small queue in shared memory, in order; an
-// item index >= the launch's item count ends every role's loop.
+// CTA's other roles (scale warps, consumers; the prefill kernel's epilogue warps too) through a small
+// queue in shared memory, in order; an item index >= the launch's item count ends every role's loop.
 //
 // In the fused kernel the counter runs over L1 items, then L2 items (launch_items), which cannot
 // deadlock: an L2 item waits only for L1 tiles, and when it is claimed every L1 item has been
@@ -248,13 +248,17 @@ __device__ __forceinline__ const GemmParams& item_layer(int& item, const Schedul
 // 32-bit shared-window address: a loop-invariant register of any kind (a generic base, a per-warp
 // count address) held across the consumers' mainloop made ptxas spill the four-warpgroup and wide
 // kernels (24-200 bytes).
-constexpr int kItemSlots = 4;   // posted and not yet taken by every role: at most ~3 (short items, deep ring)
+// Posted and not yet taken by every role: at most ~3 in the swap-AB kernels (short items, deep ring).
+// The prefill kernel's epilogue warps run up to an item behind its consumers: at items of 1-2 K
+// blocks (not at a layer's K) its TMA thread then waits in post_item for them.
+constexpr int kItemSlots = 4;
 
 struct ItemQueue {
   uint64_t full[kItemSlots];    // the TMA thread's arrival: item[s] is written
   uint64_t empty[kItemSlots];   // one arrival per reading warp: item[s] is read
   int item[kItemSlots];
-  int count[4];                 // items posted (warp 0, the TMA thread) or taken (scale warps 1 .. 3)
+  int count[4];                 // items posted (warp 0, the TMA thread) or taken (warps 1 .. 3: the
+                                // scale warps; the prefill kernel's scale warp and epilogue warps)
 };
 
 // Stages before the end of its current item at which the TMA thread claims the next one and posts
@@ -283,8 +287,8 @@ __device__ __forceinline__ void retire_claims(int* counter) {
 
 // The TMA thread: its next item for the other roles (the CTA's second item is the first posted). It
 // posts an item before it fills the last kClaimAhead stages of the item before it. (Its wait for a
-// free slot has no timeout: the slot's readers are the consumers and scale warps, whose ring waits
-// have one.)
+// free slot has no timeout: the slot's readers are the consumers and scale warps, and the prefill
+// kernel's epilogue warps, whose ring and staging waits have one.)
 __device__ __forceinline__ void post_item(ItemQueue& q, int item) {
   const uint32_t count = ptx::smem_addr(&q.count[0]);
   const uint32_t n = ptx::ld_shared_u32(count);
@@ -314,9 +318,10 @@ __device__ __forceinline__ int next_posted(ItemQueue& q, int n) {
   return item;
 }
 
-// One converged scale warp (warp 1 .. 3 of the CTA): its next posted item. The scale warps run ahead
-// of the TMA thread (they wait for the consumers' releases only), so they wait for the post. (No
-// timeout here: the TMA thread's own waits have one.)
+// One converged scale warp (warp 1 .. 3 of the CTA), or one of the prefill kernel's epilogue warps
+// (2, 3): its next posted item. The scale warps run ahead of the TMA thread (they wait for the
+// consumers' releases only), so they wait for the post; the epilogue warps, behind the consumers,
+// find it posted. (No timeout here: the TMA thread's own waits have one.)
 __device__ __forceinline__ int take_item(ItemQueue& q, int warp) {
   const uint32_t count = ptx::smem_addr(&q.count[0]) + 4 * warp;
   __syncwarp();

@@ -148,8 +148,9 @@ PARAMS = (
         "item_counter",
         "ptr",
         "int*",
-        "standalone swap-AB kernels: int[2], zero before the launch (each launch leaves it zero): work items claimed"
-        " past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch object",
+        "standalone swap-AB and prefill kernels: int[2], zero before the launch (each launch leaves it zero): work"
+        " items claimed past the first gridDim.x, CTAs done claiming (scheduler.cuh claim_item); one per launch"
+        " object",
     ),
     Field("err", "ptr", "int*", "trap record (host-mapped), nullptr = trap without a record"),
     Field("num_experts", "i32", "int32_t", "E"),
@@ -477,7 +478,7 @@ WORKSPACE = (
         "int32",
         "2",
         "local",
-        "the swap-AB engine's dynamic item order (GemmParams.item_counter): items claimed past the first"
+        "the swap-AB and prefill engines' dynamic item order (GemmParams.item_counter): items claimed past the first"
         " gridDim.x, CTAs done claiming; zero between calls (a call's last claiming CTA zeroes it)",
     ),
 )

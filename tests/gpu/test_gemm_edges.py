@@ -355,7 +355,16 @@ def test_a_prepared_call_writes_the_entry_points_bits_again_from_a_graph_and_pas
 # experts of 1-70 tokens (L1: up to ~1600 items, many per CTA), 2 experts of 1 and 8 tokens (fewer
 # items than CTAs), and in the exact mode items of 1 and 2 K blocks (K = 128 / 256: the TMA thread
 # claims at its item's first stage; k128 needs K % 512 == 0).
-DYNAMIC_KERNELS = [("k32", 8, 4), ("k32", 64, 2), ("k128", 8, 4), ("k128", 64, 4), ("k128", 256, 2)]
+# (promotion, max_tile, wgs); max_tile None: the promotion's prefill kernel (its predecode pass first).
+DYNAMIC_KERNELS = [
+    ("k32", 8, 4),
+    ("k32", 64, 2),
+    ("k128", 8, 4),
+    ("k128", 64, 4),
+    ("k128", 256, 2),
+    ("k32", None, None),
+    ("k128", None, None),
+]
 DYNAMIC_POOLS = [(40, 512, 1024), (2, 512, 512), (40, 256, 128)]
 
 
@@ -417,7 +426,17 @@ def test_every_item_runs_in_each_launch_of_the_dynamic_order_which_leaves_its_co
     comb, dst = combine_rows(pool, H)
 
     def l2(debug=False):
-        r = pool_l2(l2_pool, dst, kw, comb, promotion=promotion, max_tile=max_tile, wgs=wgs, debug=debug)
+        r = pool_l2(
+            l2_pool,
+            dst,
+            kw,
+            comb,
+            promotion=promotion,
+            max_tile=max_tile,
+            wgs=wgs,
+            prefill=max_tile is None,
+            debug=debug,
+        )
         torch.cuda.synchronize()
         return r
 
