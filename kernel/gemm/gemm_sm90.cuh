@@ -65,7 +65,6 @@ struct GemmConfig {
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
   // Every swap-AB kernel takes its items in the dynamic order (scheduler.cuh claim_item), through
   // the TMA thread's item queue.
-  static constexpr int kQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
   // The fused narrow engine hands each L1 tile to an idle warp of the producer warpgroup (warp 2; the
   // scale warp is warp 1), which writes it (l1_stage_handoff, then prefill_l1_out), so that the
   // consumers go on to the next item: two L1Handoff buffers, used in turn. One warp writes every
@@ -78,7 +77,7 @@ struct GemmConfig {
   // Besides the ring: the consumers' done barrier (16 bytes, keeping the staging 16-byte aligned),
   // the epilogue staging, the scaled tables, the schedule, the item queue, the L1 handoff.
   static constexpr int kFixedBytes =
-      16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kQueueBytes + kHandoffBytes;
+      16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kItemQueueBytes + kHandoffBytes;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
@@ -133,7 +132,7 @@ struct GemmSmem {
     lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
     sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
     queue = reinterpret_cast<ItemQueue*>(reinterpret_cast<uint8_t*>(sched) + Cfg::kScheduleBytes);
-    handoff = reinterpret_cast<L1Handoff*>(reinterpret_cast<uint8_t*>(queue) + Cfg::kQueueBytes);
+    handoff = reinterpret_cast<L1Handoff*>(reinterpret_cast<uint8_t*>(queue) + kItemQueueBytes);
   }
 };
 
@@ -153,11 +152,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.empty[s], 128 * Cfg::kWGs);   // every consumer thread (producer.cuh says why)
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
-    for (int s = 0; s < kItemSlots; ++s) {
-      ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
-      ptx::mbar_init(&sm.queue->empty[s], Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
-    }
-    for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
+    init_item_queue(*sm.queue, Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
     if constexpr (Cfg::kEpilogueWarp) {
       for (int b = 0; b < 2; ++b) {
         ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);   // every consumer thread

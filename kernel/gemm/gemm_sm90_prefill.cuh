@@ -113,13 +113,13 @@ struct PrefillConfig {
   using Ring = PrefillRing<kPerK32>;
   static constexpr int kThreads = 384;
   static constexpr int kScheduleBytes = (static_cast<int>(sizeof(Schedule)) + 15) / 16 * 16;
-  static constexpr int kQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
   // The staging buffer, the item's data (prefill_item_fetch) and the staging's two barriers
   // (epi_full, epi_empty) beside the ring.
   static constexpr int kEpilogueBytes = kPrefillStagingBytes + kPrefillItemBytes + 16;
-  static constexpr int kStagesFit = (kSmemLimit - kScheduleBytes - kQueueBytes - kEpilogueBytes) / (Ring::kStage + 16);
+  static constexpr int kStagesFit =
+      (kSmemLimit - kScheduleBytes - kItemQueueBytes - kEpilogueBytes) / (Ring::kStage + 16);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
-  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes + kQueueBytes;
+  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kEpilogueBytes + kScheduleBytes + kItemQueueBytes;
   static_assert(kStages >= 3, "the stage ring");
   static_assert(Ring::kX % 1024 == 0 && Ring::kW % 1024 == 0, "swizzle atoms stay aligned");
   static constexpr int kProducerRegs = 56;
@@ -417,11 +417,7 @@ __device__ __forceinline__ void prefill_setup(int* err) {
     ptx::mbar_init(sm.epi_full, 256);
     ptx::mbar_init(sm.epi_empty, 32 * kPrefillEpilogueWarps);
     // The item queue's readers: the scale warp, the epilogue warps and the 8 consumer warps.
-    for (int s = 0; s < kItemSlots; ++s) {
-      ptx::mbar_init(&sm.queue->full[s], 1);   // the TMA thread
-      ptx::mbar_init(&sm.queue->empty[s], Ring::kScaleWarps + kPrefillEpilogueWarps + 8);
-    }
-    for (int w = 0; w < 4; ++w) sm.queue->count[w] = 0;
+    init_item_queue(*sm.queue, Ring::kScaleWarps + kPrefillEpilogueWarps + 8);
     ptx::fence_mbar_init();
   }
 }

@@ -261,6 +261,19 @@ struct ItemQueue {
                                 // scale warps; the prefill kernel's scale warp and epilogue warps)
 };
 
+// The queue's bytes in shared memory, rounded to 16 (the kernels' layouts place what follows it).
+constexpr int kItemQueueBytes = (static_cast<int>(sizeof(ItemQueue)) + 15) / 16 * 16;
+
+// One thread of the CTA, before the barriers' init fence: the queue empty, each slot freed by one
+// arrival of each of its `readers` warps.
+__device__ __forceinline__ void init_item_queue(ItemQueue& q, int readers) {
+  for (int s = 0; s < kItemSlots; ++s) {
+    ptx::mbar_init(&q.full[s], 1);   // the TMA thread
+    ptx::mbar_init(&q.empty[s], readers);
+  }
+  for (int w = 0; w < 4; ++w) q.count[w] = 0;
+}
+
 // Stages before the end of its current item at which the TMA thread claims the next one and posts
 // it (at least 1: the consumers' no-wait read, next_posted, needs the post before the last stage's
 // fill). The claim's round trip stalls the TMA thread once per item, while the ring holds the stages
