@@ -138,6 +138,26 @@ class Timeline:
         before = np.concatenate([self.phase("gemm")[:, None], computed[:, :-1]], axis=1)
         return {lay: computed[it.cta, it.number] - before[it.cta, it.number] for lay, it in self.items.items()}
 
+    def item_split(self) -> dict[int, dict[str, np.ndarray]]:
+        """The prefill engine's consumer time of each item in three (us; NaN in the other engines, which
+        stamp neither `ready` nor `staged`): `start`, from the item before's `staged` (or the CTA's
+        `gemm` phase) to this one's first stage landed, what the consumers wait for the ring; `loop`,
+        from then to `computed`, the mainloop; `staging`, from then to `staged`, the rows' factors, the
+        biases and the wait for the staging buffer."""
+        ctas = self.phases.shape[0]
+        staged = np.full((ctas, C.TIMELINE_ITEMS), np.nan)
+        for it in self.items.values():
+            staged[it.cta, it.number] = it.stamp("staged")
+        before = np.concatenate([self.phase("gemm")[:, None], staged[:, :-1]], axis=1)
+        return {
+            lay: dict(
+                start=it.stamp("ready") - before[it.cta, it.number],
+                loop=it.stamp("computed") - it.stamp("ready"),
+                staging=it.stamp("staged") - it.stamp("computed"),
+            )
+            for lay, it in self.items.items()
+        }
+
     def layer_rows(self) -> list[dict]:
         """Per layer: its items, the first taken and last issued (us), the gate waits (gated - taken) of
         its items (median, max) and summed over each CTA's items of the layer (median and max over the
@@ -145,6 +165,7 @@ class Timeline:
         their epilogues (written - computed)."""
         rows = []
         pace = self.item_pace()
+        split = self.item_split()
         for lay, it in sorted(self.items.items()):
             wait = it.stamp("gated") - it.stamp("taken")
             per_cta = np.bincount(it.cta, weights=wait, minlength=self.phases.shape[0])
@@ -161,6 +182,8 @@ class Timeline:
                     gate_cta_max=float(per_cta.max()),
                     pace_median=_nanmedian(pace[lay]),
                     epilogue_median=_nanmedian(it.stamp("written") - it.stamp("computed")),
+                    **{f"{k}_median": _nanmedian(v) for k, v in split[lay].items()},
+                    **{f"{k}_mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for k, v in split[lay].items()},
                 )
             )
         return rows
@@ -186,6 +209,13 @@ class Timeline:
                 f"L{r['layer']:<5} {r['items']:>6} {r['first_taken']:>12.1f} {r['last_issued']:>12.1f} {gate:>23}"
                 f" {cta:>30} {pace:>23}"
             )
+        rows = [r for r in self.layer_rows() if not np.isnan(r["loop_median"])]
+        if rows:
+            out.append("")
+            out.append(f"{'layer':<6} {'consumers: start wait':>22} {'mainloop':>16} {'staging':>16}  (us, median / mean: item_split)")
+            for r in rows:
+                cells = [f"{r[k + '_median']:.2f} / {r[k + '_mean']:.2f}" for k in ("start", "loop", "staging")]
+                out.append(f"L{r['layer']:<5} {cells[0]:>22} {cells[1]:>16} {cells[2]:>16}")
         if self.unstamped:
             out.append(f"({self.unstamped} items past the first {C.TIMELINE_ITEMS} of their CTA: counted, not stamped)")
         return "\n".join(out)

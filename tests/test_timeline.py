@@ -26,7 +26,7 @@ def test_the_timeline_spec_is_its_own_build_with_the_define_and_refuses_the_debu
 def test_a_row_is_the_phases_the_count_and_the_items():
     assert C.TIMELINE_STRIDE == len(C.TIMELINE_PHASES) + 1 + C.TIMELINE_ITEMS * (1 + len(C.TIMELINE_ITEM_STAMPS))
     assert PHASES[0] == "entry" and PHASES[-1] == "combined"
-    assert ITEM_STAMPS == ("taken", "gated", "issued", "computed", "written")
+    assert ITEM_STAMPS == ("taken", "gated", "issued", "computed", "written", "ready", "staged")
 
 
 def _array(ctas: int) -> np.ndarray:
@@ -79,6 +79,25 @@ def test_timeline_reads_phases_and_items_relative_to_the_first_entry():
     )
     text = tl.format()
     assert "engine swapab, 2 CTAs" in text and "\nL1 " in text and "decoded" not in text
+
+
+def test_a_prefill_items_consumer_time_splits_into_its_start_wait_mainloop_and_staging():
+    a = _array(1)
+    t0 = 5_000_000_000
+    for i in range(len(PHASES)):
+        a[0, i] = t0 + 1000 * i  # gemm at 6 us
+    # taken, gated, issued, computed, written, ready, staged (us): item 0 ready at 7, computed at 30,
+    # staged at 31; item 1 ready at 34 (3 us after item 0 staged), computed at 60, staged at 62.
+    _put_item(a, 0, 0, 1, 0, [t0 + 6_000, t0 + 6_000, t0 + 25_000, t0 + 30_000, t0 + 40_000, t0 + 7_000, t0 + 31_000])
+    _put_item(a, 0, 1, 2, 0, [t0 + 20_000, t0 + 20_000, t0 + 55_000, t0 + 60_000, t0 + 70_000, t0 + 34_000, t0 + 62_000])
+    a[0, len(PHASES)] = 2
+    tl = Timeline.from_bytes(a.tobytes(), 1, "prefill")
+    split = tl.item_split()
+    assert [split[1][k].tolist() for k in ("start", "loop", "staging")] == [[1.0], [23.0], [1.0]]
+    assert [split[2][k].tolist() for k in ("start", "loop", "staging")] == [[3.0], [26.0], [2.0]]
+    l1, l2 = tl.layer_rows()
+    assert (l2["start_median"], l2["loop_mean"], l2["staging_median"]) == (3.0, 26.0, 2.0)
+    assert "consumers: start wait" in tl.format() and "3.00 / 3.00" in tl.format()
 
 
 def test_stamps_at_the_clocks_real_magnitude_keep_their_nanoseconds():

@@ -96,4 +96,14 @@ __device__ __forceinline__ void item_stamp_at(int n, int which, int every) {
 #endif
 }
 
+// The prefill engine's consumers at an item's start: kTlItemReady once its first stage (the ring's
+// full barrier `full` at `parity`) has landed. The timeline build waits for it here, where the
+// mainloop's own wait would pass it; the other builds wait only in the mainloop.
+__device__ __forceinline__ void item_stamp_ready(int n, uint64_t* full, uint32_t parity, int* err) {
+#ifdef MEGAMOE_TIMELINE
+  ptx::mbar_wait(full, parity, kWaitFull, -1, err);
+  item_stamp_at(n, kTlItemReady, 128);
+#endif
+}
+
 }  // namespace megamoe::timeline

@@ -453,9 +453,11 @@ enum TimelineItemStamp : int {
   kTlItemIssued = 2,  // its last stage issued (the ring then holds the rest of the item)
   kTlItemComputed = 3,  // the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)
   kTlItemWritten = 4,  // its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)
+  kTlItemReady = 5,  // prefill engine: its first stage landed, as the consumers see it (the later warpgroup)
+  kTlItemStaged = 6,  // prefill engine: its tile in the staging buffer (the later consumer warpgroup)
 };
 constexpr int kTimelineItems = 256, kTimelineCtas = 256;
-constexpr int kTimelineItemWords = 6, kTimelineStride = 1548;
+constexpr int kTimelineItemWords = 8, kTimelineStride = 2060;
 constexpr int kTimelineItemTag = 32;   // tag = layer << kTimelineItemTag | index
 
 }  // namespace megamoe

@@ -388,6 +388,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
     // Every consumer thread has read the previous item's data (its stage tile): then this one's.
     ptx::named_barrier(kPrefillItemBarrier, 256);
     prefill_item_fetch<Act, kScaled>(second ? pb : pa, wi, second ? kLayerB : kLayerA, ptx::smem_addr(sm.item));
+    timeline::item_stamp_ready(n, &sm.ring.full[cur.stage], cur.phase, pa.err);
     if constexpr (kScaled) {
       prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, half, sm.ring, cur, wg, sx0, acc);
     } else {
@@ -398,6 +399,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
   const bool second = kTwo && item >= layer_items<kPrefillRows, true>(*sm.sched, pa);
   prefill_stage_tile<Act, kDebug, kScaled>(second ? pb : pa, wi, acc, ptx::smem_addr(sm.staging), sm.epi_empty,
                                            sm.epi_full, phase, second ? kLayerB : kLayerA, ptx::smem_addr(sm.item));
+  timeline::item_stamp_at(n, kTlItemStaged, 128);
 }
 
 // Before the roles split: the layout check and the barriers (thread 0; the schedule is the caller's,

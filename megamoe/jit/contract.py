@@ -327,6 +327,8 @@ TIMELINE_ITEM_STAMPS = (
     ("issued", "its last stage issued (the ring then holds the rest of the item)"),
     ("computed", "the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)"),
     ("written", "its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)"),
+    ("ready", "prefill engine: its first stage landed, as the consumers see it (the later warpgroup)"),
+    ("staged", "prefill engine: its tile in the staging buffer (the later consumer warpgroup)"),
 )
 TIMELINE_ITEMS = 256
 TIMELINE_CTAS = 256
