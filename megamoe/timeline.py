@@ -183,7 +183,10 @@ class Timeline:
                     pace_median=_nanmedian(pace[lay]),
                     epilogue_median=_nanmedian(it.stamp("written") - it.stamp("computed")),
                     **{f"{k}_median": _nanmedian(v) for k, v in split[lay].items()},
-                    **{f"{k}_mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan") for k, v in split[lay].items()},
+                    **{
+                        f"{k}_mean": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+                        for k, v in split[lay].items()
+                    },
                 )
             )
         return rows
@@ -212,7 +215,9 @@ class Timeline:
         rows = [r for r in self.layer_rows() if not np.isnan(r["loop_median"])]
         if rows:
             out.append("")
-            out.append(f"{'layer':<6} {'consumers: start wait':>22} {'mainloop':>16} {'staging':>16}  (us, median / mean: item_split)")
+            out.append(
+                f"{'layer':<6} {'consumers: start wait':>22} {'mainloop':>16} {'staging':>16}  (us, median / mean: item_split)"
+            )
             for r in rows:
                 cells = [f"{r[k + '_median']:.2f} / {r[k + '_mean']:.2f}" for k in ("start", "loop", "staging")]
                 out.append(f"L{r['layer']:<5} {cells[0]:>22} {cells[1]:>16} {cells[2]:>16}")

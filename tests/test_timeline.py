@@ -89,7 +89,9 @@ def test_a_prefill_items_consumer_time_splits_into_its_start_wait_mainloop_and_s
     # taken, gated, issued, computed, written, ready, staged (us): item 0 ready at 7, computed at 30,
     # staged at 31; item 1 ready at 34 (3 us after item 0 staged), computed at 60, staged at 62.
     _put_item(a, 0, 0, 1, 0, [t0 + 6_000, t0 + 6_000, t0 + 25_000, t0 + 30_000, t0 + 40_000, t0 + 7_000, t0 + 31_000])
-    _put_item(a, 0, 1, 2, 0, [t0 + 20_000, t0 + 20_000, t0 + 55_000, t0 + 60_000, t0 + 70_000, t0 + 34_000, t0 + 62_000])
+    _put_item(
+        a, 0, 1, 2, 0, [t0 + 20_000, t0 + 20_000, t0 + 55_000, t0 + 60_000, t0 + 70_000, t0 + 34_000, t0 + 62_000]
+    )
     a[0, len(PHASES)] = 2
     tl = Timeline.from_bytes(a.tobytes(), 1, "prefill")
     split = tl.item_split()
