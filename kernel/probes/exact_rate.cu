@@ -40,7 +40,7 @@ constexpr int kSmemMax = 227 * 1024;
 
 enum Promo { kK32, kWaitOnly, kK128 };
 
-template <int kWGs, int kRows>
+template <int kWGs, int kRows, int kMaxStages = 8>
 struct Layout {
   static constexpr int kM = 64 * kWGs;  // tokens per CTA tile
   static constexpr int kX = kM * kBlockK;  // activations, 128-byte swizzle (A operand)
@@ -50,7 +50,7 @@ struct Layout {
   static constexpr int kCopy = kX + kB + kSx;  // one source stage: x | B | sx
   static constexpr int kFixed = 2 * 8 * 8;  // up to 8 stages x 2 barriers
   static constexpr int kStagesFit = (kSmemMax - kFixed) / kStage;
-  static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
+  static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmem = kStages * kStage + kFixed;
   static constexpr int kThreads = 128 * (1 + kWGs);
   static constexpr uint32_t kSideRegs = 40;
@@ -59,10 +59,10 @@ struct Layout {
   static_assert(kStages >= 2, "stage ring");
 };
 
-template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo>
+template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages>
 __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
     exact_kernel(int items, int num_kb, const uint8_t* src, long long* cycles, float* sink, int* err) {
-  using L = Layout<kWGs, kRows>;
+  using L = Layout<kWGs, kRows, kMaxStages>;
   constexpr int S = L::kStages;
   constexpr int kParts = kRows / kStepN;  // wgmmas of one k32 step
   constexpr int kPerGroup = kPromo == kK128 ? 4 : 1;  // k32 wgmmas a group
@@ -236,10 +236,10 @@ uint8_t* make_source() {
   });
 }
 
-template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo>
+template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages = 8>
 void run(const ProbeBuffers& b) {
-  using L = Layout<kWGs, kRows>;
-  auto kernel = exact_kernel<kWGs, kRows, kStepN, kDepth, kPromo>;
+  using L = Layout<kWGs, kRows, kMaxStages>;
+  auto kernel = exact_kernel<kWGs, kRows, kStepN, kDepth, kPromo, kMaxStages>;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
               "cudaFuncSetAttribute");
   uint8_t* src = make_source<L>();
@@ -267,6 +267,9 @@ int main() {
   run<2, 256, 128, 1, kK128>(b);
   run<2, 256, 128, 1, kK32>(b);
   run<2, 256, 128, 1, kWaitOnly>(b);
+  // The fused kernel's ring: three stages beside its 64 KB staging buffer (and two).
+  run<2, 256, 128, 1, kK32, 3>(b);
+  run<2, 256, 128, 1, kK32, 2>(b);
   run<2, 256, 64, 1, kK32>(b);
   run<2, 256, 64, 2, kK32>(b);
   // Half the rows: room for a second temporary of 64 registers, or four of 32.
