@@ -11,7 +11,8 @@ cost of one stage for one consumer warp, including loop control and the runtime 
 four-warpgroup 64-token kernel has one such loop per item width, 8 to 64 tokens: the count is the
 64-token one's.) The fused kernel holds every hot loop of its engine, each layer's (L1's first):
 all of them are listed, with the local-memory loads and stores in them (spilled words, reloaded
-where the loop runs)."""
+where the loop runs), and their promotions (FFMAs of a wgmma's product) that read the product and
+the accumulator from one register bank (promotion_banks)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ def loop_cost(body: list[str], prefill: bool) -> tuple[int, float, int]:
     return width, len(body) / stages, local
 
 
+def promotion_banks(body: list[str]) -> tuple[int, int]:
+    """(promotions, same-bank ones) of a hot loop: its FFMAs whose first factor is a register of a
+    wgmma's product (a QGMMA's destination range: N / 2 registers from its first), and of those the
+    ones whose addend (the accumulator) has that register's parity. The register file has two banks by
+    parity, so such an FFMA reads both from one bank (in the exact prefill loop, with the scale from
+    the reuse cache or the same bank, every other one waits a cycle for it: bench/NOTES.md v43)."""
+    ranges = [
+        (int(d), int(d) + int(n) // 2)
+        for n, d in (re.search(r"QGMMA\.64x(\d+)x32\S*\s+R(\d+),", t).groups() for t in body if "QGMMA" in t)
+    ]
+    promotions = same = 0
+    for t in body:
+        m = re.match(r"\s*(?:@!?U?P\d\s+)?FFMA\s+R\d+,\s*R(\d+)(?:\.reuse)?,\s*R\d+(?:\.reuse)?,\s*R(\d+)", t)
+        if m and any(lo <= int(m.group(1)) < hi for lo, hi in ranges):
+            promotions += 1
+            same += int(m.group(1)) % 2 == int(m.group(2)) % 2
+    return promotions, same
+
+
 def stage_cost(
     cubin: Path, tile: int, k32: bool, prefill: bool = False, disasm: str = "nvdisasm"
 ) -> tuple[float, int] | None:
@@ -138,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{'fused kernel':34} {'loop':>4} {'width':>5} {'instructions / stage / warp':>28} {'local ld/st in loop':>20}"
+        f" {'promotions one bank':>20}"
     )
     for promotion in ("k128", "k32"):
         for engine in jb.FUSED_ENGINES_OF[promotion]:
@@ -145,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             sass = subprocess.run([disasm, "-c", str(jb.build(spec).cubin)], capture_output=True, text=True, check=True)
             for i, (_, _, body) in enumerate(hot_loops(sass.stdout)):
                 width, per, local = loop_cost(body, prefill=engine == "prefill")
-                print(f"{spec.name:34} {i:4d} {width:5d} {per:28.1f} {local:20d}")
+                promotions, same = promotion_banks(body)
+                print(f"{spec.name:34} {i:4d} {width:5d} {per:28.1f} {local:20d} {f'{same} / {promotions}':>20}")
     return 0
 
 

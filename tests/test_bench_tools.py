@@ -233,6 +233,24 @@ def test_sass_stage_finds_each_innermost_wgmma_loop_and_counts_a_stage_and_its_s
     assert sass_stage.loop_cost(hot[1][2], prefill=False) == (64, 8.0, 1)  # 4 instructions, half a stage
 
 
+def test_sass_stage_counts_the_promotions_that_read_product_and_accumulator_from_one_bank():
+    # A wgmma of N = 32, 16 product registers (R24 .. R39), then its promotion: R24 with R3 (two
+    # banks), R25 with R5 (one: odd and odd), R26 with R8 (one: even and even); FFMAs of registers
+    # just past the range (R40) and before it (R22) are not promotions.
+    body = [
+        "QGMMA.64x32x32.F32.E4M3.E4M3 R24, gdesc[UR28], RZ, !UPT, gsb0",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "FFMA R3, R24, R196.reuse, R3",
+        "FFMA R5, R25, R196, R5",
+        "@P0 FFMA R8, R26, R197, R8",
+        "FFMA R10, R40, R196, R10",
+        "FFMA R12, R22, R196, R12",
+    ]
+    assert sass_stage.promotion_banks(body) == (3, 2)
+    assert sass_stage.promotion_banks([t for t in body if "R5" not in t and "R8," not in t]) == (1, 0)
+    assert sass_stage.promotion_banks(body[1:]) == (0, 0)  # no wgmma in the loop: no product
+
+
 def test_bench_ab_names_a_variant_that_is_no_patch_and_says_in_one_line_that_it_needs_a_gpu(monkeypatch, capsys):
     from bench import ab
 

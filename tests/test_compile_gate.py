@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -83,6 +84,15 @@ def test_cache_hit_and_key(built):
     assert jb.spec_key(other) != jb.spec_key(spec)
 
 
+def test_the_cache_key_covers_what_python_writes_into_the_unit(monkeypatch):
+    # A define chosen by a table in build.py changes no field of the spec: its cubin is another.
+    spec = jb.FusedSpec(promotion="k32", engine="prefill", activation="swiglu_oai")
+    assert spec.name in jb.SWAP_ACC_PAIRS and spec.source().startswith("#define MEGAMOE_SWAP_ACC_PAIRS 1\n")
+    key = jb.spec_key(spec)
+    monkeypatch.setattr(jb, "SWAP_ACC_PAIRS", frozenset())
+    assert "MEGAMOE_SWAP_ACC_PAIRS" not in spec.source() and jb.spec_key(spec) != key
+
+
 def test_compile_error_is_a_readable_python_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAMOE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(jb.GemmSpec, "source", lambda self: '#error "planted compile error"\n')
@@ -138,3 +148,35 @@ def test_the_fused_kernels_compile_with_at_most_a_few_spilled_words():
     assert not bad, "\n".join(bad)
     for s, b in zip(specs, results):
         assert (b"megamoe_timeline" in b.cubin.read_bytes()) == s.timeline, s.name
+
+
+def test_the_exact_prefill_loops_promotions_read_product_and_accumulator_from_two_banks():
+    """The folded loop of the exact prefill engine (its 64x128 wgmmas, 512 promotion FFMAs a K block)
+    in every build, fused and standalone: no FFMA whose product and accumulator registers share a
+    parity, one of the register file's two banks (bench.sass_stage promotion_banks). ptxas chose
+    that for the gpt-oss fused release builds, which cost 0.7-0.8 % of a call at gpt-oss T = 1000
+    and 4096 (bench/NOTES.md v43); where it does again, megamoe/jit/build.py SWAP_ACC_PAIRS takes
+    the build in or out."""
+    from bench.sass_stage import NVDISASM_HOW, hot_loops, nvdisasm, promotion_banks
+
+    disasm = nvdisasm()
+    if disasm is None:
+        pytest.skip(f"nvdisasm not found: {NVDISASM_HOW}")
+    specs = [
+        s
+        for s in G.used_specs() + heuristics.fused_specs() + heuristics.timeline_specs()
+        if "prefill" in s.name and s.promotion == "k32"
+    ]
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        cubins = [b.cubin for b in ex.map(jb.build, specs)]
+    bad, seen = [], 0
+    for spec, cubin in zip(specs, cubins):
+        sass = subprocess.run([disasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+        folded = [body for _, _, body in hot_loops(sass) if "QGMMA.64x128x32" in "\n".join(body)]
+        assert len(folded) == 1, f"{spec.name}: {len(folded)} folded loops"
+        promotions, same = promotion_banks(folded[0])
+        assert promotions == 512, f"{spec.name}: {promotions} promotions in the folded loop"
+        seen += 1
+        if same:
+            bad.append(f"{spec.name}: {same} of {promotions} promotions read both registers from one bank")
+    assert seen >= 14 and not bad, "\n".join(bad)

@@ -179,6 +179,17 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 //     for d <= 12, and the fold takes d <= 11, megamoe/jit/layout.py FOLD_BINADES), hence the same
 //     bits wherever the folded scale 2^(s_x + B_e - 260), 2^(B_e - s_w - 6) times the two-scale
 //     one, is at least 2^-149 and the folded accumulator stays finite.
+// The promotion's register banks: an FFMA whose product (the wgmma's temporary, an aligned range)
+// and accumulator registers have the same parity reads them from one of the register file's two
+// banks. Where ptxas gives acc[i] the parity of tmp[i] (which build does is its allocator's choice:
+// megamoe/jit/build.py SWAP_ACC_PAIRS names them, tests/test_compile_gate.py checks every build),
+// MEGAMOE_SWAP_ACC_PAIRS keeps element i in acc[i ^ 1] during the loop, which flips it, and puts the
+// pairs back at the end (renamed registers: no instruction).
+#ifndef MEGAMOE_SWAP_ACC_PAIRS
+#define MEGAMOE_SWAP_ACC_PAIRS 0
+#endif
+constexpr bool kSwapAccPairs = MEGAMOE_SWAP_ACC_PAIRS;
+
 template <typename Cfg, bool kEachK32>
 __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int num_kb, bool half,
                                                         const typename Cfg::Ring& ring, RingCursor& cur, int wg,
@@ -231,7 +242,10 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
         // ends the block as the fast mode's wait does.
         if (!kEachK32 || k_nonzero) {
 #pragma unroll
-          for (int i = 0; i < kPrefillHalf / 2; ++i) acc[h][i] = __fmaf_rn(tmp[i], (i & 2) ? a1 : a0, acc[h][i]);
+          for (int i = 0; i < kPrefillHalf / 2; ++i) {
+            const int a = kSwapAccPairs ? i ^ 1 : i;   // element i's register (above)
+            acc[h][a] = __fmaf_rn(tmp[i], (i & 2) ? a1 : a0, acc[h][a]);
+          }
         }
 #pragma unroll
         for (int i = 0; i < kPrefillHalf / 2; ++i) ptx::fence_operand(acc[h][i]);
@@ -240,6 +254,16 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
     // Release the stage: every thread arrives after its own reads of the scales (producer.cuh).
     ptx::mbar_arrive(&ring.empty[s]);
     cur.advance<S>();
+  }
+  if constexpr (kSwapAccPairs) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < kPrefillHalf / 2; i += 2) {
+        const float e = acc[h][i];
+        acc[h][i] = acc[h][i + 1];
+        acc[h][i + 1] = e;
+      }
   }
 }
 

@@ -159,6 +159,14 @@ FUSED_ENGINES_OF = {"k32": FUSED_ENGINES, "k128": ("swapab", "prefill")}
 FUSED_MODES = tuple((promotion, engine) for promotion in PROMOTIONS for engine in FUSED_ENGINES_OF[promotion])
 
 
+# The fused builds whose exact prefill loop keeps its accumulators in swapped pairs
+# (MEGAMOE_SWAP_ACC_PAIRS, kernel/gemm/gemm_sm90_prefill.cuh): there ptxas gave each promotion FFMA's
+# product and accumulator registers one parity, so both came from one register bank (bench/NOTES.md
+# v43). Which builds need it is the register allocator's choice, not a rule of the code:
+# tests/test_compile_gate.py reads every prefill build's loop and fails on a same-parity pair.
+SWAP_ACC_PAIRS = frozenset({"megamoe_fused_k32_prefill_foai", "megamoe_fused_k32_prefill_poai"})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FusedSpec:
     """One compiled specialisation of the fused layer (kernel/fused/megamoe_sm90.cuh) and its GEMM
@@ -219,7 +227,10 @@ class FusedSpec:
         fields = {"ENGINE": engine, "PROMOTION": self.promotion, "DEBUG": b(self.debug)}
         for k, v in fields.items():
             tmpl = tmpl.replace(f"@{k}@", v)
-        return ("#define MEGAMOE_TIMELINE 1\n" if self.timeline else "") + tmpl
+        defines = ("#define MEGAMOE_TIMELINE 1\n" if self.timeline else "") + (
+            "#define MEGAMOE_SWAP_ACC_PAIRS 1\n" if self.name in SWAP_ACC_PAIRS else ""
+        )
+        return defines + tmpl
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -322,6 +333,9 @@ def spec_key(spec: GemmSpec | FusedSpec | PrefillSpec | PredecodeSpec) -> str:
     h.update(_sources_digest(kdir))
     h.update(" ".join(flags()).encode())
     h.update(f"{type(spec).__name__}{dataclasses.astuple(spec)!r}".encode())
+    # The instantiation unit as built: what Python writes into it (its fields, its defines) is part of
+    # the build, as the kernel sources are (a define chosen by a table here changed no field).
+    h.update(spec.source().encode())
     return h.hexdigest()[:16]
 
 
