@@ -85,5 +85,14 @@ def test_the_timeline_build_gives_the_release_bits_and_stamps_every_phase_and_it
         assert not np.isnan(computed).any() and not np.isnan(written).any(), f"L{lay}: an item not computed or written"
         assert (computed <= written).all() and (it.stamp("taken") <= computed).all()
         assert (pace[lay] > 0).all(), f"L{lay}: the consumers ran an item before the one before it"
+        # The prefill consumers' item in three: its first stage landed, computed, staged, each after
+        # the one before, the item's start after the tile before it was staged (item_split).
+        ready, staged = it.stamp("ready"), it.stamp("staged")
+        if engine == "prefill":
+            assert (it.stamp("taken") <= ready).all() and (ready <= computed).all() and (computed <= staged).all()
+            split = tl.item_split()[lay]
+            assert all((part >= 0).all() for part in split.values()), f"L{lay}: a negative part of {sorted(split)}"
+        else:
+            assert np.isnan(ready).all() and np.isnan(staged).all(), "ready and staged are the prefill engine's"
     assert int(tl.counts.sum()) == sum(it.index.size for it in tl.items.values())
     print(tl.format())
