@@ -34,40 +34,58 @@ constexpr int kCombineRowBytes = kCombineSlots * kThreads * 16;
 template <int kThreads>
 constexpr int kCombineSmemBytes = kCombineRowBytes<kThreads> + kCombineSlots * kThreads * 8;
 
-// combine_tokens (below) in units of kUnitSlots slots.
-template <int kThreads, int kUnitSlots>
+// combine_tokens (below) in units of kUnitSlots slots. kOneGroup: K <= kUnitSlots, so a chunk is one
+// unit (every top-k up to 8): unit u is chunk first + u * stride, and its token is kept by adding the
+// stride's whole tokens and chunks (one division before the loop, where each unit divided by the
+// chunks of a token and by the units of a chunk: ~340 instructions a unit, a warp an SMSP, NOTES v43).
+// A chunk's row k starts at 8 c + k T_max H of combine [K, T_max, H] (t H + 8 (c - t H / 8) = 8 c).
+template <int kThreads, int kUnitSlots, bool kOneGroup>
 __device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, int tid, uint8_t* smem) {
   constexpr int kCombineUnits = kCombineSlots / kUnitSlots;   // units in flight
   const int H = fp.hidden;
   const int K = fp.top_k;
-  const int per_unit = K < kUnitSlots ? K : kUnitSlots;
-  const int groups = (K + per_unit - 1) / per_unit;   // units of one chunk
+  const int per_unit = kOneGroup || K < kUnitSlots ? K : kUnitSlots;
+  const int groups = kOneGroup ? 1 : (K + per_unit - 1) / per_unit;   // units of one chunk
   // 32-bit counts (T H / 8 < 2^31: T_max H is a workspace region's size): the tail runs at the
   // producer's registers.
-  const int chunks = fp.num_tokens * (H / 8);
+  const int per_token = H / 8;   // chunks of a token
+  const int chunks = fp.num_tokens * per_token;
   const int first = static_cast<int>(blockIdx.x) * kThreads + tid;
   const int stride = static_cast<int>(gridDim.x) * kThreads;
   const int units = (first < chunks ? (chunks - 1 - first) / stride + 1 : 0) * groups;
+  const int64_t slot_stride = static_cast<int64_t>(fp.max_tokens) * H;   // combine's k stride
   const uint32_t base = ptx::smem_addr(smem) + 16 * tid;
   const uint32_t idx_base = ptx::smem_addr(smem) + kCombineRowBytes<kThreads> + 8 * tid;
+  // kOneGroup: the next unit's chunk and token (issue side), and the next finished chunk (sums).
+  const int stride_tokens = stride / per_token, stride_rest = stride % per_token;
+  int issue_c = first, issue_t = first / per_token, issue_r = first % per_token;
+  int sum_c = first;
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
   for (int u = 0; u < units + kCombineUnits - 1; ++u) {
     if (u < units) {   // unit u's copies
-      const int c = first + (u / groups) * stride;
-      const int t = c / (H / 8);
-      const int k0 = (u % groups) * per_unit;
+      int c, t, k0;
+      if constexpr (kOneGroup) {
+        c = issue_c, t = issue_t, k0 = 0;
+        issue_c += stride;
+        issue_t += stride_tokens;
+        issue_r += stride_rest;
+        if (issue_r >= per_token) issue_r -= per_token, ++issue_t;
+      } else {
+        c = first + (u / groups) * stride;
+        t = c / per_token;
+        k0 = (u % groups) * per_unit;
+      }
       const uint32_t dst = base + 16 * kThreads * kUnitSlots * (u % kCombineUnits);
       const uint32_t idx_dst = idx_base + 8 * kThreads * kUnitSlots * (u % kCombineUnits);
-      // The owners wrote these rows during this launch: read through L2 (cp.async.cg). Element
-      // (k0 + j, t, 8 (c % (H / 8))) of combine [K, T_max, H] (ws_combine_index), written out here:
-      // through the generated index the compiler no longer folds the slots' stride into the row's
-      // index, and the loop's machine code changes (bench.sass_identity).
-      const uint16_t* src = fp.ws_combine + (static_cast<int64_t>(k0) * fp.max_tokens + t) * H + 8 * (c - t * (H / 8));
+      // The owners wrote these rows during this launch: read through L2 (cp.async.cg).
+      const uint16_t* src = fp.ws_combine + k0 * slot_stride + 8 * static_cast<int64_t>(c);
       const int64_t* idx = fp.topk_idx + static_cast<int64_t>(t) * K + k0;
-      for (int j = 0; j < per_unit && k0 + j < K; ++j) {
-        ptx::cp_async_16(dst + 16 * kThreads * j, src + static_cast<int64_t>(j) * fp.max_tokens * H, 16u);
+#pragma unroll
+      for (int j = 0; j < kUnitSlots; ++j) {
+        if (j >= per_unit || k0 + j >= K) break;
+        ptx::cp_async_16(dst + 16 * kThreads * j, src + j * slot_stride, 16u);
         ptx::cp_async_8(idx_dst + 8 * kThreads * j, idx + j);
       }
     }
@@ -75,10 +93,12 @@ __device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, i
     if (u < kCombineUnits - 1) continue;
     ptx::cp_async_wait<kCombineUnits - 1>();   // unit v has landed
     const int v = u - (kCombineUnits - 1);
-    const int k0 = (v % groups) * per_unit;
+    const int k0 = kOneGroup ? 0 : (v % groups) * per_unit;
     const uint32_t src = base + 16 * kThreads * kUnitSlots * (v % kCombineUnits);
     const uint32_t idx_src = idx_base + 8 * kThreads * kUnitSlots * (v % kCombineUnits);
-    for (int j = 0; j < per_unit && k0 + j < K; ++j) {
+#pragma unroll
+    for (int j = 0; j < kUnitSlots; ++j) {
+      if (j >= per_unit || k0 + j >= K) break;
       // The entry's high word holds its sign: -1 (no expert) skips the slot.
       if (static_cast<int>(ptx::ld_shared_u32(idx_src + 8 * kThreads * j + 4)) < 0) continue;
       const uint4 w = ptx::ld_shared_v4(src + 16 * kThreads * j);
@@ -89,8 +109,10 @@ __device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, i
         acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], __uint_as_float(words[i] & 0xFFFF0000u));
       }
     }
-    if (v % groups == groups - 1) {   // the chunk's last unit: y, then a fresh sum
-      const int c = first + (v / groups) * stride;   // token c / (H / 8), channels 8 (c % (H / 8)) ..
+    if (kOneGroup || v % groups == groups - 1) {   // the chunk's last unit: y, then a fresh sum
+      // token c / (H / 8), channels 8 (c % (H / 8)) ..: y's 16 bytes at 8 c
+      const int c = kOneGroup ? sum_c : first + (v / groups) * stride;
+      sum_c += stride;
       uint4 out;
       __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
@@ -109,9 +131,11 @@ __device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, i
 template <int kThreads>
 __device__ __forceinline__ void combine_tokens(const FusedParams& fp, int tid, uint8_t* smem) {
   if (fp.top_k <= 4)
-    combine_tokens_in_units<kThreads, 4>(fp, tid, smem);
+    combine_tokens_in_units<kThreads, 4, true>(fp, tid, smem);
+  else if (fp.top_k <= 8)
+    combine_tokens_in_units<kThreads, 8, true>(fp, tid, smem);
   else
-    combine_tokens_in_units<kThreads, 8>(fp, tid, smem);
+    combine_tokens_in_units<kThreads, 8, false>(fp, tid, smem);
 }
 
 // Every counter region of the workspace goes back to zero after the call (D10): arrivals, l1_done
