@@ -79,7 +79,9 @@ __device__ __forceinline__ void combine_tokens_in_units(const FusedParams& fp, i
       }
       const uint32_t dst = base + 16 * kThreads * kUnitSlots * (u % kCombineUnits);
       const uint32_t idx_dst = idx_base + 8 * kThreads * kUnitSlots * (u % kCombineUnits);
-      // The owners wrote these rows during this launch: read through L2 (cp.async.cg).
+      // The owners wrote these rows during this launch: read through L2 (cp.async.cg). Element
+      // (k0 + j, t, 8 (c % (H / 8))) of combine [K, T_max, H] (ws_combine_index), written out here
+      // (above: 8 c + k T_max H), which is what lets the loop keep no token's remainder.
       const uint16_t* src = fp.ws_combine + k0 * slot_stride + 8 * static_cast<int64_t>(c);
       const int64_t* idx = fp.topk_idx + static_cast<int64_t>(t) * K + k0;
 #pragma unroll
