@@ -58,19 +58,21 @@ KERNELS = [
 ]
 
 
+def _kernel(promotion, max_tile, wgs, debug):
+    """The launch arguments of one of KERNELS (max_tile None: the promotion's prefill path)."""
+    return dict(promotion=promotion, max_tile=max_tile, wgs=wgs, prefill=max_tile is None, debug=debug)
+
+
 def _launch_l1(pool, kw, promotion, max_tile, wgs, debug=True, **kwargs):
-    """An L1 launch (by default the debug build) of one of KERNELS (max_tile None: the promotion's
-    prefill path), synchronised."""
-    res = pool_l1(
-        pool,
-        kw,
-        promotion=promotion,
-        max_tile=max_tile,
-        wgs=wgs,
-        prefill=max_tile is None,
-        debug=debug,
-        **kwargs,
-    )
+    """An L1 launch (by default the debug build) of one of KERNELS, synchronised."""
+    res = pool_l1(pool, kw, **_kernel(promotion, max_tile, wgs, debug), **kwargs)
+    torch.cuda.synchronize()
+    return res
+
+
+def _launch_l2(pool, dst, kw, comb, promotion, max_tile, wgs, debug=False):
+    """An L2 launch (by default the release build) of one of KERNELS, synchronised."""
+    res = pool_l2(pool, dst, kw, comb, **_kernel(promotion, max_tile, wgs, debug))
     torch.cuda.synchronize()
     return res
 
@@ -426,19 +428,7 @@ def test_every_item_runs_in_each_launch_of_the_dynamic_order_which_leaves_its_co
     comb, dst = combine_rows(pool, H)
 
     def l2(debug=False):
-        r = pool_l2(
-            l2_pool,
-            dst,
-            kw,
-            comb,
-            promotion=promotion,
-            max_tile=max_tile,
-            wgs=wgs,
-            prefill=max_tile is None,
-            debug=debug,
-        )
-        torch.cuda.synchronize()
-        return r
+        return _launch_l2(l2_pool, dst, kw, comb, promotion, max_tile, wgs, debug=debug)
 
     r2 = l2(debug=True)
     worst2 = worst_bound_ratio(r2.acc2, l2_pool, w2, s2)
