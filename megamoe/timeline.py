@@ -131,12 +131,17 @@ class Timeline:
         which waits for the epilogue warps to free the staging buffer). A narrow-engine item of more
         than 8 rows runs in parts: its pace holds every part, its `written - computed` (the epilogue
         median of layer_rows) the last part's epilogue only."""
-        ctas = self.phases.shape[0]
-        computed = np.full((ctas, C.TIMELINE_ITEMS), np.nan)
+        before = self._before("computed")
+        return {lay: it.stamp("computed") - before[lay] for lay, it in self.items.items()}
+
+    def _before(self, name: str) -> dict[int, np.ndarray]:
+        """Per layer, for each item: stamp `name` of the item its CTA ran before it (either layer's),
+        or the CTA's `gemm` phase for its first."""
+        stamps = np.full((self.phases.shape[0], C.TIMELINE_ITEMS), np.nan)
         for it in self.items.values():
-            computed[it.cta, it.number] = it.stamp("computed")
-        before = np.concatenate([self.phase("gemm")[:, None], computed[:, :-1]], axis=1)
-        return {lay: computed[it.cta, it.number] - before[it.cta, it.number] for lay, it in self.items.items()}
+            stamps[it.cta, it.number] = it.stamp(name)
+        before = np.concatenate([self.phase("gemm")[:, None], stamps[:, :-1]], axis=1)
+        return {lay: before[it.cta, it.number] for lay, it in self.items.items()}
 
     def item_split(self) -> dict[int, dict[str, np.ndarray]]:
         """The prefill engine's consumer time of each item in three (us; NaN in the other engines, which
@@ -144,14 +149,10 @@ class Timeline:
         `gemm` phase) to this one's first stage landed, what the consumers wait for the ring; `loop`,
         from then to `computed`, the mainloop; `staging`, from then to `staged`, the rows' factors, the
         biases and the wait for the staging buffer."""
-        ctas = self.phases.shape[0]
-        staged = np.full((ctas, C.TIMELINE_ITEMS), np.nan)
-        for it in self.items.values():
-            staged[it.cta, it.number] = it.stamp("staged")
-        before = np.concatenate([self.phase("gemm")[:, None], staged[:, :-1]], axis=1)
+        before = self._before("staged")
         return {
             lay: dict(
-                start=it.stamp("ready") - before[it.cta, it.number],
+                start=it.stamp("ready") - before[lay],
                 loop=it.stamp("computed") - it.stamp("ready"),
                 staging=it.stamp("staged") - it.stamp("computed"),
             )
