@@ -48,10 +48,15 @@ from megamoe.reference.weights import deinterleave_gate_up, interleave_gate_up  
 
 
 def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
-    """[E, R, K/2] canonical packed FP4 -> [E, K/128, R/16, 1024] kernel layout (step 2)."""
+    """[E, R, K/2] canonical packed FP4 -> [E, K/128, R/16, 1024] kernel layout (step 2). One expert
+    at a time: the bit packing's int64 intermediates take ~40 bytes a weight, and a whole layer at
+    once (DeepSeek-V3's L1 slice, 32 x 4096 x 7168 weights) ran an 80 GB GPU out of memory beside
+    the test suite's other workers (bench/NOTES.md v44)."""
     E, R, K2 = packed.shape
     K = 2 * K2
     assert R % 16 == 0 and K % 128 == 0
+    if E > 1:
+        return torch.cat([fp4_to_kernel_layout(packed[e : e + 1]) for e in range(E)])
     codes = unpack_fp4(packed).to(torch.int64)  # [E, R, K]
     # (e, rg, rh, g, kb, h, sl, hk, t, i) -> (e, kb, rg, h, g, t, sl, hk, rh, i)
     c = codes.view(E, R // 16, 2, 8, K // 128, 2, 2, 2, 4, 4).permute(0, 4, 1, 5, 3, 8, 6, 7, 2, 9)
@@ -70,8 +75,11 @@ def fp4_to_kernel_layout(packed: torch.Tensor) -> torch.Tensor:
 
 
 def fp4_from_kernel_layout(wk: torch.Tensor, R: int, K: int) -> torch.Tensor:
-    """Inverse of fp4_to_kernel_layout: [E, K/128, R/16, 1024] -> [E, R, K/2]."""
+    """Inverse of fp4_to_kernel_layout: [E, K/128, R/16, 1024] -> [E, R, K/2], one expert at a time
+    (its int64 intermediates, as there)."""
     E = wk.shape[0]
+    if E > 1:
+        return torch.cat([fp4_from_kernel_layout(wk[e : e + 1], R, K) for e in range(E)])
     b = wk.view(E, K // 128, R // 16, 2, 8, 4, 2, 2, 4).to(torch.int64)
     word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
     sh = torch.arange(4, device=wk.device)
