@@ -10,8 +10,9 @@ its own with one FFMA per accumulator, in items of 23 K blocks (gpt-oss's K); th
 one CTA per SM, stages from L2-resident buffers. Rows: M (tokens of the CTA tile: 64 per consumer
 warpgroup), rows (weight rows of the tile), N (rows of one wgmma), depth (temporaries: groups
 issued ahead of the one promoted, plus one), promote (k32; wait-only: each group waited for, an
-eighth of its FFMAs; k128: the fast mode's four wgmmas a promotion). MAC/clk/SM is per SM clock
-(clock64), against the dense FP8 peak of 4096."""
+eighth of its FFMAs; k128: the fast mode's four wgmmas a promotion), busy (producer warps running an
+L1-epilogue-like loop beside the consumers, as the fused kernel's two epilogue warps do). MAC/clk/SM
+is per SM clock (clock64), against the dense FP8 peak of 4096."""
 
 from __future__ import annotations
 

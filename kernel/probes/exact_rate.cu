@@ -19,6 +19,10 @@
 //           a promotion (1: the fused loop's chain),
 //   kPromo  kK32 (each group promoted, the exact mode), kWaitOnly (each group waited for, an eighth of its
 //           FFMAs: the chain's latency without the promotion's issue), kK128 (four k32 wgmmas a group, one promotion: the fast mode).
+//   kBusy   producer warps (of warps 1-3) that run an L1-epilogue-like loop (shared loads, the clamped
+//           SwiGLU's FP32 and MUFU work, a group maximum) for as long as the consumers compute, as the
+//           fused kernel's two epilogue warps do in the issue slots of the same four schedulers
+//           (bench/NOTES.md v44: three consumer warpgroups lost in the layer what they gained here).
 // Prints MAC/clk/SM against the dense FP8 peak (4096), TFLOP/s and the SM clock.
 #include <cstdint>
 #include <cstdio>
@@ -48,7 +52,7 @@ struct Layout {
   static constexpr int kSx = 4 * kM * 4;  // fp32 token scales [k32 step][token]
   static constexpr int kStage = (kX + kB + kSx + 1023) / 1024 * 1024;
   static constexpr int kCopy = kX + kB + kSx;  // one source stage: x | B | sx
-  static constexpr int kFixed = 2 * 8 * 8;  // up to 8 stages x 2 barriers
+  static constexpr int kFixed = 2 * 8 * 8 + 16;  // up to 8 stages x 2 barriers, the consumers' end flag
   static constexpr int kStagesFit = (kSmemMax - kFixed) / kStage;
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
   static constexpr int kSmem = kStages * kStage + kFixed;
@@ -59,7 +63,34 @@ struct Layout {
   static_assert(kStages >= 2, "stage ring");
 };
 
-template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages>
+// The busy warps' loop (kBusy): until the consumers' end flag, rounds of 8 values a lane from shared
+// memory (the ring's first stage, whatever it holds) through the clamped SwiGLU with its routing
+// weight and a maximum over four lanes, as prefill_l1_out does per token (its requantization aside).
+__device__ __forceinline__ void busy_epilogue(const uint8_t* smem, const volatile int* done, float* sink, int lane) {
+  float m = 0.0f;
+  uint32_t off = 16u * lane;
+  while (*done == 0) {
+#pragma unroll 1
+    for (int r = 0; r < 32; ++r) {
+      const uint4 g = ptx::ld_shared_v4(ptx::smem_addr(smem) + off);
+      const uint4 u = ptx::ld_shared_v4(ptx::smem_addr(smem) + off + 512);
+      const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float gate = fminf(__uint_as_float((gw[i / 2] << (16 * (1 - i % 2))) & 0xFFFF0000u), 7.0f);
+        const float up = fminf(fmaxf(__uint_as_float((uw[i / 2] << (16 * (1 - i % 2))) & 0xFFFF0000u), -7.0f), 7.0f);
+        const float glu = __fdividef(gate, 1.0f + __expf(-1.702f * gate));
+        m = fmaxf(m, fabsf(__fmul_rn(__fmul_rn(glu, up + 1.0f), 0.25f)));
+      }
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      off = (off + 1024u) & 0x3FFFu;
+    }
+  }
+  if (m == 1.2345f) sink[lane] = m;
+}
+
+template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages, int kBusy>
 __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
     exact_kernel(int items, int num_kb, const uint8_t* src, long long* cycles, float* sink, int* err) {
   using L = Layout<kWGs, kRows, kMaxStages>;
@@ -72,12 +103,14 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * L::kStage);
   uint64_t* empty = full + S;
+  volatile int* done = reinterpret_cast<volatile int*>(empty + 8);
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       ptx::mbar_init(&full[s], 1);
       ptx::mbar_init(&empty[s], 4 * kWGs);
     }
+    *done = 0;
     ptx::fence_mbar_init();
   }
   __syncthreads();
@@ -97,6 +130,8 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
           phase ^= 1;
         }
       }
+    } else if (tid >= 32 * (4 - kBusy)) {
+      busy_epilogue(smem, done, sink, tid % 32);
     }
     return;
   }
@@ -219,6 +254,7 @@ __global__ void __launch_bounds__(Layout<kWGs, kRows>::kThreads, 1)
       // The end is inside the loop: ptxas gives the setmaxnreg budget only to a region that ends
       // with the loop (code after it made it fall back to the launch's registers and spill).
       probe_end(acc, t0, sink, cycles, ctid);
+      if (kBusy > 0 && ctid == 0) *done = 1;
     }
   }
 }
@@ -236,10 +272,10 @@ uint8_t* make_source() {
   });
 }
 
-template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages = 8>
+template <int kWGs, int kRows, int kStepN, int kDepth, Promo kPromo, int kMaxStages = 8, int kBusy = 0>
 void run(const ProbeBuffers& b) {
   using L = Layout<kWGs, kRows, kMaxStages>;
-  auto kernel = exact_kernel<kWGs, kRows, kStepN, kDepth, kPromo, kMaxStages>;
+  auto kernel = exact_kernel<kWGs, kRows, kStepN, kDepth, kPromo, kMaxStages, kBusy>;
   probe_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem),
               "cudaFuncSetAttribute");
   uint8_t* src = make_source<L>();
@@ -249,10 +285,11 @@ void run(const ProbeBuffers& b) {
   const ProbeTime t = probe_time(
       [&] { kernel<<<b.sms, L::kThreads, L::kSmem>>>(items, num_kb, src, b.cycles, b.sink, b.err); }, b.cycles, b.sms);
   probe_check(cudaFree(src), "cudaFree");
-  std::printf("%4d %5d %5d %5d %6d %-9s", L::kM, kRows, kStepN, kDepth, L::kStages,
+  std::printf("%4d %5d %5d %5d %6d %-9s %4d", L::kM, kRows, kStepN, kDepth, L::kStages,
               kPromo == kK32        ? "k32"
               : kPromo == kWaitOnly ? "wait-only"
-                                    : "k128");
+                                    : "k128",
+              kBusy);
   print_rate(static_cast<double>(items) * num_kb * L::kM * kRows * kBlockK, t, b.sms);
 }
 
@@ -260,7 +297,7 @@ void run(const ProbeBuffers& b) {
 
 int main() {
   const ProbeBuffers b = probe_buffers();
-  std::printf("%4s %5s %5s %5s %6s %-9s", "M", "rows", "N", "depth", "stages", "promote");
+  std::printf("%4s %5s %5s %5s %6s %-9s %4s", "M", "rows", "N", "depth", "stages", "promote", "busy");
   print_rate_header();
   // The fused prefill engine's tile (128 tokens x 256 rows): the fast mode's loop, the exact one
   // as it is, its chain without the FFMAs, and the exact one with smaller wgmmas, pipelined.
@@ -281,5 +318,11 @@ int main() {
   run<3, 128, 128, 1, kK32>(b);
   run<3, 128, 64, 1, kK32>(b);
   run<3, 128, 64, 2, kK32>(b);
+  // Both tiles at the fused kernel's ring depth (3 and 4 stages) with its two epilogue warps' kind of
+  // work beside the consumers (kBusy 2), and with one.
+  run<2, 256, 128, 1, kK32, 3, 2>(b);
+  run<3, 128, 128, 1, kK32, 4, 2>(b);
+  run<2, 256, 128, 1, kK32, 3, 1>(b);
+  run<3, 128, 128, 1, kK32, 4, 1>(b);
   return 0;
 }
