@@ -8,11 +8,16 @@ rank's bad input refused on every rank before a launch; one rank's failed predec
 rank's constructor.
 
 Each R is one spawn that runs every case (a process start and the kernels' loading are most of a
-case's cost on one time-sliced GPU); the tests then check what the ranks returned.
+case's cost on one time-sliced GPU); the tests then check what the ranks returned. Under
+pytest-xdist one worker runs each spawn and the others read its results (runs_dir).
 
 Run: pytest -s tests/gpu/test_fused_ranks.py"""
 
 from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,10 +101,30 @@ def _cases_on(layer: MegaMoE, cfg: ref.MoEConfig, rank: int, ranks: int) -> dict
 _RUNS: dict = {}
 
 
-def _run(ranks: int, promotion: str, engine: str = "auto") -> list[dict]:
-    if (ranks, promotion, engine) not in _RUNS:
-        _RUNS[ranks, promotion, engine] = multirank.spawn(_every_case, ranks, args=(promotion, engine), timeout=450)
-    return _RUNS[ranks, promotion, engine]
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory) -> Path:
+    """Where this session keeps the spawns' results: pytest-xdist's workers share the parent of their
+    own temporary directories (its documented pattern for once-a-session work), one process its own.
+    Each worker used to spawn every run its tests met: at -n 8 the same run up to eight times on one
+    GPU, and tests/gpu/test_fused_ranks.py -k k32 never ended inside a 10-minute call (NOTES v44)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _run(runs_dir: Path, ranks: int, promotion: str, engine: str = "auto") -> list[dict]:
+    """The ranks' results of every case of one run: spawned by the first worker that needs them
+    (holding the run's file lock, so the others wait for it), read from its file by the others."""
+    key = (ranks, promotion, engine)
+    if key not in _RUNS:
+        path = runs_dir / f"fused_ranks_R{ranks}_{promotion}_{engine}.pt"
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                _RUNS[key] = torch.load(path, weights_only=False)  # our own results of this session
+            else:
+                _RUNS[key] = multirank.spawn(_every_case, ranks, args=(promotion, engine), timeout=450)
+                torch.save(_RUNS[key], path)
+    return _RUNS[key]
 
 
 # R = 2 and 4 everywhere (processes time-slicing one GPU when there is one, a GPU each where there
@@ -115,8 +140,8 @@ MODE_IDS = [f"{p}-R{r}-{e}" for p, r, e in MODES]
 
 @pytest.mark.parametrize("promotion,ranks,engine", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_dump_point_of_every_rank_conforms(ranks, engine, promotion, case):
-    per_rank = _run(ranks, promotion, engine)
+def test_every_dump_point_of_every_rank_conforms(ranks, engine, promotion, case, runs_dir):
+    per_rank = _run(runs_dir, ranks, promotion, engine)
     dumps = [r[case][1] for r in per_rank]
     tokens, _, masked, _ = CASES[case]
     report = check(dumps, end_to_end=min(tokens(ranks)) > 0 and masked < 1.0)
@@ -128,7 +153,7 @@ def test_every_dump_point_of_every_rank_conforms(ranks, engine, promotion, case)
 
 
 @pytest.mark.parametrize("promotion,engine", jb.FUSED_MODES)
-def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion, engine):
+def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion, engine, runs_dir):
     # One engine's tensor-core sums against its own (the prefill engine's need not equal the swap-AB
     # engines' bitwise; the narrow and swap-AB engines' sums are the same k32 products promoted in the
     # same order, and gave the same y, bench/NOTES.md v34).
@@ -138,18 +163,18 @@ def test_a_global_batch_gives_the_same_bits_on_one_two_and_four_ranks(promotion,
     for run_promotion, ranks, run_engine in MODES:  # the runs this promotion has (k128: no narrow engine)
         if run_promotion != promotion or (run_engine == "prefill") != (engine == "prefill"):
             continue
-        split = torch.cat([r["split"] for r in _run(ranks, promotion, run_engine)])
+        split = torch.cat([r["split"] for r in _run(runs_dir, ranks, promotion, run_engine)])
         assert torch.equal(split.view(torch.int16), y1.view(torch.int16)), (ranks, run_engine)
 
 
 @pytest.mark.parametrize("promotion,ranks,engine", MODES, ids=MODE_IDS)
-def test_twenty_repeats_on_every_rank_give_the_same_bits(ranks, engine, promotion):
-    assert all(r["repeats_equal"] for r in _run(ranks, promotion, engine))
+def test_twenty_repeats_on_every_rank_give_the_same_bits(ranks, engine, promotion, runs_dir):
+    assert all(r["repeats_equal"] for r in _run(runs_dir, ranks, promotion, engine))
 
 
 @pytest.mark.parametrize("ranks", RANKS)
-def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ranks):
-    per_rank = _run(ranks, "k32")
+def test_one_ranks_bad_input_is_refused_on_every_rank_and_nothing_is_written(ranks, runs_dir):
+    per_rank = _run(runs_dir, ranks, "k32")
     last = ranks - 1
     assert "topk_idx" in per_rank[last]["refused"]
     for r in range(last):
