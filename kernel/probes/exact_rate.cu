@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "../common/ptx.cuh"
+#include "../epilogue/prefill_rows.cuh"
 #include "../gemm/contract.cuh"
 #include "../gemm/mainloop.cuh"
 #include "../gemm/wgmma_fp8_ss.cuh"
@@ -77,8 +78,8 @@ __device__ __forceinline__ void busy_epilogue(const uint8_t* smem, const volatil
       const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float gate = fminf(__uint_as_float((gw[i / 2] << (16 * (1 - i % 2))) & 0xFFFF0000u), 7.0f);
-        const float up = fminf(fmaxf(__uint_as_float((uw[i / 2] << (16 * (1 - i % 2))) & 0xFFFF0000u), -7.0f), 7.0f);
+        const float gate = fminf(i % 2 ? bf16_hi(gw[i / 2]) : bf16_lo(gw[i / 2]), 7.0f);
+        const float up = fminf(fmaxf(i % 2 ? bf16_hi(uw[i / 2]) : bf16_lo(uw[i / 2]), -7.0f), 7.0f);
         const float glu = __fdividef(gate, 1.0f + __expf(-1.702f * gate));
         m = fmaxf(m, fabsf(__fmul_rn(__fmul_rn(glu, up + 1.0f), 0.25f)));
       }
