@@ -54,10 +54,14 @@ __device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
 
 // D1-D3 for the experts of this CTA. Thread i scans its own run of consecutive entries (ceil(T K /
 // threads) of them), so that one scan of the block's per-thread counts places every thread's hits,
-// ascending in t * K + k, with one round of loads in flight: a scan of the routing in chunks of
-// one entry a thread, each chunk's load waited for and placed by two barriers before the next was
-// loaded, took 36 us at T K = 16384 (bench/NOTES.md v40). The run is read twice (counted, then
-// placed), each time eight loads in flight. scratch: blockDim / 32 ints of shared memory.
+// ascending in t * K + k: a scan of the routing in chunks of one entry a thread, each chunk's load
+// waited for and placed by two barriers before the next was loaded, took 36 us at T K = 16384
+// (bench/NOTES.md v40). The run is loaded kCountAhead entries at a time, and where it is at most
+// 64 entries long (T K up to 64 threads) its hits are kept as a mask, so the placing reads nothing
+// again (read twice, eight entries in flight, the count was ~12 rounds of memory latency at gpt-oss
+// T = 4096, bench/NOTES.md v45). scratch: blockDim / 32 ints of shared memory.
+constexpr int kCountAhead = 16;
+
 __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scratch) {
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -67,23 +71,29 @@ __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scrat
   const int run = (n + blockDim.x - 1) / blockDim.x;
   const int j0 = min(n, tid * run);
   const int j1 = min(n, j0 + run);
+  const bool masked = run <= 64;
   for (int e = blockIdx.x; e < fp.num_experts; e += gridDim.x) {
     const int owner = e / fp.local_experts;
     const int le = e - owner * fp.local_experts;
     int* list =
         peer_ptr(fp, owner, fp.ws_source_lists) + ws_source_lists_index(le, fp.rank, 0, fp.num_ranks, fp.max_tokens);
-    // Eight entries of the run at a time, all loaded before any is tested (unrolled by hand: the
-    // run's length is not a constant); past the run's end an entry reads as -1, no expert.
-    auto eight = [&](int j, int64_t (&v)[8]) {
+    // kCountAhead entries of the run at a time, all loaded before any is tested (unrolled by hand:
+    // the run's length is not a constant); past the run's end an entry reads as -1, no expert.
+    auto ahead = [&](int j, int64_t (&v)[kCountAhead]) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = j + i < j1 ? __ldg(fp.topk_idx + j + i) : -1;
+      for (int i = 0; i < kCountAhead; ++i) v[i] = j + i < j1 ? __ldg(fp.topk_idx + j + i) : -1;
     };
     int hits = 0;
-    for (int j = j0; j < j1; j += 8) {
-      int64_t v[8];
-      eight(j, v);
+    uint64_t mask = 0;   // bit i: entry j0 + i is this expert's (masked runs)
+    for (int j = j0; j < j1; j += kCountAhead) {
+      int64_t v[kCountAhead];
+      ahead(j, v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) hits += v[i] == e;
+      for (int i = 0; i < kCountAhead; ++i) {
+        const bool hit = v[i] == e;
+        hits += hit;
+        if (masked && hit) mask |= 1ull << (j - j0 + i);
+      }
     }
     const int incl = warp_inclusive_sum(hits);
     if (lane == 31) scratch[warp] = incl;
@@ -95,14 +105,18 @@ __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scrat
       at += w < warp ? c : 0;
       total += c;
     }
-    for (int j = j0; hits > 0 && j < j1; j += 8) {   // a thread without hits reads nothing again
-      int64_t v[8];
-      eight(j, v);
+    if (masked) {
+      for (; mask != 0; mask &= mask - 1) list[at++] = j0 + __ffsll(static_cast<long long>(mask)) - 1;   // t * K + k
+    } else {
+      for (int j = j0; hits > 0 && j < j1; j += kCountAhead) {   // a thread without hits reads nothing again
+        int64_t v[kCountAhead];
+        ahead(j, v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (v[i] != e) continue;
-        list[at++] = j + i;   // t * K + k
-        --hits;
+        for (int i = 0; i < kCountAhead; ++i) {
+          if (v[i] != e) continue;
+          list[at++] = j + i;   // t * K + k
+          --hits;
+        }
       }
     }
     if (tid == 0) {
@@ -164,54 +178,73 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
 
 // The pull's loads in flight a lane: kPullBatch 16-byte vectors of a row (a row of H = 7168 in two
 // rounds; 16 a batch made the fast swap-AB kernel spill 1200 bytes, and T = 1 slower), and
-// kPullSfWords of the row's H / 128 scale words (all of them up to H = 8192).
+// kPullSfWords words of the row's padded scale bytes (all of them up to H_pad = 8192).
 constexpr int kPullBatch = 8;
 constexpr int kPullSfWords = 2;
 
-// A pulled row of a size that is not whole K blocks (SPEC §8): its scale bytes one by one (the
-// source's rows are not word-aligned), then the padding: zero codes after its H bytes, zero scale
-// bytes after its H / 32. Not inlined: inlined, the exact prefill engine's kernel (which never
-// takes these sizes) spilled 4 bytes more, 644, past the compile gate's FUSED_SPILL_BYTES.
-static __device__ __noinline__ void pull_row_padded(const FusedParams& fp, const uint8_t* src_sf, int64_t row,
-                                                    int lane) {
-  const int H = fp.hidden, H_pad = fp.hidden_pad;
-  uint8_t* dst_sf = fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad);
-  for (int g = lane; g < H_pad / 32; g += 32) dst_sf[g] = g < H / 32 ? src_sf[g] : 0;
-  uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H_pad));
-  for (int v = H / 16 + lane; v < H_pad / 16; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+// Pair j of the pull's e-major (expert, source, list) order: its group by a binary search over
+// pair_prefix, its pool row, and the index of its source-list entry.
+struct PullPair {
+  int e, s;
+  int64_t row;
+  int64_t list;
+};
+__device__ __forceinline__ PullPair pull_pair(const FusedParams& fp, const PullTables t, int j) {
+  const int R = fp.num_ranks;
+  int lo = 0, hi = fp.local_experts * R - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.pair_prefix[mid] <= j)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int e = lo / R;
+  const int s = lo - e * R;
+  const int i = j - t.pair_prefix[lo];
+  return {e, s, t.row_start[lo] + i, ws_source_lists_index(e, s, i, R, fp.max_tokens)};
+}
+
+// Word w of a pool row's scale bytes (H_pad / 32 of them: the source's H / 32, then zero bytes,
+// which L1 multiplies by zero codes). Where H is a multiple of 128 the source's words are whole;
+// otherwise (SPEC §8's 2880) its rows are not word-aligned and the word is loaded byte by byte.
+__device__ __forceinline__ uint32_t pull_sf_word(const uint8_t* src_sf, int w, int n_bytes, bool whole_words) {
+  if (whole_words) return reinterpret_cast<const uint32_t*>(src_sf)[w];
+  uint32_t word = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+    if (4 * w + b < n_bytes) word |= static_cast<uint32_t>(src_sf[4 * w + b]) << (8 * b);
+  return word;
 }
 
 // D4: warp w of the grid pulls pairs w, w + warps, ... of the e-major (expert, source, list) order.
 // kRebase (the fast mode): the row is also written rebased per 128 channels (rebase_k128), L1's
 // operand; the pool itself stays the canonical byte copy that D4 checks. Where H is not a multiple
 // of 128 (SPEC §8; the exact mode), the pool's rows are H_pad long (contract.padded_k): the pull
-// writes their padding as zero codes and zero scale bytes, which L1 multiplies by zero weights; the
-// source's scale rows are then not word-aligned and are copied byte by byte.
+// writes their padding as zero codes and zero scale bytes.
+// One round of memory latency a pair: the next pair's source-list entry is loaded while this one's
+// row moves, and the row's payload, scale bytes and routing weight are all loaded before any is
+// stored. The warp's arrivals are added after its last pair, one release a lane: a release a pair
+// (a membar that waits for the pair's stores) and the scale bytes copied one at a time after the
+// payload made a pair ~5 rounds, and the pull 37 us of gpt-oss T = 4096 (bench/NOTES.md v45). The
+// GEMM starts after the CTA's whole pull anyway (the caller's barrier).
 template <bool kRebase>
 __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
   const int lane = threadIdx.x % 32;
   const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int nwarps = gridDim.x * blockDim.x / 32;
-  const int R = fp.num_ranks;
   const int K = fp.top_k;
   const int H = fp.hidden;
   const int H_pad = fp.hidden_pad;
-  const int groups = fp.local_experts * R;
-  const int total = t.pair_prefix[groups];
+  const int total = t.pair_prefix[fp.local_experts * fp.num_ranks];
+  const bool whole_words = kRebase || H == H_pad;   // H / 32 scale bytes are whole words (the fast mode's H: of 512)
+  int entry_next = gwarp < total ? fp.ws_source_lists[pull_pair(fp, t, gwarp).list] : 0;
   for (int j = gwarp; j < total; j += nwarps) {
-    int lo = 0, hi = groups - 1;   // the (expert, source) group holding pair j
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (t.pair_prefix[mid] <= j)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int e = lo / R;
-    const int s = lo - e * R;
-    const int i = j - t.pair_prefix[lo];
-    const int64_t row = t.row_start[lo] + i;
-    const int entry = fp.ws_source_lists[ws_source_lists_index(e, s, i, R, fp.max_tokens)];
+    const PullPair pp = pull_pair(fp, t, j);
+    const int entry = entry_next;
+    if (j + nwarps < total) entry_next = fp.ws_source_lists[pull_pair(fp, t, j + nwarps).list];
+    const int s = pp.s;
+    const int64_t row = pp.row;
     const int tok = entry / K;
     const int k = entry - tok * K;
     // The source's rows: its own inputs when it is this rank, else its staged copy (the same layout,
@@ -221,14 +254,15 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
     const float* sw = s == fp.rank ? fp.topk_weights : peer_ptr(fp, s, fp.ws_stage_weights);
     const uint4* src = reinterpret_cast<const uint4*>(sx + ws_stage_x_index(tok, 0, H));
     uint4* dst = reinterpret_cast<uint4*>(fp.ws_pool_x + ws_pool_x_index(row, 0, H_pad));
-    const uint32_t* src_sf = reinterpret_cast<const uint32_t*>(ssf + ws_stage_x_sf_index(tok, 0, H));
+    const uint8_t* src_sf = ssf + ws_stage_x_sf_index(tok, 0, H);
+    uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad));
+    const int sf_bytes = H / 32, sf_words = H_pad / 128;
     // Loaded with the first batch, stored after it: the routing weight, the row's scale words.
     const float route = lane == 0 ? sw[entry] : 0.0f;
-    const bool whole_words = kRebase || H == H_pad;  // H / 32 scale bytes are whole words (the fast mode's H: of 512)
     uint32_t row_sf[kPullSfWords];
 #pragma unroll
     for (int b = 0; b < kPullSfWords; ++b)
-      if (whole_words && lane + 32 * b < H / 128) row_sf[b] = src_sf[lane + 32 * b];
+      if (lane + 32 * b < sf_words) row_sf[b] = pull_sf_word(src_sf, lane + 32 * b, sf_bytes, whole_words);
     // A lane loads kPullBatch vectors before it stores any: the loads of a batch are in flight
     // together. (One vector at a time, a row of 7168 bytes took 14 rounds of memory latency, 12 us:
     // the pull was the L1 gates' critical path at decode sizes, bench/NOTES.md v22.)
@@ -241,7 +275,7 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
         const int v = v0 + 32 * b;
         if (v < nv) {
           x[b] = src[v];
-          if constexpr (kRebase) sf[b] = src_sf[v / 8];
+          if constexpr (kRebase) sf[b] = reinterpret_cast<const uint32_t*>(src_sf)[v / 8];
         }
       }
 #pragma unroll
@@ -258,15 +292,12 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
         }
       }
     }
-    if (whole_words) {
-      uint32_t* dst_sf = reinterpret_cast<uint32_t*>(fp.ws_pool_x_sf + ws_pool_x_sf_index(row, 0, H_pad));
+    for (int v = nv + lane; v < H_pad / 16; v += 32) dst[v] = make_uint4(0, 0, 0, 0);   // the padding's codes
 #pragma unroll
-      for (int b = 0; b < kPullSfWords; ++b)
-        if (lane + 32 * b < H / 128) dst_sf[lane + 32 * b] = row_sf[b];
-      for (int v = lane + 32 * kPullSfWords; v < H / 128; v += 32) dst_sf[v] = src_sf[v];
-    } else {
-      pull_row_padded(fp, ssf + ws_stage_x_sf_index(tok, 0, H), row, lane);
-    }
+    for (int b = 0; b < kPullSfWords; ++b)
+      if (lane + 32 * b < sf_words) dst_sf[lane + 32 * b] = row_sf[b];
+    for (int w = lane + 32 * kPullSfWords; w < sf_words; w += 32)
+      dst_sf[w] = pull_sf_word(src_sf, w, sf_bytes, whole_words);
     if (lane == 0) {
       fp.ws_pool_weights[row] = route;
       ws_pool_meta(fp, row, 0) = s;
@@ -274,10 +305,13 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
       ws_pool_meta(fp, row, 2) = k;
       fp.ws_dst_rows[row] = (s * K + k) * fp.max_tokens + tok;
     }
-    __syncwarp();
-    if (lane == 0) {
-      ptx::red_release_gpu_add(fp.ws_arrivals + row / fp.block_m, 1);
-    }
+  }
+  // The arrivals of the warp's pairs, lane l taking its pairs l, l + 32, ...: each lane's release
+  // covers every lane's stores (the warp's barrier before it).
+  __syncwarp();
+  for (int j = gwarp + lane * nwarps; j < total; j += 32 * nwarps) {
+    const int64_t row = pull_pair(fp, t, j).row;
+    ptx::red_release_gpu_add(fp.ws_arrivals + row / fp.block_m, 1);
   }
 }
 
