@@ -52,74 +52,84 @@ __device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
              t * fp.top_k);
 }
 
-// D1-D3 for the experts of this CTA. Thread i scans its own run of consecutive entries (ceil(T K /
-// threads) of them), so that one scan of the block's per-thread counts places every thread's hits,
-// ascending in t * K + k: a scan of the routing in chunks of one entry a thread, each chunk's load
-// waited for and placed by two barriers before the next was loaded, took 36 us at T K = 16384
-// (bench/NOTES.md v40). The run is loaded kCountAhead entries at a time, and where it is at most
-// 64 entries long (T K up to 64 threads) its hits are kept as a mask, so the placing reads nothing
-// again (read twice, eight entries in flight, the count was ~12 rounds of memory latency at gpt-oss
-// T = 4096, bench/NOTES.md v45). scratch: blockDim / 32 ints of shared memory.
+// D1-D3 for the experts of this CTA. Warp w scans its own segment of consecutive entries (ceil(T K /
+// warps), whole chunks of 32), a chunk a load (32 consecutive entries: coalesced), kCountAhead
+// chunks in flight, and a chunk's ballot gives its hits. One scan of the block's per-warp counts
+// places every warp's hits, ascending in t * K + k: lane c keeps the ballots of chunks c and 32 + c,
+// so the hits of a segment's first 64 chunks are placed without reading them again (each chunk's
+// at the warp's sum of the earlier chunks' counts); a longer segment's later chunks are read again.
+// Before: a run of consecutive entries a thread (uncoalesced: a warp's load touched 32 lines), read
+// twice, eight entries in flight, ~16 us of gpt-oss T = 4096 from the CTAs' entry to the dispatch
+// counter; one entry a thread a chunk, each chunk placed by two barriers, 36 us (bench/NOTES.md v40,
+// v45). scratch: blockDim / 32 ints of shared memory.
 constexpr int kCountAhead = 16;
 
 __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scratch) {
-  const int tid = threadIdx.x;
-  const int lane = tid % 32;
-  const int warp = tid / 32;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int nwarps = blockDim.x / 32;
   const int n = fp.num_tokens * fp.top_k;
-  const int run = (n + blockDim.x - 1) / blockDim.x;
-  const int j0 = min(n, tid * run);
-  const int j1 = min(n, j0 + run);
-  const bool masked = run <= 64;
+  const int seg = ((n + nwarps - 1) / nwarps + 31) / 32 * 32;
+  const int w0 = min(n, warp * seg);
+  const int w1 = min(n, w0 + seg);
+  const int chunks = (w1 - w0 + 31) / 32;
+  const uint32_t below = (1u << lane) - 1;   // the lanes before this one
   for (int e = blockIdx.x; e < fp.num_experts; e += gridDim.x) {
     const int owner = e / fp.local_experts;
     const int le = e - owner * fp.local_experts;
     int* list =
         peer_ptr(fp, owner, fp.ws_source_lists) + ws_source_lists_index(le, fp.rank, 0, fp.num_ranks, fp.max_tokens);
-    // kCountAhead entries of the run at a time, all loaded before any is tested (unrolled by hand:
-    // the run's length is not a constant); past the run's end an entry reads as -1, no expert.
-    auto ahead = [&](int j, int64_t (&v)[kCountAhead]) {
-#pragma unroll
-      for (int i = 0; i < kCountAhead; ++i) v[i] = j + i < j1 ? __ldg(fp.topk_idx + j + i) : -1;
-    };
-    int hits = 0;
-    uint64_t mask = 0;   // bit i: entry j0 + i is this expert's (masked runs)
-    for (int j = j0; j < j1; j += kCountAhead) {
-      int64_t v[kCountAhead];
-      ahead(j, v);
+    // Chunks c .. c + kCountAhead - 1, all loaded before any is tested; past the segment an entry
+    // reads as -1, no expert.
+    auto ahead = [&](int c, int64_t (&v)[kCountAhead]) {
 #pragma unroll
       for (int i = 0; i < kCountAhead; ++i) {
-        const bool hit = v[i] == e;
-        hits += hit;
-        if (masked && hit) mask |= 1ull << (j - j0 + i);
+        const int j = w0 + 32 * (c + i) + lane;
+        v[i] = j < w1 ? __ldg(fp.topk_idx + j) : -1;
+      }
+    };
+    int hits = 0;              // the warp's
+    uint32_t m0 = 0, m1 = 0;   // the ballots of chunks lane and 32 + lane
+    for (int c = 0; c < chunks; c += kCountAhead) {
+      int64_t v[kCountAhead];
+      ahead(c, v);
+#pragma unroll
+      for (int i = 0; i < kCountAhead; ++i) {
+        const uint32_t b = __ballot_sync(0xFFFFFFFFu, v[i] == e);
+        hits += __popc(b);
+        if (c + i == lane) m0 = b;
+        if (c + i == 32 + lane) m1 = b;
       }
     }
-    const int incl = warp_inclusive_sum(hits);
-    if (lane == 31) scratch[warp] = incl;
+    if (lane == 0) scratch[warp] = hits;
     __syncthreads();
-    int at = incl - hits;   // this thread's first place in the list
+    int at = 0;   // the warp's first place in the list
     int total = 0;
     for (int w = 0; w < nwarps; ++w) {
       const int c = scratch[w];
       at += w < warp ? c : 0;
       total += c;
     }
-    if (masked) {
-      for (; mask != 0; mask &= mask - 1) list[at++] = j0 + __ffsll(static_cast<long long>(mask)) - 1;   // t * K + k
-    } else {
-      for (int j = j0; hits > 0 && j < j1; j += kCountAhead) {   // a thread without hits reads nothing again
-        int64_t v[kCountAhead];
-        ahead(j, v);
+    const int n0 = __popc(m0), n1 = __popc(m1);
+    const int x0 = warp_inclusive_sum(n0) - n0;   // hits of chunks 0 .. lane - 1
+    const int all0 = __shfl_sync(0xFFFFFFFFu, x0 + n0, 31);
+    const int x1 = all0 + warp_inclusive_sum(n1) - n1;   // of chunks 0 .. 32 + lane - 1
+    int q = at + x0;
+    for (uint32_t m = m0; m != 0; m &= m - 1) list[q++] = w0 + 32 * lane + __ffs(m) - 1;   // t * K + k
+    q = at + x1;
+    for (uint32_t m = m1; m != 0; m &= m - 1) list[q++] = w0 + 32 * (32 + lane) + __ffs(m) - 1;
+    q = at + __shfl_sync(0xFFFFFFFFu, x1 + n1, 31);   // past the first 64 chunks' hits
+    for (int c = 64; c < chunks; c += kCountAhead) {   // segments of more than 64 chunks
+      int64_t v[kCountAhead];
+      ahead(c, v);
 #pragma unroll
-        for (int i = 0; i < kCountAhead; ++i) {
-          if (v[i] != e) continue;
-          list[at++] = j + i;   // t * K + k
-          --hits;
-        }
+      for (int i = 0; i < kCountAhead; ++i) {
+        const uint32_t b = __ballot_sync(0xFFFFFFFFu, v[i] == e);
+        if (v[i] == e) list[q + __popc(b & below)] = w0 + 32 * (c + i) + lane;
+        q += __popc(b);
       }
     }
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       fp.ws_send_counts[e] = total;
       peer_ptr(fp, owner, fp.ws_recv_counts)[ws_recv_counts_index(fp.rank, le, fp.local_experts)] = total;
     }
