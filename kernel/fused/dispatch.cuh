@@ -58,10 +58,10 @@ __device__ __forceinline__ void stage_inputs(const FusedParams& fp) {
 // places every warp's hits, ascending in t * K + k: lane c keeps the ballots of chunks c and 32 + c,
 // so the hits of a segment's first 64 chunks are placed without reading them again (each chunk's
 // at the warp's sum of the earlier chunks' counts); a longer segment's later chunks are read again.
-// Before: a run of consecutive entries a thread (uncoalesced: a warp's load touched 32 lines), read
-// twice, eight entries in flight, ~16 us of gpt-oss T = 4096 from the CTAs' entry to the dispatch
-// counter; one entry a thread a chunk, each chunk placed by two barriers, 36 us (bench/NOTES.md v40,
-// v45). scratch: blockDim / 32 ints of shared memory.
+// From the CTAs' entry to the dispatch counter at gpt-oss T = 4096: 7.4 us; a run of consecutive
+// entries a thread (uncoalesced: a warp's load touched 32 lines), read twice, eight entries in
+// flight: 20 us; one entry a thread a chunk, each chunk placed by two barriers: 36 us
+// (bench/NOTES.md v40, v43, v45). scratch: blockDim / 32 ints of shared memory.
 constexpr int kCountAhead = 16;
 
 __device__ __forceinline__ void count_and_list(const FusedParams& fp, int* scratch) {
