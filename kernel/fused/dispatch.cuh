@@ -192,10 +192,10 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
 constexpr int kPullBatch = 8;
 constexpr int kPullSfWords = 2;
 
-// Pair j of the pull's e-major (expert, source, list) order: its group by a binary search over
-// pair_prefix, its pool row, and the index of its source-list entry.
+// Pair j of the pull's e-major (expert, source, list) order, found by a binary search over
+// pair_prefix: its source rank, its pool row, and the index of its source-list entry.
 struct PullPair {
-  int e, s;
+  int s;
   int64_t row;
   int64_t list;
 };
@@ -212,7 +212,7 @@ __device__ __forceinline__ PullPair pull_pair(const FusedParams& fp, const PullT
   const int e = lo / R;
   const int s = lo - e * R;
   const int i = j - t.pair_prefix[lo];
-  return {e, s, t.row_start[lo] + i, ws_source_lists_index(e, s, i, R, fp.max_tokens)};
+  return {s, t.row_start[lo] + i, ws_source_lists_index(e, s, i, R, fp.max_tokens)};
 }
 
 // Word w of a pool row's scale bytes (H_pad / 32 of them: the source's H / 32, then zero bytes,
