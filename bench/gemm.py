@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument(
         "--unfolded",
         action="store_true",
-        help="the exact mode's prefill path as for weights none of whose 256-row blocks fold (rows spanning"
+        help="the exact mode's prefill path as for weights none of whose 128-row blocks fold (rows spanning"
         " more than 11 binades: the two-scale promotion; layout.fold_blocks)",
     )
     ap.add_argument(

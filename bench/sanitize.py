@@ -8,7 +8,7 @@
 Each (tool, target) runs `compute-sanitizer --tool TOOL --target-processes all` over this module's
 `--run TARGET` in a new process, and the table gives the tool's summary line (errors, or
 racecheck's hazards). Targets: the fused layer on each engine and promotion at R = 1, on each
-engine at SPEC §8's activation and sizes (K tails, a layer's last 256-row block half a block), the
+engine at SPEC §8's activation and sizes (K tails, rows padded past H and 2I), the
 fused layer at R = 2 (two processes on one GPU: --target-processes all follows them), and the GEMM core's
 standalone paths (swap-AB at a decode tile, the wide tile, the prefill path with its predecode
 pass, L2). The shapes are small: the tools slow a kernel by 10-1000x.
@@ -101,12 +101,12 @@ TARGETS = {
     "fused-prefill-k32": lambda: _fused("prefill", "k32"),
     "fused-prefill-k128": lambda: _fused("prefill", "k128"),
     # MegaMoE(predecoded=True): the standalone pass writes the layer's own buffers, the kernel skips
-    # its predecode; SPEC §8's half blocks included
+    # its predecode; SPEC §8's padded sizes included
     "fused-prefill-predecoded-oai-padded": lambda: _fused(
         "prefill", "k32", hidden=352, intermediate=192, activation="swiglu_oai", predecoded=True
     ),
-    # SPEC §8's activation and sizes: K tails (352, 192 of 384, 256) and both layers' last 256-row
-    # block half a block (L1 384 rows, L2 384: layout.padded_rows), on each engine
+    # SPEC §8's activation and sizes: K tails (352, 192 of 384, 256) and both layers' rows padded
+    # (L1 384 rows, L2 384: layout.padded_rows), on each engine
     "fused-prefill-oai-padded": lambda: _fused("prefill", "k32", hidden=352, intermediate=192, activation="swiglu_oai"),
     "fused-swapab-oai-padded": lambda: _fused("swapab", "k32", hidden=352, intermediate=192, activation="swiglu_oai"),
     "fused-R2": lambda: _two_ranks(),

@@ -58,11 +58,11 @@ def loops(sass: str):
 
 
 # wgmmas a K block (of 128) in a loop of this wgmma width: the swap-AB kernels' four k32 steps of
-# one chunk (up to 64 tokens; the wide tiles are counted by stage_cost), the prefill kernel's two
-# halves of 128 weight rows (folded and fast mode: 64x128) or four quarters (the exact two-scale
-# mainloop: 64x64) per k32 step.
-def wgmmas_per_stage(width: int, prefill: bool) -> int:
-    return (8 if width == 128 else 16) if prefill else 4
+# one chunk (up to 64 tokens; the wide tiles are counted by stage_cost), the prefill kernel's tile of
+# `rows` weight rows (contract.PREFILL_ROWS: the fast mode's 256, the exact mode's 128) in wgmmas of
+# 128 rows (folded and fast mode: 64x128) or 64 (the exact two-scale mainloop: 64x64) per k32 step.
+def wgmmas_per_stage(width: int, prefill: bool, rows: int = 256) -> int:
+    return 4 * rows // width if prefill else 4
 
 
 def hot_loops(sass: str) -> list[tuple[int, int, list[str]]]:
@@ -77,11 +77,12 @@ def hot_loops(sass: str) -> list[tuple[int, int, list[str]]]:
     ]
 
 
-def loop_cost(body: list[str], prefill: bool) -> tuple[int, float, int]:
-    """(wgmma width, instructions a stage and consumer warp, local loads and stores) of a hot loop."""
+def loop_cost(body: list[str], prefill: bool, rows: int = 256) -> tuple[int, float, int]:
+    """(wgmma width, instructions a stage and consumer warp, local loads and stores) of a hot loop
+    (rows: the prefill tile's)."""
     widths = [int(w) for w in re.findall(r"QGMMA\.64x(\d+)x32", "\n".join(body))]
     width = max(widths)
-    stages = len(widths) / wgmmas_per_stage(width, prefill)
+    stages = len(widths) / wgmmas_per_stage(width, prefill, rows)
     local = sum(re.match(r"\s*(@!?U?P\d\s+)?(LDL|STL)", t) is not None for t in body)
     return width, len(body) / stages, local
 
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.sass_stage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     ).parse_args(argv)
     from megamoe.jit import build as jb
+    from megamoe.jit import contract
 
     # Both tools before the first build: a build takes minutes, and its SASS needs nvdisasm.
     disasm = nvdisasm()
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             cost = stage_cost(jb.build(spec).cubin, tile, promotion == "k32", disasm=disasm)
             per, generic = cost if cost else (float("nan"), -1)
             print(f"{promotion:9} {tile:4d} {wgs:3d} {per:28.1f} {generic:22d}")
-    # The prefill kernel (128 tokens x 256 weight rows per CTA: twice a swap-AB stage's MACs at tile 128)
+    # The fast mode's prefill kernel (128 tokens x 256 weight rows per CTA: twice a swap-AB stage's MACs at tile 128)
     cost = stage_cost(
         jb.build(jb.PrefillSpec(layer=1, promotion="k128")).cubin, 128, False, prefill=True, disasm=disasm
     )
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = jb.FusedSpec(promotion=promotion, engine=engine, activation="swiglu_oai")
             sass = subprocess.run([disasm, "-c", str(jb.build(spec).cubin)], capture_output=True, text=True, check=True)
             for i, (_, _, body) in enumerate(hot_loops(sass.stdout)):
-                width, per, local = loop_cost(body, prefill=engine == "prefill")
+                width, per, local = loop_cost(body, engine == "prefill", contract.PREFILL_ROWS[promotion])
                 promotions, same = promotion_banks(body)
                 print(f"{spec.name:34} {i:4d} {width:5d} {per:28.1f} {local:20d} {f'{same} / {promotions}':>20}")
     return 0

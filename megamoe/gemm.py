@@ -53,7 +53,7 @@ with tokens as the wgmma M dimension (kernel/gemm/gemm_sm90_prefill.cuh). Each p
 numerics: the fast mode's operand rule and per-K128 promotion (the same E4M3 weight bytes,
 TAU["k128"]), the exact mode's per-k32 promotion with both scales (TAU["k32"]); the tensor core's
 sums need not be bitwise those of the swap-AB kernels. The exact mode folds the weight scales of
-each 256-row block whose rows span at most 11 binades, and lie within 32 of the expert's largest
+each 128-row block whose rows span at most 11 binades, and lie within 32 of the expert's largest
 row base (layout.fold_blocks, KernelWeights.w*_fold), into the predecoded bytes (the fast mode's
 scaled tables) and promotes each k32 product with one FMA by the token scale times 2^(B_e - 133),
 the rows' factors 2^(B_r - B_e) after the mainloop: the same bits as the two-scale promotion, which

@@ -55,9 +55,10 @@ def prefill_path(
             and use_prefill(layer, max_tokens, rows_per_expert, promotion, n_rows)
         )
     if prefill:
-        if n_rows % PREFILL_ROWS:
+        if n_rows % PREFILL_ROWS[promotion]:
             raise MegaMoEInputError(
-                f"argument 'prefill': weight rows must be a multiple of {PREFILL_ROWS}, got {n_rows}"
+                f"argument 'prefill': weight rows must be a multiple of {PREFILL_ROWS[promotion]}"
+                f" (promotion {promotion!r}), got {n_rows}"
             )
         if arrival is not None:
             fail("prefill", "no arrival gate (the prefill path is standalone)", "an arrival tensor")
@@ -67,7 +68,8 @@ def prefill_path(
 
 
 def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, promotion: str, n_rows: int) -> bool:
-    """Whether a launch of `layer` takes the prefill path by default: weight rows a multiple of 256,
+    """Whether a launch of `layer` takes the prefill path by default: weight rows a multiple of
+    PREFILL_ROWS[promotion],
     the largest expert (max_tokens, if known) at least PREFILL_MIN_TOKENS[(promotion, layer)] and
     the mean pool rows per expert (rows_per_expert: the pool's rows over its experts, padding
     included) at least PREFILL_MIN_MEAN_ROWS[(promotion, layer)]. The mean matters because the
@@ -80,7 +82,7 @@ def use_prefill(layer: int, max_tokens: int | None, rows_per_expert: float, prom
         and max_tokens is not None
         and max_tokens >= need
         and rows_per_expert >= PREFILL_MIN_MEAN_ROWS[(promotion, layer)]
-        and n_rows % PREFILL_ROWS == 0
+        and n_rows % PREFILL_ROWS[promotion] == 0
     )
 
 

@@ -183,9 +183,9 @@ class PredecodeLauncher(_Launcher):
 
     def buffer_bytes(self, num_experts: int, k: int, n_rows: int) -> int:
         """The pass's output over weights of k x n_rows per expert (K in whole blocks, the rows of the
-        kernel layout): [E, K/128, ceil(R/256)] tiles of contract.PREFILL_TILE_BYTES[promotion], E * K
-        * R bytes where R is a multiple of 256, the exact mode 1/8 more for its fp32 scales."""
-        tiles = num_experts * (k // contract.BLOCK_K) * prefill_blocks(n_rows)
+        kernel layout): [E, K/128, R/rows] tiles of contract.PREFILL_TILE_BYTES[promotion] (rows:
+        contract.PREFILL_ROWS[promotion]), E * K * R bytes, the exact mode 1/8 more for its fp32 scales."""
+        tiles = num_experts * (k // contract.BLOCK_K) * prefill_blocks(n_rows, self.spec.promotion)
         return tiles * contract.PREFILL_TILE_BYTES[self.spec.promotion]
 
     def launch(
@@ -255,8 +255,8 @@ class FusedLauncher(_Launcher):
         )
 
     def predecode(self, cfg, kw: KernelWeights, dev: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both layers' weights decoded now, on `stream`, into buffers of their own (zeroed first: a
-        half block's missing half is never written), the prefill engine's w_e4m3 for launches that
+        """Both layers' weights decoded now, on `stream`, into buffers of their own (zeroed first),
+        the prefill engine's w_e4m3 for launches that
         skip the per-call predecode (launch's `decoded`). The caller orders its later launches
         after this stream's work."""
         pre, out = self.predecoder(), []

@@ -28,9 +28,9 @@ kernels), chosen per call by the call's tokens (`engine_for`; `engine=` fixes on
   weights again;
 * "prefill" (prefill sizes): every weight of both layers decoded once per call to E4M3 inside the
   launch (into a scratch buffer of E_l * 3 * H * I bytes at whole sizes, 9/8 of it in the exact
-  mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M, 128
-  a CTA tile of 256 weight rows (a layer's last block half a block where its padded rows are not a
-  multiple of 256); the same sizes and activations as the swap-AB engine. `predecoded=True` decodes
+  mode, shared with megamoe.gemm's prefill path per device and stream), then tokens as wgmma M in
+  CTA tiles of 128 tokens x 256 weight rows (the exact mode: 192 x 128; contract.PREFILL_TOKENS,
+  PREFILL_ROWS); the same sizes and activations as the swap-AB engine. `predecoded=True` decodes
   them once, when the layer is made (whatever `engine` says: it may be reassigned), into buffers of
   the layer's own (the same bytes and size as the scratch: E_l * 3 * H * I at whole sizes, 9/8 of
   it in the exact mode; 0.95 GB for gpt-oss's 32 experts), and its prefill calls skip the per-call

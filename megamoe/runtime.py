@@ -258,9 +258,7 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 def prefill_scratch(dev: int, stream: int, layer: int, size: int) -> torch.Tensor:
     """The scratch buffer of `size` bytes for a layer's predecoded weights on device `dev` and stream
     `stream` (the standalone prefill path's and the fused layer's prefill engine's), made on first use,
-    zeroed: the fused engine's half blocks (SPEC §8's sizes; kernel/gemm/predecode.cuh
-    prefill_blocks) leave half of their tiles unwritten. What is there (zeros, or what another user
-    of the buffer wrote) reaches only accumulators that are never stored."""
+    zeroed (the predecode pass writes every tile before the kernel reads it)."""
     skey = (dev, stream, layer, size)
     scratch = _SCRATCH.get(skey)
     if scratch is None:

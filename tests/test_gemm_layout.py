@@ -4,6 +4,7 @@ fragment encoding puts each code where kernel/gemm/fp4_decode.cuh expects it. CP
 import torch
 
 from megamoe.jit import layout as L
+from megamoe.jit import contract as C
 
 
 def _codes(packed):
@@ -53,24 +54,25 @@ def test_fragment_encoding():
                             assert cb == codes[0, 16 * rg + gg + 8, k]
 
 
-def test_fold_blocks_mark_the_256_row_blocks_whose_rows_span_at_most_11_binades():
+def test_fold_blocks_mark_the_128_row_blocks_whose_rows_span_at_most_11_binades():
     """The exact mode's prefill path folds a block's weight scales into its predecoded bytes where that
     leaves the tensor core's sums as they are: every row's scale bytes within 11 of its largest (12
     is one too many), and that within 32 of the expert's largest (33 is one too many)."""
     assert (L.FOLD_BINADES, L.FOLD_ROW_SPREAD) == (11, 32)
-    E, R, K = 3, 768, 512
+    E, R, K = 3, 384, 512
+    assert C.PREFILL_ROWS["k32"] == 128
     sf = torch.full((E, R, K // 32), 120, dtype=torch.uint8)
     sf[0, 5, 3] = 109  # row 5: 120 - 109 = 11 binades: block 0 still folds
-    sf[0, 300, 7] = 108  # row 300: 12 binades: block 1 does not
-    sf[1, 767, 0] = 132  # row 767's base rises to 132 over its other bytes' 120: 12 binades, block 2
-    sf[2, 256:512] = 87  # block 1's rows: 33 under the expert's largest base (120)
-    sf[2, 512:] = 88  # block 2's: 32 under it
+    sf[0, 150, 7] = 108  # row 150: 12 binades: block 1 does not
+    sf[1, 383, 0] = 132  # row 383's base rises to 132 over its other bytes' 120: 12 binades, block 2
+    sf[2, 128:256] = 87  # block 1's rows: 33 under the expert's largest base (120)
+    sf[2, 256:] = 88  # block 2's: 32 under it
     sfk = L.sf_to_kernel_layout(sf)
     _, row_base, _ = L.fast_scales_kernel_layout(sfk)
     fold = L.fold_blocks(sfk, row_base)
     assert fold.dtype == torch.uint8 and fold.tolist() == [[1, 0, 1], [1, 1, 0], [1, 0, 1]]
-    # A row count that is not a multiple of 256 (no prefill path then): the last block is partial.
-    assert L.fold_blocks(sfk[:, :, :301], row_base[:, :301]).tolist() == [[1, 0], [1, 1], [1, 0]]
+    # A row count that is not a multiple of 128 (no prefill path then): the last block is partial.
+    assert L.fold_blocks(sfk[:, :, :151], row_base[:, :151]).tolist() == [[1, 0], [1, 1], [1, 0]]
 
 
 def test_the_expert_bases_are_zero_padded_to_whole_4_byte_words():

@@ -171,7 +171,7 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
     want = []
     if prefill:
         pre = jb.PredecodeSpec(promotion=promotion)
-        tiles = E * (k // C.BLOCK_K) * (n_rows // C.PREFILL_ROWS)
+        tiles = E * (k // C.BLOCK_K) * (n_rows // C.PREFILL_ROWS[promotion])
         scratch = device.scratch[(STREAM, layer, tiles * C.PREFILL_TILE_BYTES[promotion])]
         # The predecode pass: one warp per 16-row group of one K block; every field but the
         # weights, the scratch and the shape 0.
@@ -237,12 +237,13 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
     if engine == "prefill":
         pre = jb.PredecodeSpec(promotion=promotion)
         for n, (k, rows) in enumerate(((H, 2 * INTER), (INTER, H))):
-            size = cfg.local_experts * (k // C.BLOCK_K) * (rows // C.PREFILL_ROWS) * C.PREFILL_TILE_BYTES[promotion]
+            tiles = cfg.local_experts * (k // C.BLOCK_K) * (rows // C.PREFILL_ROWS[promotion])
+            size = tiles * C.PREFILL_TILE_BYTES[promotion]
             if not predecoded:  # the stream's scratch, which the kernel's own predecode writes
                 w_e4m3[n] = device.scratch[(STREAM, n + 1, size)].data_ptr()
                 continue
             buf = layer._decoded[n]
-            assert buf.numel() == size and not buf.any()  # zeroed: a half block's missing half
+            assert buf.numel() == size and not buf.any()  # zeroed where it is made
             w_e4m3[n] = buf.data_ptr()
             # The standalone pass over the layer's weights: every field but the weights, the buffer
             # and the shape 0; one warp per 16-row group of one K block.
@@ -407,6 +408,6 @@ def test_a_predecoded_layers_pass_covers_the_fused_layers_own_weights_k_and_rows
         assert read(launch["params"], "w_e4m3") == buf.data_ptr()
         k, rows = read(fused, "k"), read(fused, "n_rows")
         assert (k, rows) == ((384, 384) if n == 0 else (256, 384))
-        # [E_l, K/128, ceil(R/256)] tiles; one warp a 16-row group of a K block, each group once
-        assert buf.numel() == cfg.local_experts * (k // 128) * 2 * C.PREFILL_TILE_BYTES["k32"]
+        # [E_l, K/128, R/128] tiles; one warp a 16-row group of a K block, each group once
+        assert buf.numel() == cfg.local_experts * (k // 128) * (rows // 128) * C.PREFILL_TILE_BYTES["k32"]
         assert launch["grid"][0] * 8 == cfg.local_experts * (k // 128) * (rows // 16)

@@ -93,7 +93,7 @@ SITES = [
     (
         "L1 rows of the epilogue warps -> L1-completion counter",
         "epilogue/prefill_rows.cuh",
-        "red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups",
+        "red_release_gpu_add(p.signal + (wi.row0 + 64 * lane) / p.arrival_block, groups",
         ["red.release.gpu"],
         [PROXY_FENCE],
         [],

@@ -20,14 +20,15 @@
 // idle; in the narrow engine an L1 item's epilogue was 3.4 of its 11.5 µs, bench/NOTES.md v37.)
 //
 // Consumer fragment: thread (warpgroup wg, warp wq, lane g * 4 + t) holds acc[h][4j + 2r + c] =
-// token 64 wg + 16 wq + g + 8r of the tile, weight row 128 h + 8j + 2t + c of its 256. Rows
-// interleave gate and up with granularity 8: 16-row block b of the tile holds the gate rows of
-// channels 8b .. 8b + 7 of the tile's 128, then their up rows.
+// token 64 wg + 16 wq + g + 8r of the tile, weight row 128 h + 8j + 2t + c of its rows (PrefillShape:
+// the fast mode's 256, the exact mode's 128). Rows interleave gate and up with granularity 8: 16-row
+// block b of the tile holds the gate rows of channels 8b .. 8b + 7 of the tile's rows / 2, then
+// their up rows.
 //
-// Staging: [128 tokens][256 rows] bf16, 512 bytes a token; 16-byte chunk c (rows 8c .. 8c + 7) of
-// token tok at chunk c ^ (tok % 8), so the consumers' 4-byte stores (8 tokens a store) and the L2
-// epilogue warps' 16-byte loads spread over all banks; the L1 epilogue warps' gate (and up) loads
-// take every other chunk of a token, two ways to a bank (these warps are off the tensor cores' path).
+// Staging: [tokens][rows] bf16, 2 rows bytes a token; 16-byte chunk c (rows 8c .. 8c + 7) of token
+// tok at chunk c ^ (tok % 8), so the consumers' 4-byte stores (8 tokens a store) and the L2 epilogue
+// warps' 16-byte loads spread over all banks; the L1 epilogue warps' gate (and up) loads take every
+// other chunk of a token, two ways to a bank (these warps are off the tensor cores' path).
 #pragma once
 
 #include <cstdint>
@@ -44,10 +45,13 @@
 
 namespace megamoe {
 
-constexpr int kPrefillStagingBytes = 128 * 256 * 2;
+template <bool kPerK32>
+constexpr int kPrefillStagingBytes = PrefillShape<kPerK32>::kTokens * PrefillShape<kPerK32>::kRows * 2;
 
+// kRows: the staging's rows a token (the narrow engine's L1Handoff: 256).
+template <int kRows = 256>
 __device__ __forceinline__ uint32_t prefill_staging_addr(uint32_t staging, int tok, int chunk) {
-  return staging + tok * 512 + ((chunk ^ (tok & 7)) << 4);
+  return staging + tok * (2 * kRows) + ((chunk ^ (tok & 7)) << 4);
 }
 
 // One L1 tile of the narrow engine on its way from the consumers to the epilogue warp: the staged
@@ -147,49 +151,60 @@ __device__ __forceinline__ void l1_stop_handoff(const GemmParams& p, L1Handoff& 
 // their mainloop ends. Loaded after the mainloop, its round trips (the row factors', then the
 // biases') were a tenth of an item's time (bench/NOTES.md v39). Static weight data only: the routing
 // weights are written by this launch's pull, and a copy issued before the item's first stage has
-// passed would not be ordered after the gate that makes them visible. Layout (bytes):
-//   [0, 256)     the tile's 256 row-base bytes (kRowFactors; 0 past the layer's rows)
-//   [256, 768)   SPEC §8's bias of the tile's columns, bf16: L1 the tile's 128 gate channels, then
-//                its 128 up channels; L2 its 256 rows (0 past the real ones)
-//   [768, 772)   the 4-byte word of w_expert_base that holds the expert's byte (kRowFactors; the
-//                tensor is zero-padded to whole words: megamoe/jit/layout.py)
-constexpr int kPrefillItemBytes = 784;
-constexpr int kPrefillItemBias = 256, kPrefillItemBase = 768;
-static_assert(kPrefillItemBytes % 16 == 0 && kPrefillItemBase + 4 <= kPrefillItemBytes,
+// passed would not be ordered after the gate that makes them visible. Layout (bytes, for a tile of
+// kRows weight rows):
+//   [0, kRows)            the tile's row-base bytes (kRowFactors; 0 past the layer's rows)
+//   [kRows, 3 kRows)      SPEC §8's bias of the tile's columns, bf16: L1 the tile's kRows / 2 gate
+//                         channels, then its up channels; L2 its kRows rows (0 past the real ones)
+//   [3 kRows, 3 kRows + 4) the 4-byte word of w_expert_base that holds the expert's byte (kRowFactors;
+//                         the tensor is zero-padded to whole words: megamoe/jit/layout.py)
+template <int kRows>
+struct PrefillItemData {
+  static constexpr int kBias = kRows, kBase = 3 * kRows;
+  static constexpr int kRowChunks = kRows / 16, kBiasChunks = kRows / 8;   // 16-byte copies
+};
+constexpr int kPrefillItemBytes = 784;   // the largest tile's (256 rows), rounded to 16
+static_assert(kPrefillItemBytes % 16 == 0 && PrefillItemData<256>::kBase + 4 <= kPrefillItemBytes,
               "the item's data keeps what follows aligned");
-// The consumers' barrier before they read it (256 threads; ids 1-3 serve other roles' barriers).
+// The consumers' barrier before they read it (every consumer thread; ids 1-4 serve other roles'
+// barriers).
 constexpr int kPrefillItemBarrier = 5;
 
-// The copies of item `wi`'s data into `item` (kPrefillItemBytes of shared memory), by consumer
-// threads 0-48, each one cp.async group (every thread commits one, empty or not). A chunk past the
-// layer's rows copies nothing and writes zeros.
-template <typename Act, bool kRowFactors>
+// The copies of item `wi`'s data into `item` (kPrefillItemBytes of shared memory), by the first
+// consumer threads (one chunk each: the row bytes', the bias columns', the expert's word), each one
+// cp.async group (every thread commits one, empty or not). A chunk past the layer's rows copies
+// nothing and writes zeros.
+template <typename Act, bool kRowFactors, bool kPerK32>
 __device__ __forceinline__ void prefill_item_fetch(const GemmParams& p, const WorkItem& wi, int layer, uint32_t item) {
+  constexpr int kRows = PrefillShape<kPerK32>::kRows;
+  using D = PrefillItemData<kRows>;
   const int ctid = ptx::thread_idx() - 128;
-  const int64_t row_tile = static_cast<int64_t>(wi.n_block) * 256;
-  if (kRowFactors && ctid < 16) {
+  const int64_t row_tile = static_cast<int64_t>(wi.n_block) * kRows;
+  if (kRowFactors && ctid < D::kRowChunks) {
     const bool ok = row_tile + 16 * ctid < p.n_rows;   // n_rows: a multiple of 128
     ptx::cp_async_16(item + 16 * ctid,
                      p.w_row_base + static_cast<int64_t>(wi.expert) * p.n_rows + (ok ? row_tile + 16 * ctid : 0),
                      ok ? 16u : 0u);
   }
-  if (Act::kOai && ctid >= 16 && ctid < 48 && p.bias != nullptr) {
-    const int c = ctid - 16;   // 8 columns a chunk (n_out and I: multiples of 32)
+  if (Act::kOai && ctid >= D::kRowChunks && ctid < D::kRowChunks + D::kBiasChunks && p.bias != nullptr) {
+    const int c = ctid - D::kRowChunks;   // 8 columns a chunk (n_out and I: multiples of 32)
     const int64_t inter = p.n_out / 2;
     int64_t col;
     bool ok;
     if (layer == 1) {
-      const int64_t ch = static_cast<int64_t>(wi.n_block) * 128 + 8 * (c % 16);
-      col = (c / 16) * inter + ch;
+      constexpr int kHalf = D::kBiasChunks / 2;   // the gate channels' chunks, then the up channels'
+      const int64_t ch = static_cast<int64_t>(wi.n_block) * (kRows / 2) + 8 * (c % kHalf);
+      col = (c / kHalf) * inter + ch;
       ok = ch < inter;
     } else {
       col = row_tile + 8 * c;
       ok = col < p.n_out;
     }
-    ptx::cp_async_16(item + kPrefillItemBias + 16 * c,
-                     p.bias + static_cast<int64_t>(wi.expert) * p.n_out + (ok ? col : 0), ok ? 16u : 0u);
+    ptx::cp_async_16(item + D::kBias + 16 * c, p.bias + static_cast<int64_t>(wi.expert) * p.n_out + (ok ? col : 0),
+                     ok ? 16u : 0u);
   }
-  if (kRowFactors && ctid == 48) ptx::cp_async_4(item + kPrefillItemBase, p.w_expert_base + (wi.expert & ~3));
+  if (kRowFactors && ctid == D::kRowChunks + D::kBiasChunks)
+    ptx::cp_async_4(item + D::kBase, p.w_expert_base + (wi.expert & ~3));
   ptx::cp_async_commit();
 }
 
@@ -201,28 +216,28 @@ __device__ __forceinline__ void prefill_item_fetch(const GemmParams& p, const Wo
 // it (epi_empty, parity phase ^ 1), and one arrival per thread on epi_full.
 // layer (1 or 2) picks the debug dump's layout and the bias's form: one instantiation serves the
 // fused kernel's two layers (a second beside it made ptxas spill the exact mode's mainloops).
-// A layer's last block may be half a block (predecode.cuh prefill_blocks): its half h = 1 holds no
-// row of the layout (its predecoded tiles there are never written: the scratch's zeros, or what
-// another user of the buffer left; either way never stored), so it reads no row factor and no bias
-// and dumps nothing; the rows past the layer's real outputs (2I's channels past I, H's padding rows)
-// are dumped and biased nowhere either, and the epilogue warps store none.
-template <typename Act, bool kDebug, bool kRowFactors>
-__device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi, float (&acc)[2][64],
-                                                   uint32_t staging, uint64_t* epi_empty, uint64_t* epi_full,
-                                                   uint32_t phase, int layer, uint32_t item) {
+// The rows past the layer's real outputs (2I's channels past I, H's padding rows) are dumped and
+// biased nowhere, and the epilogue warps store none.
+template <typename Act, bool kDebug, bool kRowFactors, bool kPerK32>
+__device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const WorkItem& wi,
+                                                   float (&acc)[PrefillShape<kPerK32>::kHalves][64], uint32_t staging,
+                                                   uint64_t* epi_empty, uint64_t* epi_full, uint32_t phase, int layer,
+                                                   uint32_t item) {
+  using Shape = PrefillShape<kPerK32>;
+  using D = PrefillItemData<Shape::kRows>;
+  constexpr int kHalves = Shape::kHalves;
   const int ctid = ptx::thread_idx() - 128;  // re-read: held across the mainloop it is spilled
   const int wtid = ctid % 128;
   const int t = wtid % 4;
   const int tok0 = 64 * (ctid / 128) + 16 * (wtid / 32) + (wtid % 32) / 4;
-  const int row_tile = wi.n_block * 256;  // the tile's first weight row of the layout
+  const int row_tile = wi.n_block * Shape::kRows;  // the tile's first weight row of the layout
   // The item's data (prefill_item_fetch): every consumer thread's copies landed, then all of them.
   ptx::cp_async_wait<0>();
-  ptx::named_barrier(kPrefillItemBarrier, 256);
+  ptx::named_barrier(kPrefillItemBarrier, Shape::kConsumers);
   if constexpr (kRowFactors) {
-    const int expert_base =
-        static_cast<int>(ptx::ld_shared_u32(item + kPrefillItemBase) >> (8 * (wi.expert & 3)) & 0xFFu);
+    const int expert_base = static_cast<int>(ptx::ld_shared_u32(item + D::kBase) >> (8 * (wi.expert & 3)) & 0xFFu);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         // Rows past the layout were copied as zeros (no row: never stored).
@@ -241,7 +256,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
   // odd j: D5 as [row][gate | up]), L2 hidden row h2.
   const int64_t inter = p.n_out / 2;
   auto ch1 = [&](int h, int j, int c) -> int64_t {
-    return static_cast<int64_t>(wi.n_block) * 128 + 64 * h + 8 * (j / 2) + 2 * t + c;
+    return static_cast<int64_t>(wi.n_block) * (Shape::kRows / 2) + 64 * h + 8 * (j / 2) + 2 * t + c;
   };
   auto h2 = [&](int h, int j, int c) -> int64_t { return row_tile + 128 * h + 8 * j + 2 * t + c; };
   if constexpr (kDebug) {
@@ -251,7 +266,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
       if (tok >= wi.valid) continue;
       const int64_t row = wi.row0 + tok;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -273,30 +288,30 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       wr[r] = layer == 2 && tok0 + 8 * r < wi.valid ? p.w_route[wi.row0 + tok0 + 8 * r] : 0.0f;
-    // All 32 pairs from the item's copy (prefill_item_fetch), a column that is not real then given
+    // All the thread's pairs from the item's copy (prefill_item_fetch), a column that is not real then given
     // the -0.0 pair (its copy holds zeros). The layer is chosen once, outside the loads: chosen per
     // column, it made a branch of each (bench/NOTES.md v39).
-    uint32_t pairs[2][16];
+    uint32_t pairs[kHalves][16];
     const uint16_t* bias = p.bias;
     auto load_pairs = [&](auto layer_c) {
       constexpr int kL = decltype(layer_c)::value;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           // The column's pair in the item's bias copy: L1 gate channels then up channels, L2 rows.
-          const int k = kL == 1 ? (j % 2) * 128 + 64 * h + 8 * (j / 2) + 2 * t : 128 * h + 8 * j + 2 * t;
-          pairs[h][j] = ptx::ld_shared_u32(item + kPrefillItemBias + 2 * k);
+          const int k = kL == 1 ? (j % 2) * (Shape::kRows / 2) + 64 * h + 8 * (j / 2) + 2 * t : 128 * h + 8 * j + 2 * t;
+          pairs[h][j] = ptx::ld_shared_u32(item + D::kBias + 2 * k);
         }
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j)
           if (!(kL == 1 ? ch1(h, j, 0) < inter : h2(h, j, 0) < p.n_out)) pairs[h][j] = 0x80008000u;
     };
     if (bias == nullptr) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < 16; ++j) pairs[h][j] = 0x80008000u;
     } else if (layer == 1) {
@@ -309,7 +324,7 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
     // term by layer and by bias, each term took a branch of its own.
     const bool plain = layer == 1 || bias == nullptr;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < kHalves; ++h)
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const float b[2] = {__uint_as_float(pairs[h][j] << 16), __uint_as_float(pairs[h][j] & 0xFFFF0000u)};
@@ -326,11 +341,11 @@ __device__ __forceinline__ void prefill_stage_tile(const GemmParams& p, const Wo
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < kHalves; ++h)
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1]);
-        ptx::st_shared_u32(prefill_staging_addr(staging, tok0 + 8 * r, 16 * h + j) + 4 * t,
+        ptx::st_shared_u32(prefill_staging_addr<Shape::kRows>(staging, tok0 + 8 * r, 16 * h + j) + 4 * t,
                            *reinterpret_cast<const uint32_t*>(&v));
       }
   ptx::mbar_arrive(epi_full);
@@ -343,55 +358,67 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) {
   return __uint_as_float(w & 0xFFFF0000u);
 }
 
-// D6 from the staged tile, by the epilogue warp ew (0 or 1: tokens 64 ew .. 64 ew + 63; the narrow
-// engine's one warp takes each whole item part, ew = 0). Per step a warp takes two tokens; lane l:
-// token 2 step + l / 16, the 32-channel group (l % 16) / 4 of the tile's kGroups (4; the narrow
-// engine's: its consumer warpgroups), its 8 channels l % 4 (the group's maximum over four lanes: two
-// shuffles), stored as 8 bytes (a token's 128 bytes by 16 lanes) and, by its first lane, the group's
-// scale byte.
-// kFused (the fused kernel): an item's 128 channels are one K128 block of L2, so in the fast mode
-// (kRebase) the warp also writes them rebased per 128 channels (rebase_k128: the largest of the
-// token's four scale bytes, two more shuffles), L2's operand; then it counts its 64 tokens' pool
-// block's scale groups (kGroups, or those below I in the layer's last tile) in the block's
-// L1-completion counter (complete at I / 32, as the swap-AB epilogue counts them; an item in parts:
-// its last part), after a proxy fence: the L2 TMA reads what it wrote.
-template <typename Act, bool kFused = false, bool kRebase = false, int kGroups = 4>
+// D6 from the staged tile (kRows staged rows a token; the item's kGroups groups of 32 channels, its
+// 64 kGroups weight rows, at its start), by epilogue warp ew of kWarps, which take the tile's kTokens tokens in
+// turns, a step each (so that both have work whatever the item's valid rows; the narrow engine's one
+// warp takes each whole item part, ew = 0). Per step a warp takes kPer tokens; lane l: token
+// l / kLanes of the step, the 32-channel group (l % kLanes) / 4, its 8 channels l % 4 (the group's
+// maximum over four lanes: two shuffles), stored as 8 bytes (a token's 32 kGroups bytes by 4 kGroups
+// lanes) and, by its first lane, the group's scale byte.
+// kRebase (the fused kernel's fast mode: an item's 128 channels are one K128 block of L2): the warp
+// also writes them rebased per 128 channels (rebase_k128: the largest of the token's four scale
+// bytes, two more shuffles), L2's operand. The fused kernel's L1-completion count follows once every
+// warp has written the item (count_l1_tiles).
+template <typename Act, bool kRebase, int kGroups, int kRows, int kTokens, int kWarps>
 __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
-  static_assert(kGroups <= 4 && (!kRebase || kGroups == 4), "a token's groups are one 16-lane half's");
+  static_assert(kGroups <= 4 && 32 * kGroups <= kRows / 2 && (!kRebase || kGroups == 4),
+                "a token's groups are one 16-lane half's");
+  constexpr int kLanes = kGroups <= 2 ? 8 : 16;   // a token's lanes, 4 a group
+  constexpr int kPer = 32 / kLanes;                // tokens a step
+  constexpr int kSteps = (kTokens + kPer * kWarps - 1) / (kPer * kWarps);   // a warp's
+  constexpr int kSlots = (kSteps * kPer + 31) / 32;                         // its routing weights, 32 a register
   const int64_t inter = p.n_out / 2;
   const int64_t ld = p.out_stride;  // the intermediate's row stride: I padded to K blocks
   const int64_t n_sf = ld / 32;
   const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * (32 * kGroups);  // the tile's first channel
   const float bound = clamp_bound(p);
-  const int grp = (lane % 16) / 4;
+  const int grp = (lane % kLanes) / 4;
   const int q = lane % 4;
   const int gate_chunk = 2 * (4 * grp + q);  // its 8 channels' gate rows (their up rows: the next)
-  // The routing weights of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle.
-  // Plain (coherent) loads, as in l1_epilogue.
-  const int first = 64 * ew;
-  const float wr_lo = first + lane < wi.valid ? p.w_route[wi.row0 + first + lane] : 0.0f;
-  const float wr_hi = first + 32 + lane < wi.valid ? p.w_route[wi.row0 + first + 32 + lane] : 0.0f;
+  // The routing weights of the warp's tokens (its u-th: step u / kPer, token u % kPer of it), lane l
+  // holding u = l + 32 i; taken by shuffle. Plain (coherent) loads, as in l1_epilogue.
+  auto token_of = [&](int u) { return ((u / kPer) * kWarps + ew) * kPer + u % kPer; };
+  float wr[kSlots];
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    const int tok = token_of(32 * i + lane);
+    wr[i] = tok < wi.valid ? p.w_route[wi.row0 + tok] : 0.0f;
+  }
   uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
-  for (int step = 0; step < 32; ++step) {
-    if (first + 2 * step >= wi.valid) break;  // the same for the whole warp
-    const int tl = 2 * step + lane / 16;  // the lane's token within the warp's 64
-    const float wa = __shfl_sync(0xFFFFFFFFu, wr_lo, tl % 32);
-    const float wb = __shfl_sync(0xFFFFFFFFu, wr_hi, tl % 32);
-    const float wr = step < 16 ? wa : wb;
-    const int tok = first + tl;
-    const uint4 g = ptx::ld_shared_v4(prefill_staging_addr(staging, tok, gate_chunk));
-    const uint4 u = ptx::ld_shared_v4(prefill_staging_addr(staging, tok, gate_chunk + 1));
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    if ((step * kWarps + ew) * kPer >= wi.valid) break;  // the same for the whole warp
+    const int u = step * kPer + lane / kLanes;            // the lane's token among the warp's
+    float wr_u = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {   // a step's tokens are in one slot: kPer divides 32
+      const float w = __shfl_sync(0xFFFFFFFFu, wr[i], u % 32);
+      if (i == step * kPer / 32) wr_u = w;
+    }
+    const int tok = token_of(u);
+    const uint4 g = ptx::ld_shared_v4(prefill_staging_addr<kRows>(staging, tok, gate_chunk));
+    const uint4 up = ptx::ld_shared_v4(prefill_staging_addr<kRows>(staging, tok, gate_chunk + 1));
     const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
-    const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
+    const uint32_t uw[4] = {up.x, up.y, up.z, up.w};
     float a[8];
     float m = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // A token past the item's valid ones computes what its staged values and wr = 0 give; its
       // group maximum (these four lanes) and its bytes are never used.
-      a[2 * i] = Act::routed(bf16_lo(gw[i]), bf16_lo(uw[i]), wr, bound, p);
-      a[2 * i + 1] = Act::routed(bf16_hi(gw[i]), bf16_hi(uw[i]), wr, bound, p);
+      a[2 * i] = Act::routed(bf16_lo(gw[i]), bf16_lo(uw[i]), wr_u, bound, p);
+      a[2 * i + 1] = Act::routed(bf16_hi(gw[i]), bf16_hi(uw[i]), wr_u, bound, p);
       m = fmaxf(m, fmaxf(fabsf(a[2 * i]), fabsf(a[2 * i + 1])));  // fmaxf drops NaN
     }
     m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
@@ -431,36 +458,60 @@ __device__ __forceinline__ void prefill_l1_out(const GemmParams& p, const WorkIt
       }
     }
   }
-  if constexpr (kFused) {
-    __syncwarp();
-    if (lane == 0 && first < wi.valid && wi.last) {
-      // The tile's groups below I, at most kGroups (computed here, not held across the loop: 56 registers).
-      const int64_t below_i = (inter - ch_cta) / 32;
-      const int groups = below_i < kGroups ? static_cast<int>(below_i) : kGroups;
-      ptx::fence_proxy_async_global();
-      ptx::red_release_gpu_add(p.signal + (wi.row0 + first) / p.arrival_block, groups);
-    }
+}
+
+// The fused kernel, once every epilogue warp has written L1 item `wi` (kTokens tokens, kGroups groups
+// of 32 channels: the caller's __syncwarp or barrier orders their stores before this), by one warp:
+// the L1-completion counter of each of its 64-row pool blocks with rows (contract FUSED_BLOCK_M)
+// counts the tile's groups (those below I in the layer's last tile), as the swap-AB epilogue counts
+// them; an item in parts (item_part) counts at its last. After a proxy fence: the L2 TMA reads what
+// was written. The release is cumulative over the writes the barrier ordered.
+template <int kGroups, int kTokens>
+__device__ __forceinline__ void count_l1_tiles(const GemmParams& p, const WorkItem& wi, int lane) {
+  constexpr int kBlocks = (kTokens + 63) / 64;
+  if (lane < kBlocks && 64 * lane < wi.valid && wi.last) {
+    const int64_t ch_cta = static_cast<int64_t>(wi.n_block) * (32 * kGroups);
+    const int64_t below_i = (p.n_out / 2 - ch_cta) / 32;   // computed here, not held across the loop
+    const int groups = below_i < kGroups ? static_cast<int>(below_i) : kGroups;
+    ptx::fence_proxy_async_global();
+    ptx::red_release_gpu_add(p.signal + (wi.row0 + 64 * lane) / p.arrival_block, groups);
   }
 }
 
-// D8 from the staged tile, by the epilogue warp ew (tokens 64 ew .. 64 ew + 63): a token's 256
-// bf16 columns (512 bytes) by the warp, 16 bytes a lane, to its combine row.
+// D8 from the staged tile (kRows columns a token), by epilogue warp ew of kWarps, which take its
+// tokens in turns of kPer: a token's 2 kRows bytes by 16-byte lanes, to its combine row.
+template <int kRows, int kTokens, int kWarps>
 __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkItem& wi, uint32_t staging, int ew,
                                                int lane) {
-  const int64_t col = static_cast<int64_t>(wi.n_block) * 256 + 8 * lane;
-  // The combine rows of the warp's 64 tokens, lane l: tokens l and 32 + l; taken by shuffle. Plain
-  // loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
-  const int first = 64 * ew;
-  const int row_lo = first + lane < wi.valid ? p.dst_rows[wi.row0 + first + lane] : -1;
-  const int row_hi = first + 32 + lane < wi.valid ? p.dst_rows[wi.row0 + first + 32 + lane] : -1;
-  for (int i = 0; i < 64; ++i) {
-    if (first + i >= wi.valid) break;  // the same for the whole warp
-    int row = __shfl_sync(0xFFFFFFFFu, i < 32 ? row_lo : row_hi, i % 32);
+  constexpr int kLanes = kRows / 8;   // a token's lanes
+  constexpr int kPer = 32 / kLanes;   // tokens a step
+  constexpr int kSteps = (kTokens + kPer * kWarps - 1) / (kPer * kWarps);
+  constexpr int kSlots = (kSteps * kPer + 31) / 32;
+  const int64_t col = static_cast<int64_t>(wi.n_block) * kRows + 8 * (lane % kLanes);
+  // The combine rows of the warp's tokens (as prefill_l1_out's routing weights); taken by shuffle.
+  // Plain loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
+  auto token_of = [&](int u) { return ((u / kPer) * kWarps + ew) * kPer + u % kPer; };
+  int rows[kSlots];
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    const int tok = token_of(32 * i + lane);
+    rows[i] = tok < wi.valid ? p.dst_rows[wi.row0 + tok] : -1;
+  }
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    if ((step * kWarps + ew) * kPer >= wi.valid) break;  // the same for the whole warp
+    const int u = step * kPer + lane / kLanes;
+    int row = -1;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int r = __shfl_sync(0xFFFFFFFFu, rows[i], u % 32);
+      if (i == step * kPer / 32) row = r;
+    }
     // H's padding rows past n_out (H a multiple of 32: a lane's 8 are all in or all out).
     if (row < 0 || col >= p.n_out) continue;
     // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.
     __nv_bfloat16* dst = combine_buffer(p, row);
-    const uint4 v = ptx::ld_shared_v4(prefill_staging_addr(staging, first + i, lane));
+    const uint4 v = ptx::ld_shared_v4(prefill_staging_addr<kRows>(staging, token_of(u), lane % kLanes));
     *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + col) = v;
   }
 }

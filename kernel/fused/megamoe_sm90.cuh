@@ -114,13 +114,13 @@ struct SwapAbEngine {
 // The prefill engine: the weights of both layers decoded to E4M3 tiles by every CTA after the pull
 // (fp.l1.w_e4m3, fp.l2.w_e4m3: megamoe/moe.py's scratch; or once, before the first call, by the
 // standalone pass into the layer's own buffers: fp.weights_decoded), then the prefill kernel's roles over
-// 128-token blocks (two pool blocks) in the dynamic order; its epilogue warps count each pool block's
-// L1 tiles (prefill_l1_out).
+// blocks of PrefillShape's tokens (two pool blocks; the exact mode's three) in the dynamic order; its
+// epilogue warps count each pool block's L1 tiles (count_l1_tiles).
 template <bool kPerK32, typename Act, bool kDebug>
 struct PrefillEngine {
   using Cfg = PrefillConfig<0, kPerK32>;
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
-  static constexpr int kTokenBlock = kPrefillTokens;
+  static constexpr int kTokenBlock = PrefillShape<kPerK32>::kTokens;
   static constexpr bool kPredecode = true;
   static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 

@@ -27,9 +27,17 @@ __host__ __device__ constexpr bool per_k32(Promotion p) { return p == Promotion:
 // The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.
 constexpr int kMaxTileExact = 64, kMaxTileFast = 256;
 constexpr int kMaxWgs4TileExact = 8, kMaxWgs4TileFast = 64;
-// The prefill path's CTA tile and its predecoded weight tiles (bytes; exact: + fp32 scales).
-constexpr int kPrefillTokens = 128, kPrefillRows = 256;
-constexpr int kPrefillTileFast = 32768, kPrefillTileExact = 36864;
+// The prefill path's CTA tile of each promotion (contract.py PREFILL_TOKENS, PREFILL_ROWS: 64 tokens a
+// consumer warpgroup, wgmmas of 128 rows) and its predecoded weight tile's bytes (exact: + fp32 scales).
+template <bool kPerK32>
+struct PrefillShape {
+  static constexpr int kTokens = kPerK32 ? 192 : 128;
+  static constexpr int kRows = kPerK32 ? 128 : 256;
+  static constexpr int kTile = kPerK32 ? 18432 : 32768;
+  static constexpr int kWgs = kTokens / 64;
+  static constexpr int kConsumers = 128 * kWgs;
+  static constexpr int kHalves = kRows / 128;
+};
 
 // Trap record codes (megamoe.gemm.timeout_message).
 enum WaitKind : int {
@@ -79,8 +87,8 @@ struct GemmParams {
   const uint8_t* w_sf;  // promotion k32: weight scale bytes [E, K/128, R, 4]; k128: LUT byte offsets (8 d), same shape
   const uint8_t* w_row_base;  // promotion k128 (and k32's folded prefill items): [E, R] base scale byte B_r of each weight row
   const uint8_t* w_expert_base;  // promotion k128 (and k32's folded prefill items): [E] largest row base of each expert
-  const uint8_t* w_fold;  // prefill, promotion k32: [E, ceil(R/256)] 1 where every row of the 256-row block has all its scale bytes within FOLD_BINADES of its row base, and that within FOLD_ROW_SPREAD of the expert's: that block's weights are predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)
-  uint8_t* w_e4m3;  // prefill: the weights decoded to E4M3, [E, K/128, ceil(R/256)] tiles of PREFILL_TILE_BYTES: [256][128] bytes with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by the prefill kernel)
+  const uint8_t* w_fold;  // prefill, promotion k32: [E, ceil(R/128)] 1 where every row of the 128-row block (PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base, and that within FOLD_ROW_SPREAD of the expert's: that block's weights are predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)
+  uint8_t* w_e4m3;  // prefill: the weights decoded to E4M3, [E, K/128, ceil(R/rows)] tiles of PREFILL_TILE_BYTES: [rows][128] bytes with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by the prefill kernel)
   const uint8_t* x_sf;  // activation scale bytes: k32 [P, K/32]; k128 [P, K/128] (rebase_k128)
   const int* expert_offsets;  // [E + 1] first pool row of each expert
   const int* expert_rows;  // [E] valid pool rows of each expert

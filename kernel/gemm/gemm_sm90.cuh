@@ -309,7 +309,9 @@ __device__ __forceinline__ void run_epilogue_warp(const GemmParams& pa, const Ge
     ptx::mbar_wait(&h.full, (n / 2) & 1, kWaitFull, -1, pa.err);
     if (h.stop) break;
     const WorkItem wi = h.wi;
-    prefill_l1_out<Act, true, false, Cfg::kWGs>(pa, wi, ptx::smem_addr(h.tile), 0, lane);
+    prefill_l1_out<Act, false, Cfg::kWGs, 256, kSmallTile, 1>(pa, wi, ptx::smem_addr(h.tile), 0, lane);
+    __syncwarp();
+    count_l1_tiles<Cfg::kWGs, kSmallTile>(pa, wi, lane);
     if (wi.last) timeline::item_stamp_at(h.tl_item, kTlItemWritten, 32);
     ptx::mbar_arrive(&h.empty);
   }

@@ -1,18 +1,18 @@
 // The predecode pass of the prefill path: every FP4 weight of a layer decoded once per call, written
-// as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/256] tiles of one
-// expert, K block and 256 rows, each one bulk copy, the last of a layer's rows possibly half a block:
-// prefill_blocks; contract kPrefillTile*). Decoding inside the
+// as the prefill kernel's weight tiles (gemm_sm90_prefill.cuh: [E, K/128, R/rows] tiles of one
+// expert, K block and PrefillShape's rows, each one bulk copy: prefill_blocks; PrefillShape::kTile
+// bytes). Decoding inside the
 // prefill kernel instead costs more than half the tensor rate (bench/NOTES.md v14); here it costs
 // 1.5 bytes of HBM traffic per weight (the exact mode's two-scale blocks ~1.66: their scale bytes in,
 // fp32 scales out).
 //   Fast mode (k128): the E4M3 bytes the scaled tables give (fp4_decode.cuh), [256][128] with the
 //     128-byte swizzle.
-//   Exact mode (k32), a block of 256 rows that folds (p.w_fold, megamoe/jit/layout.py fold_blocks:
+//   Exact mode (k32), a block of 128 rows that folds (p.w_fold, megamoe/jit/layout.py fold_blocks:
 //     every row's scales within 11 binades of its base): the fast mode's bytes, its LUT offsets
-//     8 (B_r - s_g) made here from the scale bytes; the tile's last 4 KB are not written.
+//     8 (B_r - s_g) made here from the scale bytes; the tile's last 2 KB are not written.
 //   Exact mode, other blocks: the same layout through the plain table (the E2M1 values
-//     themselves), then the rows' per-32 scales as fp32, [4 k32 steps][256 rows] in the order the
-//     prefill consumers read them (prefill_wsf_index): 4 KB more a tile, so the kernel's promotion
+//     themselves), then the rows' per-32 scales as fp32, [4 k32 steps][128 rows] in the order the
+//     prefill consumers read them (prefill_wsf_index): 2 KB more a tile, so the kernel's promotion
 //     multiplies two fp32 scales and converts nothing.
 //
 // One warp per 16-row group of one K block: its 1024 packed bytes (the kernel layout) and the LUT
@@ -30,26 +30,27 @@
 
 namespace megamoe {
 
-// A layer's blocks of 256 weight rows (the prefill kernel's CTA tile, and its predecoded tiles'
-// height): the last one is half a block where the rows (padded to 128: layout.py padded_rows) are
-// not a multiple of 256; the missing half of its tiles is never written (the scratch buffer's zeros,
-// megamoe/runtime.py prefill_scratch, or what another user of it left; a predecoded layer's own
-// buffers are zeroed) and never stored from (prefill_rows.cuh).
+// A layer's blocks of PrefillShape's rows (the prefill kernel's CTA tile, and its predecoded tiles'
+// height): whole, the rows padded to 128 (layout.py padded_rows) and the fast mode's sizes multiples
+// of 512.
+template <bool kPerK32>
 __device__ __forceinline__ int prefill_blocks(const GemmParams& p) {
-  return row_blocks<kPrefillRows, true>(p.n_rows);
+  return row_blocks<PrefillShape<kPerK32>::kRows>(p.n_rows);
 }
 
 constexpr int kPredecodeWarps = 8;
 constexpr int kPredecodeThreads = 32 * kPredecodeWarps;
 constexpr int kPredecodeSmemBytes = kLutEntries * 8 + kPredecodeWarps * 2048;
 
-// The place of weight row n's (of the tile's 256) fp32 scale of k32 step ks among the exact tile's
-// 1024: consumer thread t of the prefill kernel holds rows 128 h + 8 j + 2 t + c (j < 16, c < 2) of
-// half h, those of one step and half as eight 16-byte vectors (j = 2 i, 2 i + 1; a 64-row step
+// The place of weight row n's (of the tile's kRows) fp32 scale of k32 step ks among the exact tile's
+// 4 kRows: consumer thread t of the prefill kernel holds rows 128 h + 8 j + 2 t + c (j < 16, c < 2)
+// of half h, those of one step and half as eight 16-byte vectors (j = 2 i, 2 i + 1; a 64-row step
 // reads four of them), the four threads t side by side (64 contiguous bytes: no bank conflicts; the
 // lanes of one t read the same words).
+template <int kRows>
 __host__ __device__ constexpr int prefill_wsf_index(int ks, int n) {
-  return (((ks * 2 + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 + (n & 1);
+  return (((ks * (kRows / 128) + (n >> 7)) * 8 + ((n >> 4) & 7)) * 4 + ((n >> 1) & 3)) * 4 + ((n >> 3) & 1) * 2 +
+         (n & 1);
 }
 
 // The scaled tables' byte offsets 8 d of a row's four k32 groups, d = B_r - s_g (<= 11 where the
@@ -81,14 +82,14 @@ __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64
   const uint8_t* w_frag = p.w + grp * 1024;
   const int row_a = static_cast<int>(row0) + lane / 4;
   const uint8_t* offs = p.w_sf + (ekb * p.n_rows) * 4;
-  const int n_rb = prefill_blocks(p);
+  const int n_rb = prefill_blocks<kPerK32>(p);
   const int64_t expert = ekb / (p.k / kBlockK);
   PredecodeIn in;
   in.lo = *reinterpret_cast<const uint4*>(w_frag + lane * 16);
   in.hi = *reinterpret_cast<const uint4*>(w_frag + 512 + lane * 16);
   // Exact mode: w_sf holds the scale bytes s_g. A folded block: the offsets 8 (B_r - s_g) of the
   // fast mode (fold_offsets); else the plain table.
-  in.fold = kPerK32 && __ldg(p.w_fold + expert * n_rb + row0 / kPrefillRows) != 0;
+  in.fold = kPerK32 && __ldg(p.w_fold + expert * n_rb + row0 / PrefillShape<kPerK32>::kRows) != 0;
   in.scale_bytes = 0;
   if (!kPerK32) {
     in.off_a = __ldg(reinterpret_cast<const uint32_t*>(offs + row_a * 4));
@@ -110,21 +111,21 @@ __device__ __forceinline__ PredecodeIn predecode_load(const GemmParams& p, int64
 template <bool kPerK32>
 __device__ __forceinline__ void predecode_store(const GemmParams& p, int64_t grp, const PredecodeIn& in, uint8_t* mine,
                                                 const uint8_t* lut, int lane) {
-  constexpr int kTile = kPerK32 ? kPrefillTileExact : kPrefillTileFast;
+  using Shape = PrefillShape<kPerK32>;
   const int64_t row0 = grp * 16 % p.n_rows;
   const int64_t ekb = grp * 16 / p.n_rows;
   decode_rows16_sw128(in.lo, in.hi, lane, in.off_a, in.off_b, lut, ptx::smem_addr(mine));
   __syncwarp();
-  // Out: the tile of (expert, kb, row0 / 256) holds this group at (row0 % 256) / 16 * 2048.
-  uint8_t* tile = p.w_e4m3 + (ekb * prefill_blocks(p) + row0 / kPrefillRows) * kTile;
-  uint8_t* dst = tile + (row0 % kPrefillRows) / 16 * 2048;
+  // Out: the tile of (expert, kb, row0 / rows) holds this group at (row0 % rows) / 16 * 2048.
+  uint8_t* tile = p.w_e4m3 + (ekb * prefill_blocks<kPerK32>(p) + row0 / Shape::kRows) * Shape::kTile;
+  uint8_t* dst = tile + (row0 % Shape::kRows) / 16 * 2048;
   for (int i = lane; i < 128; i += 32) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(mine)[i];
   if (kPerK32 && !in.fold) {
-    const int n = static_cast<int>(row0 % kPrefillRows) + lane / 2;
+    const int n = static_cast<int>(row0 % Shape::kRows) + lane / 2;
     const int ks = 2 * (lane % 2);
-    float* wsf = reinterpret_cast<float*>(tile + kPrefillRows * kBlockK);
-    wsf[prefill_wsf_index(ks, n)] = ue8m0_to_float(in.scale_bytes & 0xFFu);
-    wsf[prefill_wsf_index(ks + 1, n)] = ue8m0_to_float(in.scale_bytes >> 8);
+    float* wsf = reinterpret_cast<float*>(tile + Shape::kRows * kBlockK);
+    wsf[prefill_wsf_index<Shape::kRows>(ks, n)] = ue8m0_to_float(in.scale_bytes & 0xFFu);
+    wsf[prefill_wsf_index<Shape::kRows>(ks + 1, n)] = ue8m0_to_float(in.scale_bytes >> 8);
   }
   __syncwarp();   // the staging is rewritten by the warp's next group
 }

@@ -134,6 +134,41 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
       }
       // Word w of token tok: words[(row0 + tok) * words_per_row + w] (32-bit index: P * K / 128 < 2^31).
       const int first = (wi.row0 + t0) * words_per_row;
+      if constexpr (R::kRawScaleWords) {
+        if (fold) {
+          // The folded items' fp32 k32 scales, [token][k32 step] (Ring::fold_scales), in a loop of
+          // their own: straight-line, a token's four as one 16-byte store, the token's next word
+          // loaded once this stage's is converted (one word a token held: the producer's 56
+          // registers hold them). A token past the valid ones: 2^-127 (its word 0) times 0, +0.
+          // In per-token branches with a select a value, and a second word a token held (spilled),
+          // this loop held three consumer warpgroups back (bench/NOTES.md v45, v46).
+          const uint32_t* src = words + first;
+          const int step = kStride * words_per_row;
+          uint32_t w[kM];
+#pragma unroll
+          for (int m = 0; m < kM; ++m) w[m] = t0 + kStride * m < wi.valid ? __ldcg(src + m * step) : 0u;
+          for (int kb = 0; kb < num_kb; ++kb) {
+            ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
+            float4* fs = reinterpret_cast<float4*>(r.fold_scales(cur.stage));
+#pragma unroll
+            for (int m = 0; m < kM; ++m) {
+              const int tok = t0 + kStride * m;
+              const bool valid = tok < wi.valid;
+              const float base = valid ? fold_base : 0.0f;
+              fs[tok] = make_float4(
+                  __fmul_rn(ue8m0_byte_to_float(w[m], 0), base), __fmul_rn(ue8m0_byte_to_float(w[m], 1), base),
+                  __fmul_rn(ue8m0_byte_to_float(w[m], 2), base), __fmul_rn(ue8m0_byte_to_float(w[m], 3), base));
+              w[m] = valid && kb + 1 < num_kb ? __ldcg(src + m * step + kb + 1) : 0u;
+            }
+            // The folded scales lie where a later stage's bulk copy may write (an item that does
+            // not fold): the async proxy's write must come after these.
+            ptx::fence_proxy_async_smem();
+            ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
+            cur.advance<kStages>();
+          }
+          continue;
+        }
+      }
       uint32_t word[kM], nxt[kM];
 #pragma unroll
       for (int m = 0; m < kM; ++m)
@@ -157,15 +192,8 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
           if (tok < wi.tile) {
             const bool valid = tok < wi.valid;
             const int idx = R::scale_index(tok, 0, wi.tile);
-            if constexpr (R::kRawScaleWords) {
-              if (fold) {
-                float* fs = r.fold_scales(cur.stage);
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks)
-                  fs[ks * kMaxN + idx] = valid ? __fmul_rn(ue8m0_byte_to_float(word[m], ks), fold_base) : 0.0f;
-              } else {   // the four k32 bytes of the token as one word
-                reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
-              }
+            if constexpr (R::kRawScaleWords) {   // the four k32 bytes of the token as one word
+              reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
             } else if constexpr (kPerK32) {
 #pragma unroll
               for (int ks = 0; ks < 4; ++ks) sx[idx + ks * kMaxN] = valid ? ue8m0_byte_to_float(word[m], ks) : 0.0f;
@@ -174,9 +202,6 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
             }
           }
         }
-        // The folded scales lie where a later stage's bulk copy may write (an item that does not
-        // fold): the async proxy's write must come after these.
-        if (fold) ptx::fence_proxy_async_smem();
         ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
         cur.advance<kStages>();
       }

@@ -198,9 +198,11 @@ class FusedSpec:
 
     @property
     def wgs(self) -> int:
-        """Consumer warpgroups (64 weight rows each)."""
+        """Consumer warpgroups (64 weight rows each; the prefill engine's 64 tokens each)."""
         if self.engine == "narrow":
             return 3  # 192-row CTA tiles: three consumer warps a scheduler (bench/NOTES.md v38)
+        if self.engine == "prefill":
+            return contract.PREFILL_TOKENS[self.promotion] // 64  # 64 tokens each (PrefillShape)
         four = self.engine == "swapab" and contract.FUSED_MAX_TILE <= max_wgs4_tile(self.promotion)
         return 4 if four else 2
 
@@ -236,8 +238,9 @@ class FusedSpec:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrefillSpec:
     """One compiled specialisation of the prefill GEMM (kernel/gemm/gemm_sm90_prefill.cuh: tokens as
-    wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass of the same promotion): 128 tokens x
-    256 weight rows per CTA, two consumer warpgroups."""
+    wgmma M, weights predecoded to E4M3 by PredecodeSpec's pass of the same promotion): per CTA 128
+    tokens x 256 weight rows with two consumer warpgroups (fast mode), 192 x 128 with three (exact
+    mode; contract.PREFILL_TOKENS, PREFILL_ROWS)."""
 
     layer: int  # 1 (L1 + SwiGLU/requant epilogue) or 2 (L2 + bf16 combine epilogue)
     fast_math: bool = True  # L1: the SiLU approximation (SPEC D6 step 3)
@@ -256,11 +259,15 @@ class PrefillSpec:
         exact = "_k32" if self.promotion == "k32" else ""
         return f"prefill_l{self.layer}{silu}{exact}{'_dbg' if self.debug else ''}"
 
-    rows_per_cta = contract.PREFILL_ROWS  # weight rows per CTA tile (kPrefillRows)
+    @property
+    def rows_per_cta(self) -> int:
+        """Weight rows per CTA tile (PrefillShape::kRows)."""
+        return contract.PREFILL_ROWS[self.promotion]
 
     @property
     def threads(self) -> int:
-        return 128 * 3
+        """A producer warpgroup and a consumer warpgroup per 64 tokens of the tile."""
+        return 128 * (1 + contract.PREFILL_TOKENS[self.promotion] // 64)
 
     def source(self) -> str:
         tmpl = (KERNEL_DIR / "gemm" / "instantiate_prefill.cu.in").read_text()

@@ -40,13 +40,20 @@ ROWS_PER_WG = 64  # weight rows per consumer warpgroup (wgmma M)
 # tokens run the serial schedule, one temporary. The kernel static_asserts the same limits.
 MAX_TILE = {"k32": 64, "k128": 256}
 MAX_WGS4_TILE = {"k32": 8, "k128": 64}
-# The prefill path (kernel/gemm/gemm_sm90_prefill.cuh): CTA tiles of 128 tokens x 256 weight rows,
-# the weights predecoded once per call into tiles of one (expert, K block, 256 rows), each moved by
-# one bulk copy: the E4M3 bytes [256][128] (128-byte swizzle), and in the exact mode (k32) the rows'
-# per-32 scales as fp32 after them, 4 x 256 (predecode.cuh prefill_wsf_index gives the order).
-PREFILL_TOKENS = 128
-PREFILL_ROWS = 256
-PREFILL_TILE_BYTES = {"k128": PREFILL_ROWS * BLOCK_K, "k32": PREFILL_ROWS * BLOCK_K + 4 * PREFILL_ROWS * 4}
+# The prefill path (kernel/gemm/gemm_sm90_prefill.cuh), per promotion: CTA tiles of PREFILL_TOKENS
+# tokens (64 a consumer warpgroup, wgmma M) x PREFILL_ROWS weight rows, the weights predecoded once per
+# call into tiles of one (expert, K block, PREFILL_ROWS rows), each moved by one bulk copy: the E4M3
+# bytes [rows][128] (128-byte swizzle), and in the exact mode (k32) the rows' per-32 scales as fp32
+# after them, 4 x rows (predecode.cuh prefill_wsf_index gives the order). The fast mode: 128 x 256,
+# two warpgroups (an item's 128 L1 channels are one K128 block of L2: the fused kernel's rebase). The
+# exact mode: 192 x 128, three warpgroups, each one wgmma -> wait -> promote chain; three chains
+# interleave on the tensor core where two left it idle (bench.exact_rate: 47.1 % of the peak against
+# 40.3 % at 128 x 256, bench/NOTES.md v39).
+PREFILL_TOKENS = {"k128": 128, "k32": 192}
+PREFILL_ROWS = {"k128": 256, "k32": 128}
+PREFILL_TILE_BYTES = {
+    p: PREFILL_ROWS[p] * BLOCK_K + (4 * PREFILL_ROWS[p] * 4 if p == "k32" else 0) for p in PREFILL_ROWS
+}
 
 # Trap record codes (kernel/common/ptx.cuh report_trap; megamoe.gemm.timeout_message words them).
 WAITS = {
@@ -103,7 +110,7 @@ PARAMS = (
         "w_fold",
         "ptr",
         "const uint8_t*",
-        "prefill, promotion k32: [E, ceil(R/256)] 1 where every row of the 256-row block has all its scale bytes within"
+        "prefill, promotion k32: [E, ceil(R/128)] 1 where every row of the 128-row block (PREFILL_ROWS) has all its scale bytes within"
         " FOLD_BINADES of its row base, and that within FOLD_ROW_SPREAD of the expert's: that block's weights are"
         " predecoded through the scaled tables and promoted with one FMA per k32 step (layout.py fold_blocks)",
     ),
@@ -111,7 +118,7 @@ PARAMS = (
         "w_e4m3",
         "ptr",
         "uint8_t*",
-        "prefill: the weights decoded to E4M3, [E, K/128, ceil(R/256)] tiles of PREFILL_TILE_BYTES: [256][128] bytes"
+        "prefill: the weights decoded to E4M3, [E, K/128, ceil(R/rows)] tiles of PREFILL_TILE_BYTES: [rows][128] bytes"
         " with the 128-byte swizzle (k32: then the rows' fp32 scales, where the block does not fold) (written by the predecode pass, read by"
         " the prefill kernel)",
     ),
@@ -698,9 +705,17 @@ def header() -> str:
         "// The largest token tile of each promotion (exact k32, fast k128), and with four consumer warpgroups.",
         f"constexpr int kMaxTileExact = {MAX_TILE['k32']}, kMaxTileFast = {MAX_TILE['k128']};",
         f"constexpr int kMaxWgs4TileExact = {MAX_WGS4_TILE['k32']}, kMaxWgs4TileFast = {MAX_WGS4_TILE['k128']};",
-        "// The prefill path's CTA tile and its predecoded weight tiles (bytes; exact: + fp32 scales).",
-        f"constexpr int kPrefillTokens = {PREFILL_TOKENS}, kPrefillRows = {PREFILL_ROWS};",
-        f"constexpr int kPrefillTileFast = {PREFILL_TILE_BYTES['k128']}, kPrefillTileExact = {PREFILL_TILE_BYTES['k32']};",
+        "// The prefill path's CTA tile of each promotion (contract.py PREFILL_TOKENS, PREFILL_ROWS: 64 tokens a",
+        "// consumer warpgroup, wgmmas of 128 rows) and its predecoded weight tile's bytes (exact: + fp32 scales).",
+        "template <bool kPerK32>",
+        "struct PrefillShape {",
+        f"  static constexpr int kTokens = kPerK32 ? {PREFILL_TOKENS['k32']} : {PREFILL_TOKENS['k128']};",
+        f"  static constexpr int kRows = kPerK32 ? {PREFILL_ROWS['k32']} : {PREFILL_ROWS['k128']};",
+        f"  static constexpr int kTile = kPerK32 ? {PREFILL_TILE_BYTES['k32']} : {PREFILL_TILE_BYTES['k128']};",
+        "  static constexpr int kWgs = kTokens / 64;",
+        "  static constexpr int kConsumers = 128 * kWgs;",
+        "  static constexpr int kHalves = kRows / 128;",
+        "};",
         "",
         "// Trap record codes (megamoe.gemm.timeout_message).",
         "enum WaitKind : int {",

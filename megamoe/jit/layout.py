@@ -29,7 +29,7 @@ Step 3, the fast mode's (promotion k128) scale tensors, derived from sf_k (fast_
     zero past E to whole 4-byte words (E4 = E rounded up to a multiple of 4: the prefill engine
     copies the word that holds an expert's byte).
 The exact mode's (promotion k32) prefill path uses them too (fold_blocks):
-    fold [E, ceil(R/256)] uint8: 1 where every row of the 256-row block has all its scale bytes
+    fold [E, ceil(R/128)] uint8: 1 where every row of the 128-row block has all its scale bytes
     within FOLD_BINADES (11) of its row base, and that within FOLD_ROW_SPREAD (32) of B_e.
 """
 
@@ -135,8 +135,8 @@ FOLD_ROW_SPREAD = 32
 def fold_blocks(
     sfk: torch.Tensor, row_base: torch.Tensor, rows: int | None = None, k: int | None = None
 ) -> torch.Tensor:
-    """[E, ceil(R/256)] uint8: 1 where every row of the 256-row block (the prefill kernel's tile,
-    contract.PREFILL_ROWS) has all its scale bytes within FOLD_BINADES of its row base B_r and B_r
+    """[E, ceil(R/128)] uint8: 1 where every row of the 128-row block (the exact mode's prefill tile,
+    contract.PREFILL_ROWS["k32"]) has all its scale bytes within FOLD_BINADES of its row base B_r and B_r
     within FOLD_ROW_SPREAD of the expert's largest B_e. There the exact mode's prefill path
     predecodes the weights through the fast mode's scaled tables and promotes each k32 product with
     one FMA; other blocks take the two-scale promotion (gemm_sm90_prefill.cuh). `rows` and `k`: the
@@ -152,9 +152,10 @@ def fold_blocks(
     if rows is not None:
         ok[:, rows:] = True
     E, R = ok.shape
-    blocks = prefill_blocks(R)
-    ok = torch.nn.functional.pad(ok, (0, blocks * contract.PREFILL_ROWS - R), value=True)
-    return ok.view(E, blocks, contract.PREFILL_ROWS).all(dim=2).to(torch.uint8)
+    rows_per_block = contract.PREFILL_ROWS["k32"]
+    blocks = prefill_blocks(R, "k32")
+    ok = torch.nn.functional.pad(ok, (0, blocks * rows_per_block - R), value=True)
+    return ok.view(E, blocks, rows_per_block).all(dim=2).to(torch.uint8)
 
 
 @dataclasses.dataclass
@@ -214,11 +215,12 @@ def padded_rows(rows: int) -> int:
     return -(-rows // ROW_TILE) * ROW_TILE
 
 
-def prefill_blocks(layout_rows: int) -> int:
-    """The prefill kernel's blocks of contract.PREFILL_ROWS weight rows over a layer's rows in the
-    kernel layout (padded_rows), the last one half a block where they are not a multiple of 256 (the
-    kernel's prefill_blocks, kernel/gemm/predecode.cuh): its fold flags' and predecoded tiles' count."""
-    return -(-layout_rows // contract.PREFILL_ROWS)
+def prefill_blocks(layout_rows: int, promotion: str) -> int:
+    """The prefill kernel's blocks of contract.PREFILL_ROWS[promotion] weight rows over a layer's rows
+    in the kernel layout (padded_rows; the kernel's prefill_blocks, kernel/gemm/predecode.cuh): its
+    fold flags' and predecoded tiles' count. Whole: the exact mode's blocks are one row tile, the fast
+    mode's sizes multiples of 512; a part is counted as a block all the same."""
+    return -(-layout_rows // contract.PREFILL_ROWS[promotion])
 
 
 def _pad(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:

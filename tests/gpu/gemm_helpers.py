@@ -119,7 +119,7 @@ def emulate_d6(acc1: torch.Tensor, w_route: torch.Tensor, inter: int, fast: bool
 
 def prefill_weights(promotion: str, kw):
     """(promotion, weights) for a test's promotion name: "k32/unfolded" is the exact mode with every
-    256-row block on the prefill path's two-scale promotion (no block folded, layout.fold_blocks:
+    128-row block on the prefill path's two-scale promotion (no block folded, layout.fold_blocks:
     the weights the tests make otherwise all fold)."""
     if promotion != "k32/unfolded":
         return promotion, kw

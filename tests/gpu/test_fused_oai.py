@@ -124,8 +124,8 @@ def test_a_per_call_clamp_is_refused_for_the_variant_and_auto_takes_either_engin
 )
 def test_a_predecoded_layers_prefill_engine_gives_the_per_call_predecodes_bits_and_conforms(promotion, hidden):
     # MegaMoE(predecoded=True): the prefill engine reads the weights decoded by the standalone pass
-    # when the layer was made, and skips its per-call predecode. At 2880 the layers' last blocks of
-    # 256 rows are half blocks (their tiles' missing halves never written).
+    # when the layer was made, and skips its per-call predecode. At 2880 the layers' rows are padded
+    # to 128-row blocks whose rows past H or 2I are no row of the layer.
     cfg = dataclasses.replace(CFG, hidden=hidden, intermediate=hidden)
     w = _weights(cfg)
     release_prefill_buffers()  # per_call's first call decodes into fresh (zeroed) scratch buffers

@@ -153,7 +153,7 @@ def _scratch(layer: int, promotion: str, tiles: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("layer", [1, 2])
 def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
-    """The exact mode's prefill path folds a 256-row block's weight scales into its predecoded bytes
+    """The exact mode's prefill path folds a 128-row block's weight scales into its predecoded bytes
     where every row spans at most 11 binades (layout.fold_blocks) and promotes each k32 product with
     one FMA (gemm_sm90_prefill.cuh): the same bits as the two-scale promotion. Weights whose rows
     span up to 11 binades (the most that folds) but one row of 22 (its block does not fold), 10 % of
@@ -181,7 +181,7 @@ def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
     setattr(half, name, fold * (torch.rand(fold.shape, generator=gen) < 0.5).to(fold.device, torch.uint8))
     none = copy.copy(kw)
     setattr(none, name, torch.zeros_like(fold))
-    tiles = E * (K // 128) * (R // 256)
+    rows = contract.PREFILL_ROWS["k32"]  # a block; the fast mode's tile is two blocks' bytes, in order
     comb, dst = combine_rows(pool, H, K=2, gen=torch.Generator().manual_seed(5))
 
     def run(weights, promotion="k32"):
@@ -201,11 +201,12 @@ def test_exact_mode_folded_blocks_give_the_two_scale_promotions_bits(layer):
         assert torch.equal(a, b), f"{tag}: folded vs two-scale promotion: {first_diff(a, b)}"
         assert torch.equal(got[1], want[1]), f"{tag}: the layer's output differs"
     # The last run's tiles (half the flags) against the fast mode's predecode pass of the same weights.
-    exact_tiles = _scratch(layer, "k32", tiles).view(E, K // 128, R // 256, -1)
-    exact_tiles = exact_tiles[..., : contract.PREFILL_TILE_BYTES["k128"]].clone()
+    exact_tiles = _scratch(layer, "k32", E * (K // 128) * (R // rows)).view(E, K // 128, R // rows, -1)
+    exact_tiles = exact_tiles[..., : rows * 128].clone()
     run(kw, "k128")
-    fast_tiles = _scratch(layer, "k128", tiles).view(E, K // 128, R // 256, -1)
-    flags = getattr(half, name).bool()[:, None, :].expand(E, K // 128, R // 256)
+    fast = _scratch(layer, "k128", E * (K // 128) * (R // contract.PREFILL_ROWS["k128"]))
+    fast_tiles = fast.view(E, K // 128, R // rows, rows * 128)
+    flags = getattr(half, name).bool()[:, None, :].expand(E, K // 128, R // rows)
     assert torch.equal(exact_tiles[flags], fast_tiles[flags]), "a folded tile is not the fast mode's bytes"
     assert not torch.equal(exact_tiles[~flags], fast_tiles[~flags])
     log_result(test="exact_fold_bits", layer=layer, folded_blocks=int(fold.sum()), blocks=fold.numel())
@@ -222,7 +223,8 @@ def test_the_entry_points_refuse_a_forced_prefill_path_they_cannot_take():
             prefill=True,
             max_tile=64,
         )
-    assert jb.PrefillSpec(layer=1, promotion="k128").rows_per_cta == G.PREFILL_ROWS == 256
+    assert jb.PrefillSpec(layer=1, promotion="k128").rows_per_cta == G.PREFILL_ROWS["k128"] == 256
+    assert jb.PrefillSpec(layer=1, promotion="k32").rows_per_cta == G.PREFILL_ROWS["k32"] == 128
     with pytest.raises(MegaMoEInputError, match="prefill"):
         pool_l1(pool, kw, promotion="k32", prefill=True, wgs=2)
 

@@ -32,11 +32,11 @@ PREDECODE = ("pulled", "decoded", "decoded_all")
 
 def expected_items(engine: str, promotion: str, topk_idx) -> dict[int, int]:
     """Each layer's items: the experts' token blocks times the layer's blocks of weight rows (the
-    engine's CTA tile: 256 rows on the prefill engine, else 64 a consumer warpgroup), token blocks of
-    128 (prefill) or BLOCK_M rows."""
+    engine's CTA tile: PREFILL_ROWS on the prefill engine, else 64 a consumer warpgroup), token blocks
+    of PREFILL_TOKENS (prefill) or BLOCK_M rows."""
     wgs = jb.FusedSpec(promotion=promotion, engine=engine).wgs
-    rows = C.PREFILL_ROWS if engine == "prefill" else C.ROWS_PER_WG * wgs
-    block = C.PREFILL_TOKENS if engine == "prefill" else CFG.block_m
+    rows = C.PREFILL_ROWS[promotion] if engine == "prefill" else C.ROWS_PER_WG * wgs
+    block = C.PREFILL_TOKENS[promotion] if engine == "prefill" else CFG.block_m
     counts = ref.send_counts(topk_idx, CFG.num_experts)
     blocks = int(((counts + block - 1) // block).sum())
     # A layer's last block of rows may be partial (a CTA tile of 192 rows over 1024: v34's three-
