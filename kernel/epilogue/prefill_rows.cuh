@@ -488,31 +488,37 @@ __device__ __forceinline__ void prefill_l2_out(const GemmParams& p, const WorkIt
   constexpr int kSteps = (kTokens + kPer * kWarps - 1) / (kPer * kWarps);
   constexpr int kSlots = (kSteps * kPer + 31) / 32;
   const int64_t col = static_cast<int64_t>(wi.n_block) * kRows + 8 * (lane % kLanes);
-  // The combine rows of the warp's tokens (as prefill_l1_out's routing weights); taken by shuffle.
-  // Plain loads, as in l2_epilogue (the fused kernel's dispatch writes dst_rows).
+  // The combine rows of the warp's tokens and their buffers (combine_buffer: with peer_offsets, the
+  // row's rank's copy), found once a token (as prefill_l1_out's routing weights) and taken by
+  // shuffle. Found once a step, the peer offset's load was a round trip a step behind each store
+  // (the L2 items' epilogue ~26 us at gpt-oss T = 4096, NOTES v46). Plain loads, as in l2_epilogue
+  // (the fused kernel's dispatch writes dst_rows).
   auto token_of = [&](int u) { return ((u / kPer) * kWarps + ew) * kPer + u % kPer; };
   int rows[kSlots];
+  uint64_t bufs[kSlots];
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     const int tok = token_of(32 * i + lane);
     rows[i] = tok < wi.valid ? p.dst_rows[wi.row0 + tok] : -1;
+    bufs[i] = rows[i] < 0 ? 0 : reinterpret_cast<uint64_t>(combine_buffer(p, rows[i]));
   }
-#pragma unroll 1
-  for (int step = 0; step < kSteps; ++step) {
-    if ((step * kWarps + ew) * kPer >= wi.valid) break;  // the same for the whole warp
-    const int u = step * kPer + lane / kLanes;
-    int row = -1;
+  // A step's tokens are one slot's (kPer divides 32): the slots in turn, so that the slot is known.
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      const int r = __shfl_sync(0xFFFFFFFFu, rows[i], u % 32);
-      if (i == step * kPer / 32) row = r;
+  for (int i = 0; i < kSlots; ++i) {
+#pragma unroll 1
+    for (int step = i * 32 / kPer; step < min(kSteps, (i + 1) * 32 / kPer); ++step) {
+      if ((step * kWarps + ew) * kPer >= wi.valid) return;  // the same for the whole warp
+      const int u = step * kPer + lane / kLanes;
+      const int row = __shfl_sync(0xFFFFFFFFu, rows[i], u % 32);
+      const uint64_t buf = static_cast<uint64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(bufs[i]), u % 32)) |
+                           static_cast<uint64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(bufs[i] >> 32), u % 32))
+                               << 32;
+      // H's padding rows past n_out (H a multiple of 32: a lane's 8 are all in or all out).
+      if (row < 0 || col >= p.n_out) continue;
+      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(buf);
+      const uint4 v = ptx::ld_shared_v4(prefill_staging_addr<kRows>(staging, token_of(u), lane % kLanes));
+      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + col) = v;
     }
-    // H's padding rows past n_out (H a multiple of 32: a lane's 8 are all in or all out).
-    if (row < 0 || col >= p.n_out) continue;
-    // combine_buffer reads peer_offsets as l2_epilogue does; the prefill path's launches pass none.
-    __nv_bfloat16* dst = combine_buffer(p, row);
-    const uint4 v = ptx::ld_shared_v4(prefill_staging_addr<kRows>(staging, token_of(u), lane % kLanes));
-    *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row) * p.out_stride + col) = v;
   }
 }
 
