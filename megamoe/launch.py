@@ -17,12 +17,20 @@ from .jit import contract, driver
 from .jit.layout import KernelWeights
 
 
-def gemm_params(x: int, k: int, rows: int, n_rows: int, num_experts: int, err: int, **fields) -> bytes:
+# The GemmParams fields that gemm_params fills from its positional arguments (and `channels`); every
+# other field is the caller's.
+SHAPE_FIELDS = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "k32_steps", "n_rows", "err")
+
+
+def gemm_params(
+    x: int, k: int, rows: int, n_rows: int, num_experts: int, err: int, *, channels: int | None = None, **fields
+) -> bytes:
     """GemmParams' bytes, built here for every launch that takes them (the standalone GEMMs, their
     predecode pass, the fused layer's two layers): the activations' two tensor maps over `rows` x
     `k` bytes at address `x` (boxes of 8 and CHUNK_N rows; x = 0: none, for the predecode pass,
-    which reads no activations), the shape, the trap record `err`, and every other field by name
-    (contract.pack_params refuses a missing or unknown one)."""
+    which reads no activations), the shape, the channels of the reduction (k32_steps: `k` unless
+    `channels`, the size that `k` pads to whole K blocks, says fewer), the trap record `err`, and
+    every other field by name (contract.pack_params refuses a missing or unknown one)."""
     if x:
         maps = dict(
             tmap_x8=driver.tma_2d_u8(x, k, rows, k, contract.BLOCK_K, 8),
@@ -31,7 +39,14 @@ def gemm_params(x: int, k: int, rows: int, n_rows: int, num_experts: int, err: i
     else:
         maps = dict(tmap_x8=bytes(128), tmap_x64=bytes(128))
     return contract.pack_params(
-        **maps, num_experts=num_experts, num_pool_rows=rows, k=k, n_rows=n_rows, err=err, **fields
+        **maps,
+        num_experts=num_experts,
+        num_pool_rows=rows,
+        k=k,
+        k32_steps=(k if channels is None else channels) // 32,
+        n_rows=n_rows,
+        err=err,
+        **fields,
     )
 
 

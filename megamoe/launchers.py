@@ -39,7 +39,7 @@ from . import runtime as RT
 from .jit import build as jb
 from .jit import contract, driver
 from .jit.layout import KernelWeights, padded_rows, prefill_blocks
-from .launch import gemm_params, weight_fields
+from .launch import SHAPE_FIELDS, gemm_params, weight_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +176,7 @@ class PredecodeLauncher(_Launcher):
     def params(self, weights: dict, scratch: torch.Tensor, k: int, n_rows: int, num_experts: int, dev: int) -> bytes:
         """GemmParams of the pass: the weights' fields, the scratch buffer (w_e4m3) and the shape."""
         # Every other field 0: the pass reads the weights and writes the scratch, nothing else.
-        shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
-        rest = {f.name: 0 for f in contract.PARAMS if f.name not in shape}
+        rest = {f.name: 0 for f in contract.PARAMS if f.name not in SHAPE_FIELDS}
         rest.update(weights, w_e4m3=scratch.data_ptr())
         return gemm_params(0, k, 0, n_rows, num_experts, RT.err_record(dev).data_ptr(), **rest)
 
@@ -302,6 +301,7 @@ class FusedLauncher(_Launcher):
             n_rows,
             cfg.local_experts,
             RT.err_record(dev).data_ptr(),
+            channels=H if layer == 1 else inter,
             **weight_fields(kw, layer, self.spec.promotion),
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),

@@ -274,7 +274,8 @@ def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest(
 
 def test_gemm_params_packs_the_activation_maps_the_shape_and_the_trap_record_with_every_other_field(monkeypatch):
     """megamoe.launch.gemm_params, GemmParams' one builder: the two tensor maps over the activations
-    (8- and CHUNK_N-row boxes; none for x = 0), the shape and `err` at their contract offsets."""
+    (8- and CHUNK_N-row boxes; none for x = 0), the shape (k32_steps from `channels` where K is
+    padded) and `err` at their contract offsets."""
     from megamoe import launch as LA
     from megamoe.jit import contract
 
@@ -285,8 +286,7 @@ def test_gemm_params_packs_the_activation_maps_the_shape_and_the_trap_record_wit
         return bytes([box_rows % 256]) * 128
 
     monkeypatch.setattr(LA.driver, "tma_2d_u8", fake_map)
-    shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
-    rest = {f.name: 0 for f in contract.PARAMS if f.name not in shape}
+    rest = {f.name: 0 for f in contract.PARAMS if f.name not in LA.SHAPE_FIELDS}
     b = LA.gemm_params(4096, 512, 192, 1024, 3, 77, **rest)
     off = contract.GEMM_PARAMS.offsets
     assert calls == [
@@ -295,10 +295,15 @@ def test_gemm_params_packs_the_activation_maps_the_shape_and_the_trap_record_wit
     ]
     assert b[off["tmap_x8"] : off["tmap_x8"] + 128] == bytes([8]) * 128
     assert b[off["tmap_x64"] : off["tmap_x64"] + 128] == bytes([contract.CHUNK_N]) * 128
-    words = {
-        n: int.from_bytes(b[off[n] : off[n] + 4], "little") for n in ("num_experts", "num_pool_rows", "k", "n_rows")
-    }
-    assert words == dict(num_experts=3, num_pool_rows=192, k=512, n_rows=1024)
+
+    def words(b):
+        names = ("num_experts", "num_pool_rows", "k", "k32_steps", "n_rows")
+        return {n: int.from_bytes(b[off[n] : off[n] + 4], "little") for n in names}
+
+    assert words(b) == dict(num_experts=3, num_pool_rows=192, k=512, k32_steps=16, n_rows=1024)
+    # A size padded to whole K blocks: its k32 steps are the channels', not k's.
+    padded = LA.gemm_params(4096, 512, 192, 1024, 3, 77, channels=480, **rest)
+    assert words(padded) == dict(num_experts=3, num_pool_rows=192, k=512, k32_steps=15, n_rows=1024)
     assert int.from_bytes(b[off["err"] : off["err"] + 8], "little") == 77
     calls.clear()
     none = LA.gemm_params(0, 512, 0, 1024, 3, 77, **rest)

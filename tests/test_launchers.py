@@ -175,8 +175,7 @@ def test_a_standalone_gemm_launches_its_specs_kernel_geometry_and_parameter_byte
         scratch = device.scratch[(STREAM, layer, tiles * C.PREFILL_TILE_BYTES[promotion])]
         # The predecode pass: one warp per 16-row group of one K block; every field but the
         # weights, the scratch and the shape 0.
-        shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
-        rest = {f.name: 0 for f in C.PARAMS if f.name not in shape}
+        rest = {f.name: 0 for f in C.PARAMS if f.name not in LA.SHAPE_FIELDS}
         rest.update(weights, w_e4m3=scratch.data_ptr())
         groups = E * (k // C.BLOCK_K) * (n_rows // 16)
         want.append(
@@ -247,8 +246,7 @@ def test_the_fused_layer_launches_its_specs_kernel_cooperatively_with_the_calls_
             w_e4m3[n] = buf.data_ptr()
             # The standalone pass over the layer's weights: every field but the weights, the buffer
             # and the shape 0; one warp per 16-row group of one K block.
-            shape = ("tmap_x8", "tmap_x64", "num_experts", "num_pool_rows", "k", "n_rows", "err")
-            rest = {f.name: 0 for f in C.PARAMS if f.name not in shape}
+            rest = {f.name: 0 for f in C.PARAMS if f.name not in LA.SHAPE_FIELDS}
             rest.update(LA.weight_fields(layer.kw, n + 1, promotion), w_e4m3=buf.data_ptr())
             grid = cfg.local_experts * (k // C.BLOCK_K) * (rows // 16) // (pre.threads // 32)
             params = LA.gemm_params(0, k, 0, rows, cfg.local_experts, err, **rest)

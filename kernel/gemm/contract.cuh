@@ -118,6 +118,7 @@ struct GemmParams {
   float alpha;  // swiglu_oai kernels, L1: fp32(alpha) of the glu factor
   int32_t n_out;  // rows the epilogue writes: 2I (L1) or H (L2); n_rows past it are padding
   int32_t out_stride;  // elements per row of out: I padded to K blocks (L1) or H (L2)
+  int32_t k32_steps;  // k32 steps that hold channels: H/32 (L1) or I/32 (L2); those of k past them are the layout's zero padding, which the exact mode's prefill consumers skip
 };
 
 static_assert(offsetof(GemmParams, tmap_x8) == 0, "GemmParams layout");
@@ -157,6 +158,7 @@ static_assert(offsetof(GemmParams, bias) == 472, "GemmParams layout");
 static_assert(offsetof(GemmParams, alpha) == 480, "GemmParams layout");
 static_assert(offsetof(GemmParams, n_out) == 484, "GemmParams layout");
 static_assert(offsetof(GemmParams, out_stride) == 488, "GemmParams layout");
+static_assert(offsetof(GemmParams, k32_steps) == 492, "GemmParams layout");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout");
 
 // The fused kernel (kernel/fused/): its token tile, the signal words of each call parity, and

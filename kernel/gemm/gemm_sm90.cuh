@@ -269,8 +269,8 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     constexpr int L = decltype(layer_c)::value;
     const GemmParams& p = kTwo && L == kLayerB ? pb : pa;
     ctx.p = &p;
-    const WorkItem item_wi = decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched,
-                                                                    row_blocks<Cfg::kRows, kPartial>(p.n_rows));
+    const WorkItem item_wi =
+        decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched, row_blocks<Cfg::kRows, kPartial>(p));
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
       if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)

@@ -202,10 +202,14 @@ __device__ __forceinline__ const uint8_t* prefill_weight_tile(const GemmParams& 
 #endif
 constexpr bool kSwapAccPairs = MEGAMOE_SWAP_ACC_PAIRS;
 
+// k32: the layer's k32 steps that hold channels (GemmParams.k32_steps). Past them, in the last K block
+// of a size that is not a multiple of 128, the layout's zero padding: the exact mode skips those
+// steps (their products are +0, and acc + 0 is acc: acc is never -0), the fast mode's K is whole
+// blocks.
 template <typename Cfg, bool kEachK32>
-__device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int num_kb, const typename Cfg::Ring& ring,
-                                                        RingCursor& cur, int wg, int sx0,
-                                                        float (&acc)[Cfg::Shape::kHalves][kPrefillHalf / 2]) {
+__device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int num_kb, int k32,
+                                                        const typename Cfg::Ring& ring, RingCursor& cur, int wg,
+                                                        int sx0, float (&acc)[Cfg::Shape::kHalves][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
   constexpr int S = Cfg::kStages;
   float tmp[kPrefillHalf / 2];
@@ -219,10 +223,12 @@ __device__ __forceinline__ void prefill_mainloop_scaled(const GemmParams& p, int
     const uint32_t b_lo = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ring.w + s * Ring::kW), 0);
     // The tokens' fp32 scales: fast mode one a token (K128), folded items four ([token][k32 step]).
     const float* sx = kEachK32 ? ring.fold_scales(s) + 4 * sx0 : ring.sx + s * Ring::kSxWords + sx0;
+    const int steps = k32 - 4 * kb;   // this K block's steps that hold channels (above), 4 but in the last
 #pragma unroll
     for (int h = 0; h < Cfg::Shape::kHalves; ++h) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
+        if (kEachK32 && ks > 0 && ks >= steps) continue;
         const bool first = kEachK32 || ks == 0;
         const bool last = kEachK32 || ks == 3;
         if (first) {
@@ -352,9 +358,10 @@ struct PrefillK32Step {
   }
 };
 
+// k32: as prefill_mainloop_scaled's.
 template <typename Cfg>
-__device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int num_kb, const typename Cfg::Ring& ring,
-                                                     RingCursor& cur, int wg, int sx0,
+__device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int num_kb, int k32,
+                                                     const typename Cfg::Ring& ring, RingCursor& cur, int wg, int sx0,
                                                      float (&acc)[Cfg::Shape::kHalves][kPrefillHalf / 2]) {
   using Ring = typename Cfg::Ring;
   using Step = PrefillK32Step;
@@ -375,8 +382,10 @@ __device__ __forceinline__ void prefill_mainloop_k32(const GemmParams& p, int nu
     ptx::mbar_wait(&ring.full[s], cur.phase, kWaitFull, s, p.err);
     st.word0 = words[0];
     st.word1 = words[8];
+    const int steps = k32 - 4 * kb;   // (prefill_mainloop_scaled)
 #pragma unroll
     for (int i = 0; i < Step::kSteps; ++i) {
+      if (i >= Step::kParts && i / Step::kParts >= steps) break;
       if (i % Step::kParts == 0) st.token_scales(i / Step::kParts);
       uint4 w[Step::kCols / 16];
       st.issue(i, tmp);
@@ -431,6 +440,7 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
   {
     const bool second = kTwo && item >= layer_items<Shape::kRows>(*sm.sched, pa);
     const int num_kb = (second ? pb.k : pa.k) / kBlockK;
+    const int k32 = second ? pb.k32_steps : pa.k32_steps;
     // Every consumer thread has read the previous item's data (its stage tile): then this one's.
     ptx::named_barrier(kPrefillItemBarrier, Shape::kConsumers);
     prefill_item_fetch<Act, kScaled, kPerK32>(second ? pb : pa, wi, second ? kLayerB : kLayerA,
@@ -439,9 +449,9 @@ __device__ __forceinline__ void prefill_item(const GemmParams& pa, const GemmPar
     if constexpr (kIdle) {
       prefill_pass_stages<Cfg>(pa, num_kb, sm.ring, cur);
     } else if constexpr (kScaled) {
-      prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
+      prefill_mainloop_scaled<Cfg, kPerK32>(pa, num_kb, k32, sm.ring, cur, wg, sx0, acc);
     } else {
-      prefill_mainloop_k32<Cfg>(pa, num_kb, sm.ring, cur, wg, sx0, acc);
+      prefill_mainloop_k32<Cfg>(pa, num_kb, k32, sm.ring, cur, wg, sx0, acc);
     }
   }
   timeline::item_stamp_at(n, kTlItemComputed, 128);   // n: the item's number among the CTA's

@@ -35,7 +35,7 @@ namespace megamoe {
 // of 512.
 template <bool kPerK32>
 __device__ __forceinline__ int prefill_blocks(const GemmParams& p) {
-  return row_blocks<PrefillShape<kPerK32>::kRows>(p.n_rows);
+  return row_blocks<PrefillShape<kPerK32>::kRows>(p);
 }
 
 constexpr int kPredecodeWarps = 8;

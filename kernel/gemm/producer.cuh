@@ -92,7 +92,7 @@ struct RingCursor {
 // their own orders). warp / lane: the caller's. The items are layer pa's, or with kTwo pa's then
 // pb's (the fused kernel: scheduler.cuh launch_items).
 // The items come from the TMA thread's queue (scheduler.cuh, the dynamic order).
-// kPartial: a layer's last block of kRows rows may be partial (the prefill kernel: row_blocks).
+// kPartial: a layer's last block of kRows rows may be partial (the narrow engine: scheduler.cuh row_blocks).
 // kBlock: the schedule's token block, when wider than kMaxN (the fused narrow engine: item_part).
 template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kTwo = false, bool kPartial = false,
           int kBlock = kMaxN>
@@ -115,7 +115,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
     const int num_kb = p.k / kBlockK;
     const int words_per_row = kPerK32 ? num_kb : num_kb / 4;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(p.x_sf);
-    const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
+    const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p));
     // The scales arrive with the rows: the same gate as the TMA thread's. L2 loads (ld.cg) below:
     // in the fused kernel other SMs write them.
     if (lane == 0) wait_token_block(p, item_wi);
@@ -235,7 +235,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       int local = item;
       const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
-      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p.n_rows));
+      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p));
       timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
       wait_token_block(p, item_wi);
       timeline::item_stamp(kTlItemGated);

@@ -193,18 +193,19 @@ __device__ __forceinline__ WorkItem item_part(WorkItem wi, int j) {
 //
 // A layer's blocks of kRows weight rows: its rows are padded to whole 128-row tiles
 // (megamoe/jit/layout.py padded_rows), so the blocks of the two-warpgroup kernels, and of the fast
-// mode's four (its sizes are multiples of 512), are whole; the narrow engine's 192-row blocks and the
-// prefill kernel's 256-row blocks (kPartial) may end in a partial block where a size is not a
-// multiple of theirs (SPEC §8: 2880), whose rows past the layout are no row of it (the epilogues
-// guard them).
+// mode's four (its sizes are multiples of 512), are whole; the narrow engine's 192-row blocks
+// (kPartial) may end in a partial block where a size is not a multiple of theirs (SPEC §8: 2880),
+// whose rows past the layout are no row of it (the epilogues guard them). Its blocks are those that
+// hold a row the epilogue writes (n_out): at L2 of 2880 rows the layout's 2944 would make a 16th
+// block of padding rows only, an item that stores nothing.
 template <int kRows, bool kPartial = false>
-__host__ __device__ constexpr int row_blocks(int n_rows) {
-  return kPartial ? (n_rows + kRows - 1) / kRows : n_rows / kRows;
+__host__ __device__ constexpr int row_blocks(const GemmParams& p) {
+  return kPartial ? (p.n_out + kRows - 1) / kRows : p.n_rows / kRows;
 }
 
 template <int kRows, bool kPartial = false>
 __device__ __forceinline__ int layer_items(const Schedule& s, const GemmParams& p) {
-  return s.num_items(row_blocks<kRows, kPartial>(p.n_rows));
+  return s.num_items(row_blocks<kRows, kPartial>(p));
 }
 
 template <int kRows, bool kTwo, bool kPartial = false>

@@ -179,6 +179,13 @@ PARAMS = (
     Field("alpha", "f32", "float", "swiglu_oai kernels, L1: fp32(alpha) of the glu factor"),
     Field("n_out", "i32", "int32_t", "rows the epilogue writes: 2I (L1) or H (L2); n_rows past it are padding"),
     Field("out_stride", "i32", "int32_t", "elements per row of out: I padded to K blocks (L1) or H (L2)"),
+    Field(
+        "k32_steps",
+        "i32",
+        "int32_t",
+        "k32 steps that hold channels: H/32 (L1) or I/32 (L2); those of k past them are the layout's zero"
+        " padding, which the exact mode's prefill consumers skip",
+    ),
 )
 
 _SIZE = {"tmap": 128, "ptr": 8, "i32": 4, "f32": 4}
