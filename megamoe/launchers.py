@@ -288,9 +288,12 @@ class FusedLauncher(_Launcher):
         reads the pool rows' routing weights (D8's b2 term)."""
         P, H, inter = dims["P"], cfg.hidden, cfg.intermediate
         oai = cfg.activation == "swiglu_oai"
-        # K in whole blocks: the pool's and the intermediate's row strides (contract.padded_k); L2's
-        # weight rows padded to its row tiles (layout.padded_rows); what the epilogues write, natural.
-        k, n_rows = (dims["H_pad"], padded_rows(2 * inter)) if layer == 1 else (dims["I_pad"], padded_rows(H))
+        # The reduction's channels; K in whole blocks: the pool's and the intermediate's row strides
+        # (contract.padded_k); L2's weight rows padded to its row tiles (layout.padded_rows); what the
+        # epilogues write, natural.
+        channels, k, n_rows = (
+            (H, dims["H_pad"], padded_rows(2 * inter)) if layer == 1 else (inter, dims["I_pad"], padded_rows(H))
+        )
         fast = self.spec.promotion == "k128"  # the GEMMs read the operands rebased per 128 channels
         x_ptr = ws.ptr(("pool_x128" if fast else "pool_x") if layer == 1 else ("l2_x128" if fast else "l2_acts"))
         x_sf = ws.ptr(("pool_sf128" if fast else "pool_x_sf") if layer == 1 else ("l2_sf128" if fast else "l2_sf"))
@@ -301,7 +304,7 @@ class FusedLauncher(_Launcher):
             n_rows,
             cfg.local_experts,
             RT.err_record(dev).data_ptr(),
-            channels=H if layer == 1 else inter,
+            channels=channels,
             **weight_fields(kw, layer, self.spec.promotion),
             x_sf=x_sf,
             expert_offsets=ws.ptr("expert_offsets"),

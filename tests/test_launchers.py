@@ -368,9 +368,9 @@ def test_every_spec_the_library_builds_has_the_launcher_of_its_kind_and_only_the
 
 
 def test_a_predecoded_layers_pass_covers_the_fused_layers_own_weights_k_and_rows_at_spec_8_sizes(device):
-    # H 352 and I 192: K padded to whole blocks (384, 256), the rows to whole row tiles (384, 384),
-    # so each layer's last 256-row block is half a block. The standalone pass must decode what the
-    # fused prefill engine reads: the same weight fields, K and rows as its GemmParams.
+    # H 352 and I 192: K padded to whole blocks (384, 256), the rows to whole row tiles (384, 384).
+    # The standalone pass must decode what the fused prefill engine reads: the same weight fields, K
+    # and rows as its GemmParams.
     from megamoe import moe as M
 
     cfg = ref.MoEConfig(hidden=352, intermediate=192, num_experts=4, top_k=2, max_tokens_per_rank=16)
@@ -406,6 +406,9 @@ def test_a_predecoded_layers_pass_covers_the_fused_layers_own_weights_k_and_rows
         assert read(launch["params"], "w_e4m3") == buf.data_ptr()
         k, rows = read(fused, "k"), read(fused, "n_rows")
         assert (k, rows) == ((384, 384) if n == 0 else (256, 384))
+        # The k32 steps that hold channels: H / 32 and I / 32, not the padded K's (the exact
+        # consumers skip the rest of the last K block).
+        assert read(fused, "k32_steps") == (352 // 32 if n == 0 else 192 // 32)
         # [E_l, K/128, R/128] tiles; one warp a 16-row group of a K block, each group once
         assert buf.numel() == cfg.local_experts * (k // 128) * (rows // 128) * C.PREFILL_TILE_BYTES["k32"]
         assert launch["grid"][0] * 8 == cfg.local_experts * (k // 128) * (rows // 16)
