@@ -163,9 +163,8 @@ struct PrefillItemData {
   static constexpr int kBias = kRows, kBase = 3 * kRows;
   static constexpr int kRowChunks = kRows / 16, kBiasChunks = kRows / 8;   // 16-byte copies
 };
-constexpr int kPrefillItemBytes = 784;   // the largest tile's (256 rows), rounded to 16
-static_assert(kPrefillItemBytes % 16 == 0 && PrefillItemData<256>::kBase + 4 <= kPrefillItemBytes,
-              "the item's data keeps what follows aligned");
+// The largest tile's (256 rows), rounded to 16 bytes: what follows stays aligned.
+constexpr int kPrefillItemBytes = (PrefillItemData<256>::kBase + 4 + 15) / 16 * 16;
 // The consumers' barrier before they read it (every consumer thread; ids 1-4 serve other roles'
 // barriers).
 constexpr int kPrefillItemBarrier = 5;
