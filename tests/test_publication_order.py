@@ -111,22 +111,32 @@ SITES = [
     ),
     # Cross-rank (SPEC §6): the counts, source lists and staged inputs a CTA wrote into its peers'
     # workspaces, and the L2 rows it wrote into the tokens' ranks' combine buffers, are published by
-    # signal_all_ranks: a system-scope fence, then a system-scope release to every rank.
+    # signal_all_ranks: a system-scope fence, then a system-scope release to every rank (with one
+    # rank, whose words no peer reads: a gpu-scope release).
     (
         "dispatch posted / L2 done -> every rank",
         "fused/megamoe_sm90.cuh",
         "signal_all_ranks(",
-        ["fence.acq_rel.sys", "red.release.sys"],
+        ["fence.acq_rel.sys", "red.release.sys", "red.release.gpu"],
         [],
         [],
         "all",
     ),
-    # The waits: system scope for the counters every rank raises, gpu scope for this rank's.
-    ("wait for every rank", "fused/megamoe_sm90.cuh", "wait_counter<true>(", ["ld.acquire.sys"], [], [], "all"),
+    # The waits: system scope for the counters every rank raises, gpu scope for those only this
+    # rank's CTAs raise (wait_all_ranks with one rank; the prefill engine's decoded count).
+    (
+        "wait for every rank",
+        "fused/sync.cuh",
+        "wait_counter(sig + word,",
+        ["ld.acquire.sys", "ld.acquire.gpu"],
+        [],
+        [],
+        "all",
+    ),
     (
         "wait for this rank's CTAs",
         "fused/megamoe_sm90.cuh",
-        "wait_counter<false>(",
+        "wait_counter(sig + kSignalDecoded, gridDim.x, false,",
         ["ld.acquire.gpu"],
         [],
         [],

@@ -56,13 +56,18 @@ struct SwigluOai {
   }
 };
 
-// The bias (§8) of weight row `row` of expert e as fp32 (b1: D6 step 1; b2: D8), or -0.0 without
-// one: x + (-0.0) is x for every x (-0.0 and NaN included), so "no bias" is the same add with no
-// branch around it.
+// The bias (§8) of weight row `row` of expert e as its bf16 bits, or 0x8000 (-0.0) without one: x +
+// (-0.0) is x for every x (-0.0 and NaN included), so "no bias" is the same add with no branch
+// around it. A caller that loads the bits before a loop widens them after it (<< 16): widened where
+// they are loaded, their first use waits for the load there (ncu, bench/NOTES.md v47).
+__device__ __forceinline__ uint32_t bias_bits(const GemmParams& p, int expert, int64_t row) {
+  return p.bias != nullptr ? p.bias[static_cast<int64_t>(expert) * p.n_out + row] : 0x8000u;
+}
+
+// bias_bits as fp32 (b1: D6 step 1; b2: D8). The -0.0 written out, not widened from 0x8000: the
+// form the epilogues' machine code was measured with (bench.sass_identity).
 __device__ __forceinline__ float bias_or_neg_zero(const GemmParams& p, int expert, int64_t row) {
-  return p.bias != nullptr
-             ? __uint_as_float(static_cast<uint32_t>(p.bias[static_cast<int64_t>(expert) * p.n_out + row]) << 16)
-             : -0.0f;
+  return p.bias != nullptr ? __uint_as_float(bias_bits(p, expert, row) << 16) : -0.0f;
 }
 
 // D8's term (§8): fp32(w_route · b2[h]) for b = bias_or_neg_zero's b2[h], one RN multiply; -0.0

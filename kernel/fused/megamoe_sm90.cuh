@@ -185,7 +185,7 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
     int* sig = call_signals(fp, call_epoch(fp));
     ptx::fence_proxy_async_global();
     ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
-    wait_counter<false>(sig + kSignalDecoded, gridDim.x, kWaitDecoded, fp.rank, fp.l1.err);
+    wait_counter(sig + kSignalDecoded, gridDim.x, false, kWaitDecoded, fp.rank, fp.l1.err);
     timeline::stamp(kTlDecodedAll);
     ptx::fence_proxy_async_global();   // the tiles were written by generic stores; TMA reads them
   }
@@ -206,7 +206,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     if (threadIdx.x == 0) {
       int* sig = call_signals(fp, call_epoch(fp));
       signal_all_ranks(fp, sig, kSignalPosted);
-      wait_counter<true>(sig + kSignalPosted, fp.num_ranks * gridDim.x, kWaitDispatch, fp.rank, fp.l1.err);
+      wait_all_ranks(fp, sig, kSignalPosted, kWaitDispatch);
       timeline::stamp(kTlPosted);
     }
     __syncwarp();
@@ -237,8 +237,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
     timeline::stamp(kTlWritten);
     int* sig = call_signals(fp, call_epoch(fp));
     signal_all_ranks(fp, sig, kSignalL2Done);
-    wait_counter<true>(sig + kSignalL2Done, fp.num_ranks * gridDim.x, kWaitL2Done, fp.rank, fp.l1.err,
-                       ptx::kLastWaitTimeoutNs);
+    wait_all_ranks(fp, sig, kSignalL2Done, kWaitL2Done, ptx::kLastWaitTimeoutNs);
     timeline::stamp(kTlL2Done);
   }
   ptx::named_barrier(kTailBarrier, kTailThreads);

@@ -196,6 +196,14 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarp;
   float2 bias{};
   if constexpr (kHandoff && Act::kOai) bias = handoff_bias<Cfg::kRows>(*ctx.p, wi);
+  // The narrow engine's L2 items: D8's global operands, once the item's first stage is in
+  // (l2_combine_rows.cuh L2Operands).
+  constexpr bool kL2Early = kLayer == 2 && Cfg::kEpilogueWarp;
+  L2Operands l2_ops{};
+  if constexpr (kL2Early) {
+    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+    l2_ops = l2_operands<Cfg::kRows, Act>(*ctx.p, wi);
+  }
   mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
   if (wi.last) timeline::item_stamp_at(tl_item, kTlItemComputed, 128);
   if constexpr (!kPerK32) {
@@ -217,7 +225,10 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     // same either way; kept as the simpler signature).
     const int wg = ptx::thread_idx() / 128 - 1;
     uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
-    layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
+    if constexpr (kL2Early)
+      l2_epilogue<N, Cfg::kRows, Act, kDebug, true>(*ctx.p, wi, acc, s_epi_wg, wg, l2_ops);
+    else
+      layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
     if (wi.last) timeline::item_stamp_at(tl_item, kTlItemWritten, 128);
   }
 }
