@@ -62,7 +62,7 @@ def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):
     assert not bad, "ptxas:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("probe", ["wgmma_rate", "prefill_rate", "decode_rate", "exact_rate"])
+@pytest.mark.parametrize("probe", ["wgmma_rate", "prefill_rate", "decode_rate", "exact_rate", "step_columns"])
 def test_the_rate_probes_compile_without_spills(tmp_path, probe):
     """kernel/probes/<probe>.cu (python -m bench.<probe>) builds with the kernel's flags, so that a
     GPU session can run it as it is, and without spills: a probe that spills measures the spills."""
