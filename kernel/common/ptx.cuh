@@ -270,6 +270,17 @@ __device__ __forceinline__ uint64_t smem_desc_sw128_from_lo(uint32_t lo) {
   return (static_cast<uint64_t>(kHi) << 32) | lo;
 }
 
+// The same for a K-major operand without swizzle (layout type 0): 8-row core matrices of 16-byte
+// rows (128 bytes each), `lbo` bytes between the core matrices of a row group along K (the leading
+// byte offset, in the low word), `sbo` between row groups (the stride byte offset). Split as the
+// 128-byte swizzle's pair, so that a loop advances the low word by 16-byte units.
+__device__ __forceinline__ uint32_t smem_desc_none_lo(const void* smem_ptr, uint32_t lbo) {
+  return ((smem_addr(smem_ptr) & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t smem_desc_none_from_lo(uint32_t lo, uint32_t sbo) {
+  return (static_cast<uint64_t>(sbo >> 4) << 32) | lo;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Register-count control for warp specialisation.
 // ---------------------------------------------------------------------------------------------

@@ -64,15 +64,6 @@ __device__ __forceinline__ uint8_t w_byte(int kind, uint32_t r) {
   return kind == 4 ? static_cast<uint8_t>(m | 0x80) : static_cast<uint8_t>(m | (r & 8 ? 0x80 : 0));
 }
 
-// Shared-memory descriptor of a K-major operand without swizzle: 8-row core matrices of 16 bytes a
-// row (128 bytes each), `lbo` bytes between the core matrices of a row group along K, `sbo` between
-// row groups (layout type 0).
-__device__ __forceinline__ uint64_t smem_desc_none(const void* p, uint32_t lbo, uint32_t sbo) {
-  const uint32_t lo = ((ptx::smem_addr(p) & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16);
-  const uint32_t hi = sbo >> 4;
-  return (static_cast<uint64_t>(hi) << 32) | lo;
-}
-
 // counts[kind]: {compared, differ, differ in a NaN payload or a zero's sign only}; first[kind]: the
 // first difference {trial, lane, element, got, want} (trial -1: none).
 __global__ void __launch_bounds__(128, 1) step_columns_kernel(unsigned long long* counts, int* first) {
@@ -130,10 +121,13 @@ __global__ void __launch_bounds__(128, 1) step_columns_kernel(unsigned long long
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::wgmma_fence();
-      WgmmaRS<8>::mma_overwrite(d, a[0][0], a[0][1], a[0][2], a[0][3], smem_desc_none(steps, 128, 256));
+      // Step tile s: two core matrices 128 bytes apart along K, one 8-row group.
+      auto step_desc = [&](int s) {
+        return ptx::smem_desc_none_from_lo(ptx::smem_desc_none_lo(steps + s * 256, 128), 256);
+      };
+      WgmmaRS<8>::mma_overwrite(d, a[0][0], a[0][1], a[0][2], a[0][3], step_desc(0));
 #pragma unroll
-      for (int s = 1; s < 4; ++s)
-        WgmmaRS<8>::mma(d, a[s][0], a[s][1], a[s][2], a[s][3], smem_desc_none(steps + s * 256, 128, 256), 1);
+      for (int s = 1; s < 4; ++s) WgmmaRS<8>::mma(d, a[s][0], a[s][1], a[s][2], a[s][3], step_desc(s), 1);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
 
