@@ -14,13 +14,14 @@ constexpr int kEpilogueBytes =
     kLayer == 1 ? kL1EpilogueBytes<chunk_width(kMaxN)> : kL2EpilogueBytes<chunk_width(kMaxN)>;
 
 // Act: the activation policy (activation.cuh). kFused: the fused kernel's epilogue (the L1 tile also signals its pool block's L1 completion).
-template <int kLayer, int N, int kRows, bool kPerK32, typename Act, bool kDebug, bool kFused>
+// kL2Early: an L2 tile whose D8 operands the caller loaded before its mainloop (`l2_ops`, l2_operands).
+template <int kLayer, int N, int kRows, bool kPerK32, typename Act, bool kDebug, bool kFused, bool kL2Early = false>
 __device__ __forceinline__ void layer_epilogue(const GemmParams& p, const WorkItem& wi, float (&acc)[N / 2],
-                                               uint8_t* s_epi_wg, int wg) {
+                                               uint8_t* s_epi_wg, int wg, L2Operands l2_ops = {}) {
   if constexpr (kLayer == 1)
     l1_epilogue<N, kRows, kPerK32, Act, kDebug, kFused>(p, wi, acc, s_epi_wg, wg);
   else
-    l2_epilogue<N, kRows, Act, kDebug>(p, wi, acc, s_epi_wg, wg);
+    l2_epilogue<N, kRows, Act, kDebug, kL2Early>(p, wi, acc, s_epi_wg, wg, l2_ops);
 }
 
 }  // namespace megamoe

@@ -126,8 +126,8 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
         if constexpr (kDebug) {
           // H is a multiple of 32: a thread's 16-row group (rows g, g + 8) is all in or all out.
           if (c * CW + col < wi.valid && l.h < hidden) {
-            p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g] = v0;
-            p.dump[(p0 + c * CW + col) * hidden + h_base + wq * 16 + g + 8] = v1;
+            p.dump[(p0 + c * CW + col) * hidden + l.h] = v0;
+            p.dump[(p0 + c * CW + col) * hidden + l.h + 8] = v1;
           }
         }
         if constexpr (Act::kOai) {  // a plain (coherent) load, as l1_epilogue's

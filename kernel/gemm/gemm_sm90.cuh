@@ -225,10 +225,8 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     // same either way; kept as the simpler signature).
     const int wg = ptx::thread_idx() / 128 - 1;
     uint8_t* s_epi_wg = GemmSmem<Cfg>().epi + wg * Cfg::kEpiPerWg;
-    if constexpr (kL2Early)
-      l2_epilogue<N, Cfg::kRows, Act, kDebug, true>(*ctx.p, wi, acc, s_epi_wg, wg, l2_ops);
-    else
-      layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused>(*ctx.p, wi, acc, s_epi_wg, wg);
+    layer_epilogue<kLayer, N, Cfg::kRows, kPerK32, Act, kDebug, Cfg::kFused, kL2Early>(*ctx.p, wi, acc, s_epi_wg, wg,
+                                                                                       l2_ops);
     if (wi.last) timeline::item_stamp_at(tl_item, kTlItemWritten, 128);
   }
 }
