@@ -54,8 +54,9 @@ constexpr int kTailThreads = 128;   // the producer warpgroup
 // token block is one pool block and its L1-completion count is I / 32 whatever the tile of its
 // items. Token tile kMaxN: kFusedMaxN (with four warpgroups the serial mainloop runs an item at 8,
 // 16, 32 or 64 tokens: scheduler.cuh pick_tile), or kSmallTile, the narrow engine (exact mode, three
-// warpgroups): only the 8-token mainloop (mainloop.cuh mainloop_k32_narrow, which beside the
-// 64-token one made ptxas serialise the wgmmas), a ring of 1 KB activation slots, an item of more
+// warpgroups): only 8-token mainloops (mainloop.cuh mainloop_k32_narrow, which beside the
+// 64-token one made ptxas serialise the wgmmas, and for items of at most two tokens
+// mainloop_k32_steps), a ring of 2 KB activation slots (the TMA's tile and four step tiles), an item of more
 // than 8 rows in parts (scheduler.cuh item_part), and its L1 tiles written by producer warp 2
 // (gemm_sm90.cuh run_epilogue_warp), so that the consumers go on to the next item.
 // kPerK32: the exact promotion (k32), else the fast one (k128: the pull and the L1 epilogue also

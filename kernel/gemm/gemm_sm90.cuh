@@ -11,7 +11,8 @@
 // rows (tokens) are the wgmma N dimension. The weights travel packed (FP4) into shared memory and
 // are decoded to E4M3 in registers (prmt byte lookup), so they are the register (A) operand of an
 // RS wgmma; the activations are the shared-memory (B) operand, K-major, written by a 2-D TMA with
-// the 128-byte swizzle.
+// the 128-byte swizzle (the fused narrow engine's items of at most two tokens: step tiles without
+// swizzle, which the scale warp builds from that TMA tile, producer.cuh StageRing).
 //
 // Warp specialisation: 128 x (1 + kWGs) threads. Warpgroup 0 is the producer; warpgroups 1 .. kWGs
 // are consumers, each owning 64 of the CTA's 64 kWGs weight rows (kWGs = 2, or 4 for token tiles
@@ -78,9 +79,12 @@ struct GemmConfig {
   // the epilogue staging, the scaled tables, the schedule, the item queue, the L1 handoff.
   static constexpr int kFixedBytes =
       16 + kWGs * kEpiPerWg + kLutEntries * 8 + kScheduleBytes + kItemQueueBytes + kHandoffBytes;
-  static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + 16);
+  // A stage's barriers: full and empty, and with step-major columns the token tile's (16 bytes, so
+  // that what follows stays 16-byte aligned).
+  static constexpr int kBarrierBytes = Ring::kSteps ? 32 : 16;
+  static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + kBarrierBytes);
   static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
-  static constexpr int kSmemBytes = kStages * (Ring::kStage + 16) + kFixedBytes;
+  static constexpr int kSmemBytes = kStages * (Ring::kStage + kBarrierBytes) + kFixedBytes;
   static_assert(kStages >= 2, "the stage ring does not fit in shared memory");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
   // setmaxnreg moves registers inside the CTA's launch allocation (threads x launch count): what
@@ -121,13 +125,13 @@ struct GemmSmem {
     uint8_t* smem = dyn_smem;
     using Ring = typename Cfg::Ring;
     constexpr int kStages = Cfg::kStages;
-    ring.x = smem;                                                     // [kStages][kMaxN * 128]
+    ring.x = smem;                                                     // [kStages][Ring::kX]
     ring.w = ring.x + kStages * Ring::kX;                              // [kStages][rows * 64]
     ring.wsf = ring.w + kStages * Ring::kW;                            // [kStages][rows * 4]
     ring.sx = reinterpret_cast<float*>(ring.wsf + kStages * Ring::kWsf);   // [kStages][kSxWords]
     ring.full = reinterpret_cast<uint64_t*>(ring.sx + kStages * Ring::kSxWords);
     ring.empty = ring.full + kStages;
-    done = ring.empty + kStages;
+    done = ring.empty + kStages + (Ring::kSteps ? 2 * kStages : 0);   // kSteps: x_full, padded to 16 B
     epi = reinterpret_cast<uint8_t*>(done + 2);
     lut = reinterpret_cast<uint2*>(epi + Cfg::kWGs * Cfg::kEpiPerWg);
     sched = reinterpret_cast<Schedule*>(lut + kLutEntries);
@@ -150,6 +154,8 @@ __device__ __forceinline__ void gemm_setup(int* err) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
       ptx::mbar_init(&sm.ring.empty[s], 128 * Cfg::kWGs);   // every consumer thread (producer.cuh says why)
+      if constexpr (Cfg::Ring::kSteps)
+        ptx::mbar_init(sm.ring.template x_full<Cfg::kStages>(s), 1);   // the TMA thread's expect_tx
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
     init_item_queue(*sm.queue, Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
@@ -171,7 +177,7 @@ __device__ __forceinline__ void gemm_setup(int* err) {
 // tl_item: the item's number among the CTA's (the timeline build's stamps; unused elsewhere).
 // handoffs: the L1 tiles the consumers handed to the epilogue warp so far (Cfg::kEpilogueWarp).
 template <int N, int kLayer, typename Cfg, int kMaxN, bool kPerK32, typename Act, bool kDebug, typename Ctx>
-__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, int tl_item,
+__device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const WorkItem& wi, bool steps, int tl_item,
                                          int& handoffs) {
   float acc[N / 2];
   // The fast mode's row factors 2^(B_r - B_e) <= 1 are static weight data. In kernels of token
@@ -204,7 +210,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
     ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
     l2_ops = l2_operands<Cfg::kRows, Act>(*ctx.p, wi);
   }
-  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, acc);
+  mainloop<N, kMaxN, Cfg::kRows, Cfg::kStages, kPerK32>(ctx, cur, ctx.p->k / kBlockK, wi.tile, steps, acc);
   if (wi.last) timeline::item_stamp_at(tl_item, kTlItemComputed, 128);
   if constexpr (!kPerK32) {
     if constexpr (!kEarly) load_row_bases();
@@ -280,12 +286,13 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     ctx.p = &p;
     const WorkItem item_wi =
         decode_item<kMaxN, Cfg::kRows, kBlock>(local, *GemmSmem<Cfg>().sched, row_blocks<Cfg::kRows, kPartial>(p));
+    const bool steps = step_part(item_wi.valid);
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
       if (kMaxN == kSmallTile || serial_tile(kMaxN, Cfg::kRows) || wi.tile == kMaxN)
-        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken, handoffs);
+        run_item<kMaxN, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, steps, taken, handoffs);
       else
-        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, taken, handoffs);
+        run_item<kSmallTile, L, Cfg, kMaxN, kPerK32, Act, kDebug>(ctx, cur, wi, steps, taken, handoffs);
     }
   };
   while (item < launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {

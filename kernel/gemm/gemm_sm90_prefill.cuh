@@ -93,6 +93,7 @@ struct PrefillRing {
   static constexpr int kScaleWarps = 1;   // warps 2-3 are the epilogue warps
   static constexpr int kFullArrivals = 1 + 32 * kScaleWarps;   // expect_tx + the scale warp's lanes
   static constexpr bool kRawScaleWords = kPerK32;   // stage_token_scales: the k32 bytes unconverted
+  static constexpr bool kSteps = false;              // stage_token_scales: no step-major columns (StageRing)
   __device__ __forceinline__ static int scale_index(int tok, int, int) {
     return tok;
   }

@@ -28,7 +28,9 @@
 // (after it, every promotion FFMA waited for them: the loop's largest stall, ncu).
 // In the exact mode (k32: tiles 8 .. 64, one chunk) every k32 step is promoted with its weight rows'
 // and tokens' scales, in schedules of its own: mainloop_k32 (every k32 step a group) and, in kernels
-// whose tiles are all 8 or 16 tokens, mainloop_k32_narrow (a K block's four steps one group).
+// whose tiles are all 8 or 16 tokens, mainloop_k32_narrow (a K block's four steps one group); the
+// fused narrow engine's items of at most two tokens run mainloop_k32_steps (its four steps
+// accumulated into one m64n8 group over step-major token columns).
 #pragma once
 
 #include <cstdint>
@@ -72,7 +74,7 @@ struct ConsumerCtx {
   int rg;               // the warp's 16-row group in the CTA tile
   int row_a;            // the thread's rows: row_a and row_a + 8 of the CTA tile (consumer_row_a)
   int lane;
-  int t;                // lane % 4: the thread's token columns 8j + 2t + h
+  int t;                // lane % 4: the thread's token columns 8j + 2t + h (mainloop_k32_steps: its k32 step)
 };
 
 // The first of the two weight rows of the CTA tile that consumer thread `ctid` (128 .. : the
@@ -218,6 +220,47 @@ __device__ __forceinline__ void mainloop_k32(const ConsumerCtx<kMaxN, kRows, kSt
   ptx::mbar_arrive(&ctx.ring.empty[st]);
 }
 
+// The narrow loops' next K block: wait for the ring's next stage, note it (bstage), and take the
+// thread's rows' scale words from it (rows row_a and row_a + 8); returns the stage.
+template <typename Ctx>
+__device__ __forceinline__ int take_stage(const Ctx& ctx, const RingCursor& cur, int& bstage, uint32_t& wsf_a,
+                                          uint32_t& wsf_b) {
+  ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
+  const int st = cur.stage;
+  bstage = st;
+  const uint8_t* wsf = ctx.ring.wsf + st * Ctx::Ring::kWsf;
+  wsf_a = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
+  wsf_b = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+  return st;
+}
+
+// The narrow loops' driver (mainloop_k32_narrow, mainloop_k32_steps): K block kb into buffer kb % 2,
+// start(b) waiting for its stage and issuing its group, finish(b, pending) promoting it with
+// `pending` groups (the next block's) still in flight. The loop body is two K blocks, so that every
+// buffer index is a compile-time one; it leaves after either (an odd count: the K tail of sizes in
+// multiples of 32), and the last K block is in buffer 0 after an exit at an odd count, else 1.
+template <typename Start, typename Finish>
+__device__ __forceinline__ void two_buffer_loop(int num_kb, Start& start, Finish& finish) {
+  using B0 = std::integral_constant<int, 0>;
+  using B1 = std::integral_constant<int, 1>;
+  using P0 = std::integral_constant<int, 0>;
+  using P1 = std::integral_constant<int, 1>;
+  start(B0{});
+  int kb = 1;
+  for (;; kb += 2) {
+    if (kb == num_kb) break;
+    start(B1{});
+    finish(B0{}, P1{});
+    if (kb + 1 == num_kb) break;
+    start(B0{});
+    finish(B1{}, P1{});
+  }
+  if (kb == num_kb)
+    finish(B0{}, P0{});
+  else
+    finish(B1{}, P0{});
+}
+
 // The exact mode's schedule at 8 and 16 tokens (mainloop_k32 above: the wider tiles). A K block's
 // four k32 steps are issued back to back into four temporaries of their own, as one wgmma group,
 // and the block is retired (wait_group 1, its four products promoted in order, its stage released)
@@ -245,12 +288,7 @@ __device__ __forceinline__ void mainloop_k32_narrow(const ConsumerCtx<kMaxN, kRo
   // decode its four k32 steps and issue them (one group).
   auto start = [&](auto b_c) {
     constexpr int b = decltype(b_c)::value;
-    ptx::mbar_wait(&ctx.ring.full[cur.stage], cur.phase, kWaitFull, cur.stage, ctx.p->err);
-    const int st = cur.stage;
-    bstage[b] = st;
-    const uint8_t* wsf = ctx.ring.wsf + st * Ring::kWsf;
-    wsf_a[b] = *reinterpret_cast<const uint32_t*>(wsf + ctx.row_a * 4);
-    wsf_b[b] = *reinterpret_cast<const uint32_t*>(wsf + (ctx.row_a + 8) * 4);
+    const int st = take_stage(ctx, cur, bstage[b], wsf_a[b], wsf_b[b]);
     // The same for every thread: broadcast, so that it lives in a uniform register next to the wgmma.
     const uint32_t xdesc = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_sw128_lo(ctx.ring.x + st * Ring::kX), 0);
     cur.advance<kStages>();
@@ -284,27 +322,83 @@ __device__ __forceinline__ void mainloop_k32_narrow(const ConsumerCtx<kMaxN, kRo
     for (int i = 0; i < N / 2; ++i) ptx::fence_operand(acc[i]);
     ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);   // every thread: its own reads (producer.cuh)
   };
-  using B0 = std::integral_constant<int, 0>;
-  using B1 = std::integral_constant<int, 1>;
-  using P0 = std::integral_constant<int, 0>;
-  using P1 = std::integral_constant<int, 1>;
-  // The loop body is two K blocks, so that every buffer index is a compile-time one; it leaves after
-  // either (an odd count: the K tail of sizes in multiples of 32).
-  start(B0{});
-  int kb = 1;
-  for (;; kb += 2) {
-    if (kb == num_kb) break;
-    start(B1{});
-    finish(B0{}, P1{});
-    if (kb + 1 == num_kb) break;
-    start(B0{});
-    finish(B1{}, P1{});
+  two_buffer_loop(num_kb, start, finish);
+}
+
+// The fused narrow engine's items of at most two tokens (scheduler.cuh step_part; any other part
+// runs mainloop_k32_narrow over the TMA's token tile), in step-major token columns (its ring's step
+// tiles: producer.cuh StageRing::step_tile, built by the scale warp). A K block's four wgmmas, one
+// per k32 step s, read step tile s, whose only nonzero columns are 2s and 2s + 1 (tokens 0 and 1 of
+// the part): accumulated into one m64n8 group, column 2s + j holds step s's product of token j
+// (steps other than s add products of zeros, which leave it as it is: bench.step_columns checks that
+// on the GPU). So thread t holds step t of both tokens, rows g and g + 8 (element 2r + h: row g + 8r,
+// token h), and promotes 4 products a K block with its step's scales, where mainloop_k32_narrow's
+// thread promotes 16 (its tokens 2t, 2t + 1 of every step; of two valid tokens, only t = 0's are
+// real). Each thread sums its step's promoted products over K; after the loop the four steps' sums
+// are added (t ^ 1, then t ^ 2: for t = 0, (s0 + s1) + (s2 + s3)) and left in thread t = 0's
+// fragment, tokens 0 and 1 in mainloop_k32_narrow's layout (the other threads' tokens 2-7: zero).
+// The order of the sum differs from mainloop_k32_narrow's (one k32 step after the other): D5 is
+// checked against the fp64 bound (SPEC §4), and exactly on grid-snapped inputs, where every order
+// gives the same bits. The pipeline is mainloop_k32_narrow's: one K block's group in flight while
+// the next is decoded and issued.
+template <int N, int kMaxN, int kRows, int kStages>
+__device__ __forceinline__ void mainloop_k32_steps(const ConsumerCtx<kMaxN, kRows, kStages, true>& ctx, RingCursor& cur,
+                                                   int num_kb, float (&acc)[N / 2]) {
+  using Ring = StageRing<kMaxN, kRows, true>;
+  static_assert(N == 8 && Ring::kSteps, "the step-major columns of the 8-wide narrow tile");
+  uint32_t a[2][4][4];   // decoded A fragments of two K blocks
+  float tmp[2][4];       // their products: one group a K block
+  int bstage[2];
+  uint32_t wsf_a[2], wsf_b[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+  const uint32_t lut_lo = kFp4LutLo | static_cast<uint32_t>(ctx.row_a) >> 30;   // (mainloop_k32 says why)
+  // The step tiles' descriptors (no swizzle): the two core matrices 128 bytes apart along K, one
+  // 8-row group (its stride unused). Tile s's low word is tile 0's plus s kStepTile / 16 (no carry
+  // out of the address field).
+  auto step_desc = [&](uint32_t lo0, int s) {
+    return ptx::smem_desc_none_from_lo(lo0 + s * (Ring::kStepTile >> 4), 256);
+  };
+  auto start = [&](auto b_c) {
+    constexpr int b = decltype(b_c)::value;
+    const int st = take_stage(ctx, cur, bstage[b], wsf_a[b], wsf_b[b]);
+    // The same for every thread: broadcast, so that it lives in a uniform register next to the wgmma.
+    const uint32_t lo0 = __shfl_sync(0xFFFFFFFFu, ptx::smem_desc_none_lo(ctx.ring.step_tile(st, 0), 128), 0);
+    cur.advance<kStages>();
+    decode_stage_plain(ctx.ring.w + st * Ring::kW + ctx.rg * 1024, ctx.lane, a[b], lut_lo);
+    ptx::wgmma_fence();
+    WgmmaRS<8>::mma_overwrite(tmp[b], a[b][0][0], a[b][0][1], a[b][0][2], a[b][0][3], step_desc(lo0, 0));
+    static_for<1, 4>([&](auto s_c) {
+      constexpr int s = decltype(s_c)::value;
+      WgmmaRS<8>::mma(tmp[b], a[b][s][0], a[b][s][1], a[b][s][2], a[b][s][3], step_desc(lo0, s), 1);
+    });
+    ptx::wgmma_commit();
+  };
+  // The K block in buffer b into the thread's step sums, `pending` groups left in flight; its token
+  // scales (tokens 0 and 1 of step t) loaded before the wait.
+  auto finish = [&](auto b_c, auto pending_c) {
+    constexpr int b = decltype(b_c)::value;
+    const float2 sx = *reinterpret_cast<const float2*>(ctx.ring.sx + bstage[b] * Ring::kSxWords + 2 * ctx.t);
+    ptx::wgmma_wait<decltype(pending_c)::value>();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ptx::fence_operand(tmp[b][i]);
+    const float swa = ue8m0_byte_to_float(wsf_a[b], ctx.t), swb = ue8m0_byte_to_float(wsf_b[b], ctx.t);
+    acc[0] = promote_k32_one(acc[0], tmp[b][0], swa, sx.x);
+    acc[1] = promote_k32_one(acc[1], tmp[b][1], swa, sx.y);
+    acc[2] = promote_k32_one(acc[2], tmp[b][2], swb, sx.x);
+    acc[3] = promote_k32_one(acc[3], tmp[b][3], swb, sx.y);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ptx::fence_operand(acc[i]);
+    ptx::mbar_arrive(&ctx.ring.empty[bstage[b]]);   // every thread: its own reads (producer.cuh)
+  };
+  two_buffer_loop(num_kb, start, finish);
+  // The four steps' sums, into thread t = 0's fragment.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[i] = __fadd_rn(acc[i], __shfl_xor_sync(0xFFFFFFFFu, acc[i], 1));
+    acc[i] = __fadd_rn(acc[i], __shfl_xor_sync(0xFFFFFFFFu, acc[i], 2));
+    if (ctx.t != 0) acc[i] = 0.0f;
   }
-  // The last K block: in buffer 0 after an exit at an odd count, else buffer 1.
-  if (kb == num_kb)
-    finish(B0{}, P0{});
-  else
-    finish(B1{}, P0{});
 }
 
 // The fast mode's schedules (above).
@@ -543,19 +637,26 @@ __device__ __forceinline__ void mainloop_k128(const ConsumerCtx<kMaxN, kRows, kS
   }
 }
 
-// One work item of one consumer warpgroup, in its promotion's schedule.
+// One work item of one consumer warpgroup, in its promotion's schedule (steps: the item's step_part,
+// which chooses the step-major columns where the ring has them).
 template <int N, int kMaxN, int kRows, int kStages, bool kPerK32>
 __device__ __forceinline__ void mainloop(const ConsumerCtx<kMaxN, kRows, kStages, kPerK32>& ctx, RingCursor& cur,
-                                         int num_kb, int tile, float (&acc)[N / 2]) {
+                                         int num_kb, int tile, bool steps, float (&acc)[N / 2]) {
   // The narrow schedule only in kernels whose tiles are all narrow: beside the 64-token loop (the
   // fused swap-AB engine, the 64-token kernels) it made ptxas serialise every wgmma or spill in
   // the wide loop (C7512, 80-1800 bytes, as the variants moved its register allocation).
-  if constexpr (kPerK32 && kMaxN <= 16)
+  if constexpr (StageRing<kMaxN, kRows, kPerK32>::kSteps) {
+    if (steps)
+      mainloop_k32_steps<N>(ctx, cur, num_kb, acc);
+    else
+      mainloop_k32_narrow<N>(ctx, cur, num_kb, acc);
+  } else if constexpr (kPerK32 && kMaxN <= 16) {
     mainloop_k32_narrow<N>(ctx, cur, num_kb, acc);
-  else if constexpr (kPerK32)
+  } else if constexpr (kPerK32) {
     mainloop_k32<N>(ctx, cur, num_kb, acc);
-  else
+  } else {
     mainloop_k128<N>(ctx, cur, num_kb, tile, acc);
+  }
   // Everything is complete already (the last group waited with wait<0>); this tells ptxas so, which
   // it cannot prove across the loop's runtime branches (without it, it inserts a wait of its own
   // in the epilogue's divergent code and serialises the wgmmas: C7518).

@@ -10,7 +10,9 @@
 //                   kRawScaleWords, or for an item that folds its weight scales the four fp32
 //                   scales with the expert base, in the stage's weight slot: Ring::fold_scales).
 // A stage's full barrier expects 1 + 32 kScaleWarps arrivals (the TMA thread's expect_tx, every
-// lane of the scale warps) plus the transaction bytes; the empty barrier is released by every
+// lane of the scale warps) plus the transaction bytes (in the fused narrow engine, for an item of at
+// most two tokens, without the activation tile's: it lands on the stage's x_full barrier, which the
+// scale warp waits on before it builds the step tiles; StageRing); the empty barrier is released by every
 // consumer thread. Every thread that wrote or read a stage's scales arrives itself, so its arrive
 // releases its own accesses. One lane arriving after __syncwarp is ordered as well, but
 // compute-sanitizer's racecheck credits an arrive with the arriving thread's accesses only and
@@ -32,7 +34,14 @@ namespace megamoe {
 // tiles up to kMaxN. kPerK32: the exact mode's four scales per token and stage (else one).
 template <int kMaxN, int kRows, bool kPerK32>
 struct StageRing {
-  static constexpr int kX = kMaxN * kBlockK;              // e4m3 activations, 128B swizzled
+  // Step-major token columns (scheduler.cuh step_columns): the stage's x slot holds the TMA's token
+  // tile (kXTile, as without them: the parts of an item of more than two tokens read it) and then
+  // four step tiles of kStepTile bytes, the B operand of an item of at most two, which the scale
+  // warp fills from it (stage_step_part).
+  static constexpr bool kSteps = step_columns(kMaxN, kRows, kPerK32);
+  static constexpr int kXTile = kMaxN * kBlockK;           // e4m3 activations, 128B swizzled
+  static constexpr int kStepTile = 8 * 32;                 // 8 columns x 32 B, K-major, no swizzle
+  static constexpr int kX = kXTile + (kSteps ? 4 * kStepTile : 0);
   static constexpr int kW = kRows * kBlockK / 2;          // packed FP4, kernel layout
   static constexpr int kWsf = kRows * 4;                  // weight scale bytes [row][4]
   static constexpr int kSxWords = (kPerK32 ? 4 : 1) * kMaxN;   // fp32 activation scales
@@ -64,6 +73,19 @@ struct StageRing {
   float* sx;
   uint64_t* full;
   uint64_t* empty;
+  // kSteps: the barrier of stage `stage`'s token tile (the scale warp waits for it), after the empty
+  // ones. Found from them, not held: a pointer more in the ring made every fused narrow kernel spill
+  // (the consumers' copy of the ring held it across their mainloops).
+  template <int kStages>
+  __device__ __forceinline__ uint64_t* x_full(int stage) const {
+    return empty + kStages + stage;
+  }
+
+  // kSteps: step tile s of stage `stage`, two 8 x 16 B core matrices (K bytes 0-15, then 16-31),
+  // 128 B apart; column 2s + j of tile s is token j's 32 bytes of step s, every other column zero.
+  __device__ __forceinline__ uint8_t* step_tile(int stage, int s) const {
+    return x + stage * kX + kXTile + s * kStepTile;
+  }
 };
 
 // The fp32 scale 2^e of an integer exponent, saturated: 0 under 2^-149, 2^127 above (the fast
@@ -87,6 +109,42 @@ struct RingCursor {
   }
 };
 
+// The scale warp of step-major columns (scheduler.cuh step_columns), an item of at most kStepTokens
+// tokens (step_part): for each stage, once the TMA's token tile is in (x_full), lane
+// 4j + s (of 0-7) copies token j's 32 bytes of k32 step s from it (row j, 128-byte swizzle) into
+// column 2s + j of step tile s, and writes the pair's fp32 scale at sx[2s + j], where consumer
+// thread t reads step t's (a float2). A missing token (j >= valid) gets scale 0; its column holds
+// whatever row the TMA brought, whose products reach only that column's accumulators, which no
+// epilogue stores. The token's scale word (the stage's four k32 bytes) is loaded a stage ahead, as
+// stage_token_scales' are.
+template <int kStages, typename Ring>
+__device__ __forceinline__ void stage_step_part(const GemmParams& p, const Ring& r, const WorkItem& wi, RingCursor& cur,
+                                                int lane, const uint32_t* words, int words_per_row, int num_kb) {
+  const int j = lane / 4, s = lane % 4;
+  const bool mine = lane < 4 * kStepTokens && j < wi.valid;
+  const uint32_t* src = words + (wi.row0 + j) * words_per_row;
+  uint32_t nxt = mine ? __ldcg(src) : 0u;
+  for (int kb = 0; kb < num_kb; ++kb) {
+    const uint32_t word = nxt;
+    if (mine && kb + 1 < num_kb) nxt = __ldcg(src + kb + 1);
+    ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
+    // (A timeout here reports the full barrier's wait word, with the stage: x_full has none of its own.)
+    ptx::mbar_wait(r.template x_full<kStages>(cur.stage), cur.phase, kWaitFull, cur.stage, p.err);
+    if (lane < 4 * kStepTokens) {
+      const uint8_t* row = r.x + cur.stage * Ring::kX + j * kBlockK;
+      uint8_t* tile = r.step_tile(cur.stage, s);
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        *reinterpret_cast<uint4*>(tile + c * 128 + (2 * s + j) * 16) =
+            *reinterpret_cast<const uint4*>(row + ((2 * s + c) ^ j) * 16);
+      r.sx[cur.stage * Ring::kSxWords + 2 * s + j] = mine ? ue8m0_byte_to_float(word, s) : 0.0f;
+    }
+    ptx::fence_proxy_async_smem();   // the tiles' generic writes before the wgmmas' async reads
+    ptx::mbar_arrive(&r.full[cur.stage]);   // every lane (producer.cuh's top)
+    cur.advance<kStages>();
+  }
+}
+
 // Warps 1 .. kScaleWarps of the producer warpgroup: the stages' fp32 token scales, at
 // Ring::scale_index (the ring of gemm_sm90.cuh or of the prefill kernel, whose consumers read them in
 // their own orders). warp / lane: the caller's. The items are layer pa's, or with kTwo pa's then
@@ -109,6 +167,17 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
   constexpr int kStride = 32 * R::kScaleWarps;
   constexpr int kM = (kMaxN + kStride - 1) / kStride;
   const int t0 = 32 * (warp - 1) + lane;
+  if constexpr (R::kSteps) {
+    // The step tiles' columns that no token fills stay zero: written once here (the dispatch used
+    // this shared memory as its scratch), before the first stage's arrival, whose full barrier the
+    // consumers wait on (the proxy fence: the wgmmas read through the async proxy). Lanes 8-31 zero
+    // chunks that lanes 0-7 fill later: the item loop's __syncwarp orders the two.
+    static_assert(R::kScaleWarps == 1, "one scale warp builds the step tiles");
+    for (int i = lane; i < kStages * 4 * R::kStepTile / 16; i += 32)
+      *reinterpret_cast<uint4*>(r.step_tile(i / (4 * R::kStepTile / 16), 0) + i % (4 * R::kStepTile / 16) * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
+    ptx::fence_proxy_async_smem();
+  }
   for (int item = blockIdx.x; item < num_items; item = take_item(queue, warp)) {
     int local = item;
     const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
@@ -122,6 +191,12 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
     __syncwarp();
     for (int part = 0; part < item_parts<kMaxN, kBlock>(item_wi); ++part) {
       const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
+      if constexpr (R::kSteps) {
+        if (step_part(item_wi.valid)) {
+          stage_step_part<kStages>(p, r, wi, cur, lane, words, words_per_row, num_kb);
+          continue;
+        }
+      }
       // k128: the expert's base folds the weight rows' common scale into the token scale.
       const int bias = kPerK32 ? 0 : static_cast<int>(__ldg(p.w_expert_base + wi.expert)) - 260;
       // The exact prefill ring's folded items: their fp32 k32 scales times 2^(B_e - 127 - kLutHeadroom)
@@ -258,10 +333,17 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
             post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
-          ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + rows * (kBlockK / 2 + 4));
+          // Step-major columns: a step part's token tile has a barrier of its own, which the scale
+          // warp waits on before it builds the step tiles from it (the full barrier then waits for
+          // its arrival); a fuller part's lands on the full barrier, as without them, and x_full
+          // gets a plain arrival, so that each of its phases is one use of the stage.
+          const bool steps = R::kSteps && step_part(item_wi.valid);
+          uint64_t* x_bar = steps ? r.template x_full<kStages>(stage) : &r.full[stage];
+          if constexpr (R::kSteps)
+            ptx::mbar_arrive_expect_tx(r.template x_full<kStages>(stage), steps ? wi.tile * kBlockK : 0);
+          ptx::mbar_arrive_expect_tx(&r.full[stage], (steps ? 0 : wi.tile * kBlockK) + rows * (kBlockK / 2 + 4));
           for (int b = 0; b < boxes; ++b)
-            ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
-                             &r.full[stage]);
+            ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box, x_bar);
           ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, rows * (kBlockK / 2),
                         &r.full[stage]);
           ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,

@@ -60,6 +60,20 @@ __host__ __device__ constexpr bool narrow_serial(int max_n, int rows) {
   return max_n <= kChunkN && serial_tile(max_n, rows);
 }
 
+// The fused narrow engine's step-major token columns (mainloop.cuh mainloop_k32_steps): an item of
+// at most kStepTokens tokens (one part) runs with its wgmma's 8 columns as (k32 step s, token j),
+// every part of a larger item as 8 tokens (mainloop_k32_narrow), its last one too: step columns for
+// such remainders lost 2-4 us at gpt-oss T = 64 (bench/NOTES.md v51). Every role decides it alike,
+// from the item's valid rows (step_part). The engine is the exact mode's 8-token tile of three warpgroups (no standalone
+// kernel has that shape).
+constexpr int kStepTokens = 2;
+__host__ __device__ constexpr bool step_columns(int max_n, int rows, bool per_k32) {
+  return per_k32 && max_n == kSmallTile && rows == 3 * kRowsPerWg;
+}
+__host__ __device__ constexpr bool step_part(int valid) {
+  return valid <= kStepTokens;
+}
+
 // The token tile of an item with `valid` rows: kSmallTile when it holds them, else kMaxN. In a
 // serial kernel, which has one mainloop: the wide tile's valid rows rounded up to whole chunks
 // (its groups are pairs of chunks, computed where they hold rows); four warpgroups' rows rounded
