@@ -30,9 +30,10 @@ SITES = [
     ("l2_done", 2, 1, "swapab"),
     ("epoch", 2, 1, "swapab"),
 ]
-# A small layer (both engines, both promotions), T tokens on every rank.
-SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=64)
-TOKENS = 64
+# A small layer (both engines, both promotions), T tokens on every rank: T K above
+# contract.LOCAL_DISPATCH_ENTRIES, so that one rank's call too waits on its dispatch counter.
+SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=160)
+TOKENS = 160
 
 
 def _layer_and_inputs(ranks: int, rank: int, engine: str, group=None):

@@ -7,6 +7,8 @@
 //             the count;
 //   layout    after every rank's CTAs posted: the pool layout (D4 offsets, BLOCK_M aligned) and the
 //             GEMM schedule, computed by every CTA from the receive counts;
+//   (local)   with one rank and at most kLocalDispatchEntries routing entries, every CTA counts every
+//             expert itself instead (count_locally), and the layout follows without a dispatch counter;
 //   pull      D4: one warp per routed pair copies the row, its scales, its routing weight and its
 //             metadata into the pool, then adds 1 to the arrival counter of the row's pool block
 //             (the L1 TMA waits on those counters).
@@ -144,21 +146,80 @@ struct PullTables {
   int* row_start;
 };
 
+// The dispatch of one rank with at most kLocalDispatchEntries routing entries (local_dispatch): every
+// CTA counts every expert itself, where count_and_list has CTA b count experts b, b + G, ... and
+// publish them, and every CTA waits on the dispatch counter before it reads them (a round of
+// release, one of acquire and one of the counts' loads; `posted` at 4.2 us of gpt-oss T = 8 on the
+// H200, bench/NOTES.md v47). Thread i takes routing entry i and expert i: the entry's place in its
+// expert's list (the earlier entries of that expert: ascending t K + k, as count_and_list's lists)
+// and the expert's count, both by one pass over the entries in shared memory. CTA 0 writes what
+// count_and_list would (D1-D3's lists and counts), which nothing in this launch reads.
+struct LocalDispatch {
+  int* expert;   // [kLocalDispatchEntries] topk_idx of entry i (negative: none)
+  int* place;    // [kLocalDispatchEntries] entry i's index in its expert's list
+  int* count;    // [kMaxExperts] entries of expert e
+  int* list;     // [kLocalDispatchEntries] pair j of the pull's e-major order: its entry (place_locally)
+};
+
+__device__ __forceinline__ bool local_dispatch(const FusedParams& fp) {
+  return fp.num_ranks == 1 && fp.num_tokens * fp.top_k <= kLocalDispatchEntries;
+}
+
+__device__ __forceinline__ void count_locally(const FusedParams& fp, LocalDispatch d) {
+  const int n = fp.num_tokens * fp.top_k;
+  const int i = threadIdx.x;
+  if (i < n) {
+    const int64_t v = fp.topk_idx[i];
+    d.expert[i] = v >= 0 && v < fp.local_experts ? static_cast<int>(v) : -1;   // as count_and_list: no list
+  }
+  __syncthreads();
+  if (i >= n && i >= fp.num_experts) return;
+  const int e = i < n ? d.expert[i] : -1;
+  int place = 0, count = 0;
+  for (int j = 0; j < n; ++j) {
+    const int v = d.expert[j];   // the same word in every thread: a broadcast
+    place += (v == e) & (j < i);
+    count += v == i;
+  }
+  if (i < n && e >= 0) {
+    d.place[i] = place;
+    if (blockIdx.x == 0) fp.ws_source_lists[ws_source_lists_index(e, 0, place, 1, fp.max_tokens)] = i;
+  }
+  if (i < fp.num_experts) {
+    d.count[i] = count;
+    if (blockIdx.x == 0) {
+      fp.ws_send_counts[i] = count;
+      fp.ws_recv_counts[ws_recv_counts_index(0, i, fp.local_experts)] = count;
+    }
+  }
+}
+
+// After the layout (pair_prefix): the pull's entry of every pair, by entry.
+__device__ __forceinline__ void place_locally(const FusedParams& fp, LocalDispatch d, const int* pair_prefix) {
+  const int i = threadIdx.x;
+  if (i < fp.num_tokens * fp.top_k) {
+    const int e = d.expert[i];
+    if (e >= 0) d.list[pair_prefix[e] + d.place[i]] = i;
+  }
+}
+
 // After every rank posted: the pool layout from the receive counts (read with plain loads: the
-// peers' writes are ordered by the CTA's acquire and the warp's barrier). All 32 lanes of one warp,
+// peers' writes are ordered by the CTA's acquire and the warp's barrier), or from the CTA's own
+// (`local`: count_locally's, one rank). All 32 lanes of one warp,
 // lane l taking local experts l, l + 32, ...: one round of memory latency per 32 experts (one
 // thread reading the counts one after another took 6.6 us at 32 experts, bench/NOTES.md v22). The warp then
 // builds the GEMM schedule from the layout (build_schedule).
-__device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t) {
+__device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sched, PullTables t, const int* local) {
   const int lane = threadIdx.x % 32;
   const int el = fp.local_experts;
   const int R = fp.num_ranks;
+  auto received = [&](int s, int e) { return local ? local[e] : fp.ws_recv_counts[ws_recv_counts_index(s, e, el)]; };
   int rows = 0, pairs = 0;   // the pool rows and pairs of the experts of earlier rounds
   for (int e0 = 0; e0 < el; e0 += 32) {
     const int e = e0 + lane;
     const bool mine = e < el;
     int total = 0;
-    for (int s = 0; s < R; ++s) total += mine ? fp.ws_recv_counts[ws_recv_counts_index(s, e, el)] : 0;
+    for (int s = 0; s < R; ++s) total += mine ? received(s, e) : 0;
     const int padded = (total + fp.block_m - 1) / fp.block_m * fp.block_m;
     const int rows_incl = warp_inclusive_sum(padded);
     const int pairs_incl = warp_inclusive_sum(total);
@@ -168,7 +229,7 @@ __device__ __forceinline__ void build_layout(const FusedParams& fp, Schedule& sc
       for (int s = 0; s < R; ++s) {
         t.pair_prefix[e * R + s] = pair;
         t.row_start[e * R + s] = row + pair - (pairs + pairs_incl - total);
-        pair += fp.ws_recv_counts[ws_recv_counts_index(s, e, el)];
+        pair += received(s, e);
       }
       sched.offset[e] = row;
       sched.count[e] = total;
@@ -238,8 +299,9 @@ __device__ __forceinline__ uint32_t pull_sf_word(const uint8_t* src_sf, int w, i
 // (a membar that waits for the pair's stores) and the scale bytes copied one at a time after the
 // payload made a pair ~5 rounds, and the pull 37 us of gpt-oss T = 4096 (bench/NOTES.md v45). The
 // GEMM starts after the CTA's whole pull anyway (the caller's barrier).
+// local: place_locally's entries by pair (one rank), else nullptr (the source lists).
 template <bool kRebase>
-__device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t) {
+__device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTables t, const int* local) {
   const int lane = threadIdx.x % 32;
   const int gwarp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int nwarps = gridDim.x * blockDim.x / 32;
@@ -248,11 +310,12 @@ __device__ __forceinline__ void pull_rows(const FusedParams& fp, const PullTable
   const int H_pad = fp.hidden_pad;
   const int total = t.pair_prefix[fp.local_experts * fp.num_ranks];
   const bool whole_words = kRebase || H == H_pad;   // H / 32 scale bytes are whole words (the fast mode's H: of 512)
-  int entry_next = gwarp < total ? fp.ws_source_lists[pull_pair(fp, t, gwarp).list] : 0;
+  auto entry_of = [&](int j) { return local ? local[j] : fp.ws_source_lists[pull_pair(fp, t, j).list]; };
+  int entry_next = gwarp < total ? entry_of(gwarp) : 0;
   for (int j = gwarp; j < total; j += nwarps) {
     const PullPair pp = pull_pair(fp, t, j);
     const int entry = entry_next;
-    if (j + nwarps < total) entry_next = fp.ws_source_lists[pull_pair(fp, t, j + nwarps).list];
+    if (j + nwarps < total) entry_next = entry_of(j + nwarps);
     const int s = pp.s;
     const int64_t row = pp.row;
     const int tok = entry / K;

@@ -1,6 +1,7 @@
 // The fused MegaMoE layer for SM90 (SPEC §3), one persistent launch per call on every rank. This
 // file is the kernel layer only: it orders the phases and hands each to its piece:
-//   dispatch.cuh    stage / count / layout / pull (D1-D4), every thread of every CTA;
+//   dispatch.cuh    stage / count / layout / pull (D1-D4), every thread of every CTA (one rank's
+//                   few routing entries counted by every CTA itself: no dispatch counter);
 //   a GEMM engine   the GEMM core's roles over L1 items, then L2 items, through one stage ring (the
 //                   same roles as the standalone kernels: one kernel layer). The L1 producer waits on
 //                   each pool block's arrival counter, the L1 epilogue (SwiGLU + requant, D6) counts
@@ -19,7 +20,7 @@
 //   combine.cuh     after every rank's CTAs finished their L2 tiles: y (D9), the counters' cleanup
 //                   and the receive statistics (D10).
 // Between the phases, two system-scope counters per call (sync.cuh): dispatch posted (the layout
-// needs every rank's counts) and L2 done (the combine needs every rank's rows); the prefill engine
+// needs every rank's counts; not with one rank's local dispatch) and L2 done (the combine needs every rank's rows); the prefill engine
 // adds a third, local one: every CTA decoded its share of the weights. Each CTA's last thread out
 // clears its call's signal words; the signals alternate between two sets by call parity, so a peer
 // that runs ahead into its next call never touches words this call still uses.
@@ -48,7 +49,7 @@ namespace megamoe {
 // three or four of them it is also warpgroup 2's: the tail starts after the consumers' `done`, which
 // follows their last use of it.
 constexpr int kTailBarrier = 3;
-constexpr int kTailThreads = 128;   // the producer warpgroup
+constexpr int kTailThreads = 128;  // the producer warpgroup
 
 // The swap-AB engine: kWGs consumer warpgroups, token blocks of kFusedMaxN = BLOCK_M rows, so a
 // token block is one pool block and its L1-completion count is I / 32 whatever the tile of its
@@ -72,6 +73,7 @@ struct SwapAbEngine {
   // partial block (the fast mode's sizes fill its 256-row tiles).
   static constexpr bool kPartial = kWGs > 2 && kPerK32;
   static constexpr bool kPredecode = false;
+  static constexpr bool kLocalDispatch = true;  // one rank's few routing entries: dispatch.cuh count_locally
   static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 
   __device__ static void setup(int* err) {
@@ -123,6 +125,9 @@ struct PrefillEngine {
   static constexpr int kThreads = Cfg::kThreads, kSmemBytes = Cfg::kSmemBytes, kStages = Cfg::kStages;
   static constexpr int kTokenBlock = PrefillShape<kPerK32>::kTokens;
   static constexpr bool kPredecode = true;
+  // Never the local dispatch: its calls are large (the auto engine's choice from T), and the local
+  // path's code moved ptxas's register banks in this engine's exact promotions (bench/NOTES.md v53).
+  static constexpr bool kLocalDispatch = false;
   static_assert(Cfg::kStages * Cfg::Ring::kStage >= kCombineSmemBytes<kTailThreads>, "the combine's rows fit the ring");
 
   __device__ static void setup(int* err) {
@@ -136,7 +141,7 @@ struct PrefillEngine {
   }
   __device__ static bool run(const FusedParams& fp) {
     if (!prefill_roles<Cfg, Act, kDebug, kPerK32, 1, 2>(fp.l1, fp.l2)) return false;
-    ptx::named_barrier(kTailBarrier, kTailThreads);   // the epilogue warps wrote the CTA's last item
+    ptx::named_barrier(kTailBarrier, kTailThreads);  // the epilogue warps wrote the CTA's last item
     return true;
   }
 };
@@ -188,7 +193,7 @@ __device__ __forceinline__ void predecode_layers(const FusedParams& fp, uint8_t*
     ptx::red_release_gpu_add(sig + kSignalDecoded, 1);
     wait_counter(sig + kSignalDecoded, gridDim.x, false, kWaitDecoded, fp.rank, fp.l1.err);
     timeline::stamp(kTlDecodedAll);
-    ptx::fence_proxy_async_global();   // the tiles were written by generic stores; TMA reads them
+    ptx::fence_proxy_async_global();  // the tiles were written by generic stores; TMA reads them
   }
 }
 
@@ -200,36 +205,55 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   const int groups = fp.local_experts * fp.num_ranks;
   const PullTables tables{scratch + 64, scratch + 64 + groups + 1};
 
+  // One rank's few entries counted by every CTA (dispatch.cuh LocalDispatch): past the pull's tables
+  // (64 + 2 (E + 1) ints at R = 1), 4 KB of the scratch (every engine's ring of activations is larger).
+  const bool local = Engine::kLocalDispatch && local_dispatch(fp);
+  const LocalDispatch ld{scratch + 640, scratch + 640 + kLocalDispatchEntries,
+                         scratch + 640 + 2 * kLocalDispatchEntries,
+                         scratch + 640 + 2 * kLocalDispatchEntries + kMaxExperts};
+  static_assert(64 + 2 * (kMaxExperts + 1) <= 640, "the local dispatch's tables follow the pull's");
+  static_assert(Engine::kThreads >= kLocalDispatchEntries && Engine::kThreads >= kMaxExperts,
+                "count_locally: a thread for each entry and for each expert");
+
   stage_inputs(fp);
-  count_and_list(fp, scratch);
+  if (local)
+    count_locally(fp, ld);
+  else
+    count_and_list(fp, scratch);
   __syncthreads();
   if (threadIdx.x < 32) {
     if (threadIdx.x == 0) {
-      int* sig = call_signals(fp, call_epoch(fp));
-      signal_all_ranks(fp, sig, kSignalPosted);
-      wait_all_ranks(fp, sig, kSignalPosted, kWaitDispatch);
+      if (!local) {
+        int* sig = call_signals(fp, call_epoch(fp));
+        signal_all_ranks(fp, sig, kSignalPosted);
+        wait_all_ranks(fp, sig, kSignalPosted, kWaitDispatch);
+      }
       timeline::stamp(kTlPosted);
     }
     __syncwarp();
-    build_layout(fp, Engine::sched(), tables);
+    build_layout(fp, Engine::sched(), tables, local ? ld.count : nullptr);
     __syncwarp();
     Schedule& sched = Engine::sched();
     build_schedule<Engine::kTokenBlock>(
         sched, fp.local_experts, [&](int e) { return sched.offset[e]; }, [&](int e) { return sched.count[e]; });
   }
   __syncthreads();
+  if (local) {
+    place_locally(fp, ld, tables.pair_prefix);
+    __syncthreads();
+  }
   timeline::cta_stamp(kTlScheduled);
-  pull_rows<!kPerK32>(fp, tables);
+  pull_rows<!kPerK32>(fp, tables, local ? ld.list : nullptr);
   if constexpr (Engine::kPredecode) {
     // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks). Weights
     // decoded before the call (the standalone pass, a launch that ended before this one) skip it.
     if (!fp.weights_decoded) predecode_layers<kPerK32>(fp, Engine::scratch() + 20 * 1024);
   }
-  ptx::fence_proxy_async_smem();   // the scratch's generic writes before the TMA's into the ring
+  ptx::fence_proxy_async_smem();  // the scratch's generic writes before the TMA's into the ring
   __syncthreads();
   timeline::cta_stamp(kTlGemm);
 
-  if (!Engine::run(fp)) return;   // the consumers
+  if (!Engine::run(fp)) return;  // the consumers
 
   // The tail, in the producer warpgroup once the CTA's items are written. The combine's rows land in
   // shared memory (the ring's, free now) by cp.async, many in flight a thread (combine.cuh).

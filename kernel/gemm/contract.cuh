@@ -170,6 +170,7 @@ constexpr int kSignalPosted = 0;   // + 1 by every CTA of every rank after its d
 constexpr int kSignalL2Done = 1;   // + 1 by every CTA of every rank after its L2 tiles
 constexpr int kSignalExit = 2;     // + 1 by every CTA of this rank at its end
 constexpr int kSignalDecoded = 3;  // + 1 by every CTA of this rank after its predecode share
+constexpr int kLocalDispatchEntries = 256;   // R = 1, T K at most this: no dispatch counter
 
 struct FusedParams {
   GemmParams l1;  // L1 over the pool (gate: arrivals; signals l1_done)
@@ -445,7 +446,7 @@ constexpr uint64_t kWsCounters = kWsSignals | kWsArrivals | kWsL1Done | kWsRebas
 // megamoe_timeline, one per CTA: its phases' stamps, its item count, then its items' tags and stamps.
 enum TimelinePhase : int {
   kTlEntry = 0,  // the CTA starts
-  kTlPosted = 1,  // every rank's CTAs posted their counts (thread 0 past the dispatch counter)
+  kTlPosted = 1,  // every rank's CTAs posted their counts (thread 0 past the dispatch counter; one rank's local dispatch: the CTA's own count)
   kTlScheduled = 2,  // the pool layout and the schedule built (the CTA's barrier after them)
   kTlPulled = 3,  // prefill engine: the CTA's share of the pull done (the predecode's first barrier)
   kTlDecoded = 4,  // prefill engine: the CTA's share of the predecode done

@@ -295,6 +295,11 @@ FUSED_MAX_TILE = 64  # the swap-AB engine's token tile: one pool block (BLOCK_M 
 FUSED_BLOCK_M = 64
 SIGNAL_WORDS = 4  # per call parity: dispatch posts, L2 completions, CTAs done, CTAs that predecoded
 SIGNAL_POSTED, SIGNAL_L2_DONE, SIGNAL_EXIT, SIGNAL_DECODED = 0, 1, 2, 3
+# One rank and at most this many routing entries (T K): every CTA counts every expert itself from
+# topk_idx (kernel/fused/dispatch.cuh count_locally), so the call has no dispatch counter to wait on.
+# Each thread of a CTA takes one entry and one expert (the fused kernels have at least 384 threads,
+# and at most MAX_EXPERTS experts) and reads all T K entries from shared memory.
+LOCAL_DISPATCH_ENTRIES = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +329,10 @@ class Region:
 # (TIMELINE_ITEM_TAG: the layer and the item's index among that layer's items) and its stamps.
 TIMELINE_PHASES = (
     ("entry", "the CTA starts"),
-    ("posted", "every rank's CTAs posted their counts (thread 0 past the dispatch counter)"),
+    (
+        "posted",
+        "every rank's CTAs posted their counts (thread 0 past the dispatch counter; one rank's local dispatch: the CTA's own count)",
+    ),
     ("scheduled", "the pool layout and the schedule built (the CTA's barrier after them)"),
     ("pulled", "prefill engine: the CTA's share of the pull done (the predecode's first barrier)"),
     ("decoded", "prefill engine: the CTA's share of the predecode done"),
@@ -660,6 +668,7 @@ def fused_header_lines() -> list[str]:
         f"constexpr int kSignalL2Done = {SIGNAL_L2_DONE};   // + 1 by every CTA of every rank after its L2 tiles",
         f"constexpr int kSignalExit = {SIGNAL_EXIT};     // + 1 by every CTA of this rank at its end",
         f"constexpr int kSignalDecoded = {SIGNAL_DECODED};  // + 1 by every CTA of this rank after its predecode share",
+        f"constexpr int kLocalDispatchEntries = {LOCAL_DISPATCH_ENTRIES};   // R = 1, T K at most this: no dispatch counter",
         "",
         *FUSED_PARAMS.cpp(),
         "",
