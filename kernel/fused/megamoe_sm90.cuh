@@ -20,8 +20,9 @@
 //   combine.cuh     after every rank's CTAs finished their L2 tiles: y (D9), the counters' cleanup
 //                   and the receive statistics (D10).
 // Between the phases, two system-scope counters per call (sync.cuh): dispatch posted (the layout
-// needs every rank's counts; not with one rank's local dispatch) and L2 done (the combine needs every rank's rows); the prefill engine
-// adds a third, local one: every CTA decoded its share of the weights. Each CTA's last thread out
+// needs every rank's counts; a one-rank call that the swap-AB engines count locally skips it) and
+// L2 done (the combine needs every rank's rows); the prefill engine adds a third, local one: every
+// CTA decoded its share of the weights. Each CTA's last thread out
 // clears its call's signal words; the signals alternate between two sets by call parity, so a peer
 // that runs ahead into its next call never touches words this call still uses.
 //
