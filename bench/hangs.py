@@ -18,6 +18,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from megamoe.jit import contract as C
+
 # (wait, ranks, the rank it is withheld on, engine)
 SITES = [
     ("dispatch", 1, 0, "swapab"),
@@ -31,9 +33,11 @@ SITES = [
     ("epoch", 2, 1, "swapab"),
 ]
 # A small layer (both engines, both promotions), T tokens on every rank: T K above
-# contract.LOCAL_DISPATCH_ENTRIES, so that one rank's call too waits on its dispatch counter.
-SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=160)
-TOKENS = 160
+# contract.LOCAL_DISPATCH_ENTRIES (160 tokens, T K = 320), so that one rank's call too waits on its
+# dispatch counter.
+TOKENS = C.LOCAL_DISPATCH_ENTRIES // 2 + 32
+SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_per_rank=TOKENS)
+assert TOKENS * SHAPE["top_k"] > C.LOCAL_DISPATCH_ENTRIES
 
 
 def _layer_and_inputs(ranks: int, rank: int, engine: str, group=None):

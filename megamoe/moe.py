@@ -522,7 +522,8 @@ class MegaMoE:
         wait, which then times out and traps with its record. The counter the wait reads starts one
         short (the kernel leaves it zero after a call, and counts up from there): "dispatch" (this
         call's dispatch counter: one CTA's post; a one-rank call of at most
-        contract.LOCAL_DISPATCH_ENTRIES routing entries counts without it, and does not wait), "l2_done" (one CTA's L2 completion), "decoded" (one
+        contract.LOCAL_DISPATCH_ENTRIES routing entries counts without it, and does not wait),
+        "l2_done" (one CTA's L2 completion), "decoded" (one
         CTA's share of the prefill engine's predecode), "arrival" (one row of pool block `index`),
         "l1_done" (one L1 tile of pool block `index`). "epoch" counts one call more on this rank, so
         that it signals its peers' other parity (R > 1: every rank's dispatch waits). Nothing is
