@@ -307,11 +307,11 @@ import torch
 from megamoe import reference as ref
 from megamoe.jit import contract as C
 from megamoe.moe import MegaMoE
-# T K above C.LOCAL_DISPATCH_ENTRIES (T = 160): a one-rank call of fewer entries has no dispatch counter
-T = C.LOCAL_DISPATCH_ENTRIES // 2 + 32
-cfg = ref.MoEConfig(hidden=256, intermediate=128, num_experts=4, top_k=2, num_ranks=1, max_tokens_per_rank=T)
-layer = MegaMoE(cfg, ref.random_weights(4, 256, 128, seed=1, device="cuda"))
-inp = ref.make_inputs(cfg, T, seed=1, device="cuda")[0]
+# bench.hangs' layer: T K above C.LOCAL_DISPATCH_ENTRIES, as a one-rank call of fewer entries has no dispatch counter
+from bench.hangs import SHAPE, TOKENS
+cfg = ref.MoEConfig(**SHAPE, num_ranks=1)
+layer = MegaMoE(cfg, ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda"))
+inp = ref.make_inputs(cfg, TOKENS, seed=1, device="cuda")[0]
 layer.ws["signals"][0, C.SIGNAL_POSTED] = -(10**6)  # this call's dispatch counter can never fill
 try:
     layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
