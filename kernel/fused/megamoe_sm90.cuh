@@ -204,15 +204,18 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   Engine::setup(fp.l1.err);
   int* scratch = reinterpret_cast<int*>(Engine::scratch());
   const int groups = fp.local_experts * fp.num_ranks;
-  const PullTables tables{scratch + 64, scratch + 64 + groups + 1};
+  // The scratch's ints: count_and_list's first 64, then the pull's two tables of E_l R + 1.
+  constexpr int kPullTablesAt = 64;
+  const PullTables tables{scratch + kPullTablesAt, scratch + kPullTablesAt + groups + 1};
 
   // One rank's few entries counted by every CTA (dispatch.cuh LocalDispatch): past the pull's tables
-  // (64 + 2 (E + 1) ints at R = 1), 4 KB of the scratch (every engine's ring of activations is larger).
+  // at R = 1 (2 (E + 1) ints at most), from a 512-byte boundary; 4 KB of the scratch (every engine's
+  // ring of activations is larger).
   const bool local = Engine::kLocalDispatch && local_dispatch(fp);
-  const LocalDispatch ld{scratch + 640, scratch + 640 + kLocalDispatchEntries,
-                         scratch + 640 + 2 * kLocalDispatchEntries,
-                         scratch + 640 + 2 * kLocalDispatchEntries + kMaxExperts};
-  static_assert(64 + 2 * (kMaxExperts + 1) <= 640, "the local dispatch's tables follow the pull's");
+  constexpr int kLocalDispatchAt = (kPullTablesAt + 2 * (kMaxExperts + 1) + 127) / 128 * 128;
+  const LocalDispatch ld{scratch + kLocalDispatchAt, scratch + kLocalDispatchAt + kLocalDispatchEntries,
+                         scratch + kLocalDispatchAt + 2 * kLocalDispatchEntries,
+                         scratch + kLocalDispatchAt + 2 * kLocalDispatchEntries + kMaxExperts};
   static_assert(Engine::kThreads >= kLocalDispatchEntries && Engine::kThreads >= kMaxExperts,
                 "count_locally: a thread for each entry and for each expert");
 
@@ -246,7 +249,7 @@ __device__ __forceinline__ void megamoe_fused_body(const FusedParams& fp) {
   timeline::cta_stamp(kTlScheduled);
   pull_rows<!kPerK32>(fp, tables, local ? ld.list : nullptr);
   if constexpr (Engine::kPredecode) {
-    // Past the pull's tables (64 + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks). Weights
+    // Past the pull's tables (kPullTablesAt + 2 (groups + 1) ints, groups <= kMaxExperts x 8 ranks). Weights
     // decoded before the call (the standalone pass, a launch that ended before this one) skip it.
     if (!fp.weights_decoded) predecode_layers<kPerK32>(fp, Engine::scratch() + 20 * 1024);
   }
