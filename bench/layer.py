@@ -500,8 +500,8 @@ def bench_case(
 
     return dict(
         routing=routing,
-        engine_k32=choose_engine(cfg, "k32", tokens, engine),
-        engine_k128=choose_engine(cfg, "k128", tokens, engine_k128),
+        engine_k32=choose_engine(cfg, "k32", tokens, engine, predecoded=predecoded),
+        engine_k128=choose_engine(cfg, "k128", tokens, engine_k128, predecoded=predecoded),
         predecoded=predecoded,
         shape=shape,
         hidden=hidden,
