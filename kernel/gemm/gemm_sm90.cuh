@@ -83,7 +83,11 @@ struct GemmConfig {
   // that what follows stays 16-byte aligned).
   static constexpr int kBarrierBytes = Ring::kSteps ? 32 : 16;
   static constexpr int kStagesFit = (kSmemLimit - kFixedBytes) / (Ring::kStage + kBarrierBytes);
-  static constexpr int kStages = kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
+  // The fused narrow engine takes every stage that fits (14 of its 15 KB stages): its T = 8 calls
+  // stream the weights with the consumers waiting at the full barrier (bench/NOTES.md v47); 12
+  // stages took ~0.8 us more of gpt-oss's T = 8 on the H200 (NOTES v57).
+  static constexpr int kStageCap = kEpilogueWarp ? kStagesFit : kMaxStages;
+  static constexpr int kStages = kStagesFit < kStageCap ? kStagesFit : kStageCap;
   static constexpr int kSmemBytes = kStages * (Ring::kStage + kBarrierBytes) + kFixedBytes;
   static_assert(kStages >= 2, "the stage ring does not fit in shared memory");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory");
