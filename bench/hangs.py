@@ -40,7 +40,7 @@ SHAPE = dict(hidden=256, intermediate=128, num_experts=4, top_k=2, max_tokens_pe
 assert TOKENS * SHAPE["top_k"] > C.LOCAL_DISPATCH_ENTRIES
 
 
-def _layer_and_inputs(ranks: int, rank: int, engine: str, group=None):
+def layer_and_inputs(ranks: int, rank: int, engine: str, group=None):
     from megamoe import reference as ref
     from megamoe.moe import MegaMoE
 
@@ -72,7 +72,7 @@ def withheld_call(rank: int, ranks: int, wait: str, on_rank: int, engine: str) -
     from megamoe import multirank
 
     faulthandler.dump_traceback_later(STACKS_AFTER, exit=False)
-    layer, inp = _layer_and_inputs(ranks, rank, engine, multirank.group() if ranks > 1 else None)
+    layer, inp = layer_and_inputs(ranks, rank, engine, multirank.group() if ranks > 1 else None)
     args = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     _progress(rank, "layer made")
     layer(*args)

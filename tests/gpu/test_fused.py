@@ -304,14 +304,10 @@ def test_the_fast_mode_refuses_weights_with_a_row_far_under_its_experts_largest(
 
 _HANG = """
 import torch
-from megamoe import reference as ref
 from megamoe.jit import contract as C
-from megamoe.moe import MegaMoE
 # bench.hangs' layer: T K above C.LOCAL_DISPATCH_ENTRIES, as a one-rank call of fewer entries has no dispatch counter
-from bench.hangs import SHAPE, TOKENS
-cfg = ref.MoEConfig(**SHAPE, num_ranks=1)
-layer = MegaMoE(cfg, ref.random_weights(cfg.num_experts, cfg.hidden, cfg.intermediate, seed=1, device="cuda"))
-inp = ref.make_inputs(cfg, TOKENS, seed=1, device="cuda")[0]
+from bench.hangs import layer_and_inputs
+layer, inp = layer_and_inputs(1, 0, "auto")
 layer.ws["signals"][0, C.SIGNAL_POSTED] = -(10**6)  # this call's dispatch counter can never fill
 try:
     layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
