@@ -122,5 +122,9 @@ int main() {
   run<true, 8, false>(3, b);
   run<true, 8, true>(3, b);
   run<true, 16, false>(2, b);
+  run<true, 8, false>(1, b);
+  run<true, 8, true>(1, b);
+  run<true, 16, false>(3, b);
+  run<true, 32, false>(3, b);
   return 0;
 }
