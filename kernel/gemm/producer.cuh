@@ -115,18 +115,25 @@ struct RingCursor {
 // column 2s + j of step tile s, and writes the pair's fp32 scale at sx[2s + j], where consumer
 // thread t reads step t's (a float2). A missing token (j >= valid) gets scale 0; its column holds
 // whatever row the TMA brought, whose products reach only that column's accumulators, which no
-// epilogue stores. The token's scale word (the stage's four k32 bytes) is loaded a stage ahead, as
-// stage_token_scales' are.
+// epilogue stores. The tokens' scale words (a stage's four k32 bytes each) are loaded 16 stages at a
+// time, lane 16 t + i holding token t's word of stage 16 (kb / 16) + i, and each stage's word is
+// shuffled from its lane: a word loaded a stage ahead (as stage_token_scales' are) sat in flight
+// across the proxy fence below, a MEMBAR in SASS, which orders the thread's earlier loads. Measured
+// on an H100 (bench/NOTES.md v59): 1.5 / 2.5 us less at T = 1 / 8; the skeleton without weights or
+// math did not move, so the cost was the load's latency under the weights' stream.
 template <int kStages, typename Ring>
 __device__ __forceinline__ void stage_step_part(const GemmParams& p, const Ring& r, const WorkItem& wi, RingCursor& cur,
                                                 int lane, const uint32_t* words, int words_per_row, int num_kb) {
+  static_assert(kStepTokens == 2, "16 stages of two tokens' words a warp");
   const int j = lane / 4, s = lane % 4;
   const bool mine = lane < 4 * kStepTokens && j < wi.valid;
-  const uint32_t* src = words + (wi.row0 + j) * words_per_row;
-  uint32_t nxt = mine ? __ldcg(src) : 0u;
+  uint32_t held = 0u;
   for (int kb = 0; kb < num_kb; ++kb) {
-    const uint32_t word = nxt;
-    if (mine && kb + 1 < num_kb) nxt = __ldcg(src + kb + 1);
+    if (kb % 16 == 0) {
+      const int t = lane / 16, k = kb + lane % 16;
+      held = t < wi.valid && k < num_kb ? __ldcg(words + (wi.row0 + t) * words_per_row + k) : 0u;
+    }
+    const uint32_t word = __shfl_sync(0xFFFFFFFFu, held, 16 * j + kb % 16);
     ptx::mbar_wait(&r.empty[cur.stage], cur.phase ^ 1, kWaitEmpty, cur.stage, p.err);
     // (A timeout here reports the full barrier's wait word, with the stage: x_full has none of its own.)
     ptx::mbar_wait(r.template x_full<kStages>(cur.stage), cur.phase, kWaitFull, cur.stage, p.err);
