@@ -1,0 +1,66 @@
+"""The ring's stage trace (timing only): which role of the narrow engine paces a T-token gpt-oss call.
+
+    python -c "from pathlib import Path; from bench.ab import prepare_tree; \
+        prepare_tree('bench/patches/v59_stage_trace_timing_only.patch', Path('/tmp/trace'))"
+    cp bench/patches/stage_trace.py /tmp/trace/ && cd /tmp/trace && PYTHONPATH=$PWD python stage_trace.py 8
+
+The patch's timeline build stamps `clock64` (one SM, one clock) at six points of every ring stage in
+CTAs 0-3, indexed by the role's running stage count: the TMA thread before its empty wait (0) and
+after the stage's copies (1); the scale warp past the token tile's barrier (2) and after its arrival
+(3, items of at most two tokens only); consumer thread 128 before (4) and past (5) the full barrier.
+This prints, per CTA, the medians and sums of the gaps between them: a consumer that waits at the
+full barrier is paced by the stream; a TMA thread that waits at the empty barrier, by the consumers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from bench.layer import ROUTINGS, SEED, layer_config, shape_weights
+from megamoe import reference as ref
+from megamoe.jit import driver
+from megamoe.launchers import FusedLauncher
+from megamoe.moe import MegaMoE
+
+CTAS, STAGES, SLOTS = 4, 512, 8  # the patch's kTraceCtas, kTraceStages, kTraceSlots
+CLOCK_MHZ = 1980  # cycles a µs (the H100's and H200's SM clock)
+
+
+def main() -> None:
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    cfg = layer_config("gpt-oss", tokens)
+    layer = MegaMoE(cfg, shape_weights("gpt-oss"), promotion="k32", engine="narrow")
+    inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS["uniform"], device="cuda")[0]
+    for _ in range(3):  # the last call's stamps (every call stamps the same stages)
+        _, tl = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, check_inputs=False, timeline=True)
+    torch.cuda.synchronize()
+    print(f"gpt-oss T={tokens}, engine narrow: timeline span {tl.span_us:.1f} us")
+    kern = FusedLauncher(layer._spec(cfg.fast_math, False, "narrow", timeline=True)).kernel(layer.device.index)
+    raw = driver.module_global(kern.module, "megamoe_stage_trace")
+    trace = np.frombuffer(raw, np.uint64).reshape(CTAS, STAGES, SLOTS).astype(np.int64)
+    for cta in range(CTAS):
+        s = trace[cta][: int((trace[cta][:, 1] > 0).sum())]
+        print(f"CTA {cta}: {len(s)} stages, {(s[-1, 5] - s[0, 0]) / CLOCK_MHZ:.1f} us first stamp to last")
+        gaps = [
+            ("TMA thread: empty wait + copies", s[:, 1] - s[:, 0]),
+            ("copies issued -> scale warp past x_full", s[:, 2] - s[:, 1]),
+            ("scale warp: x_full -> its arrival", s[:, 3] - s[:, 2]),
+            ("copies issued -> consumer past full", s[:, 5] - s[:, 1]),
+            ("consumer: wait at full", s[:, 5] - s[:, 4]),
+            ("consumer past full, stage n-1 -> n", np.diff(s[:, 5])),
+            ("copies issued, stage n-1 -> n", np.diff(s[:, 1])),
+        ]
+        for name, v in gaps:
+            v = v[np.abs(v) < 10**8]  # an unstamped slot (not a step part) reads 0
+            if len(v):
+                print(
+                    f"  {name:40s} cycles: median {np.median(v):7.0f}, p10 {np.percentile(v, 10):7.0f},"
+                    f" p90 {np.percentile(v, 90):7.0f}; sum {v.sum() / CLOCK_MHZ:7.1f} us"
+                )
+
+
+if __name__ == "__main__":
+    main()
