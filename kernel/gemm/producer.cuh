@@ -120,7 +120,7 @@ struct RingCursor {
 // shuffled from its lane: a word loaded a stage ahead (as stage_token_scales' are) sat in flight
 // across the proxy fence below, a MEMBAR in SASS, which orders the thread's earlier loads. Measured
 // on an H100 (bench/NOTES.md v59): 1.5 / 2.5 us less at T = 1 / 8; the skeleton without weights or
-// math did not move, so the cost was the load's latency under the weights' stream.
+// math did not move: read as the load's latency under the weights' stream (not measured apart).
 template <int kStages, typename Ring>
 __device__ __forceinline__ void stage_step_part(const GemmParams& p, const Ring& r, const WorkItem& wi, RingCursor& cur,
                                                 int lane, const uint32_t* words, int words_per_row, int num_kb) {
