@@ -2,19 +2,22 @@
 
     python -c "from pathlib import Path; from bench.ab import prepare_tree; \
         prepare_tree('bench/patches/v59_stage_trace_timing_only.patch', Path('/tmp/trace'))"
-    cp bench/patches/stage_trace.py /tmp/trace/ && cd /tmp/trace && PYTHONPATH=$PWD python stage_trace.py 8
+    cp bench/patches/stage_trace.py /tmp/trace/ && cd /tmp/trace && PYTHONPATH=$PWD python stage_trace.py 8,1
 
 The patch's timeline build stamps `clock64` (one SM, one clock) at six points of every ring stage in
 CTAs 0-3, indexed by the role's running stage count: the TMA thread before its empty wait (0) and
 after the stage's copies (1); the scale warp past the token tile's barrier (2) and after its arrival
 (3, items of at most two tokens only); consumer thread 128 before (4) and past (5) the full barrier.
+Tokens: a comma list (8,1); STAGE_TRACE_WEIGHTS=FILE keeps the drawn weights for the next run.
 This prints, per CTA, the medians and sums of the gaps between them: a consumer that waits at the
 full barrier is paced by the stream; a TMA thread that waits at the empty barrier, by the consumers.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,10 +32,24 @@ CTAS, STAGES, SLOTS = 4, 512, 8  # the patch's kTraceCtas, kTraceStages, kTraceS
 CLOCK_MHZ = 1980  # cycles a µs (the H100's and H200's SM clock)
 
 
+def weights(cache: str | None) -> ref.ExpertWeights:
+    """The benchmark's gpt-oss weights, drawn once (a minute or two on the CPU) and kept in `cache`."""
+    if cache and Path(cache).exists():
+        return torch.load(cache, weights_only=False).to("cuda")  # our own file: the reference's dataclass
+    w = shape_weights("gpt-oss")
+    if cache:
+        torch.save(w.to("cpu"), cache)
+    return w
+
+
 def main() -> None:
-    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    for tokens in [int(t) for t in (sys.argv[1] if len(sys.argv) > 1 else "8").split(",")]:
+        trace(tokens, weights(os.environ.get("STAGE_TRACE_WEIGHTS")))
+
+
+def trace(tokens: int, w: ref.ExpertWeights) -> None:
     cfg = layer_config("gpt-oss", tokens)
-    layer = MegaMoE(cfg, shape_weights("gpt-oss"), promotion="k32", engine="narrow")
+    layer = MegaMoE(cfg, w, promotion="k32", engine="narrow")
     inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS["uniform"], device="cuda")[0]
     for _ in range(3):  # the last call's stamps (every call stamps the same stages)
         _, tl = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, check_inputs=False, timeline=True)
