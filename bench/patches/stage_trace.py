@@ -15,6 +15,7 @@ full barrier is paced by the stream; a TMA thread that waits at the empty barrie
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -51,13 +52,22 @@ def trace(tokens: int, w: ref.ExpertWeights) -> None:
     cfg = layer_config("gpt-oss", tokens)
     layer = MegaMoE(cfg, w, promotion="k32", engine="narrow")
     inp = ref.make_inputs(cfg, tokens, seed=SEED, distribution=ROUTINGS["uniform"], device="cuda")[0]
-    for _ in range(3):  # the last call's stamps (every call stamps the same stages)
+    kern = FusedLauncher(layer._spec(cfg.fast_math, False, "narrow", timeline=True)).kernel(layer.device.index)
+    for i in range(3):  # the last call's stamps, on a trace zeroed before it
+        if i == 2:
+            torch.cuda.synchronize()
+            dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+            lib = driver.lib()
+            driver.check(lib.cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), kern.module,
+                                                  b"megamoe_stage_trace"), "cuModuleGetGlobal")
+            driver.check(lib.cuMemsetD8_v2(dptr.value, 0, size.value), "cuMemsetD8")
         _, tl = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, check_inputs=False, timeline=True)
     torch.cuda.synchronize()
     print(f"gpt-oss T={tokens}, engine narrow: timeline span {tl.span_us:.1f} us")
-    kern = FusedLauncher(layer._spec(cfg.fast_math, False, "narrow", timeline=True)).kernel(layer.device.index)
     raw = driver.module_global(kern.module, "megamoe_stage_trace")
     trace = np.frombuffer(raw, np.uint64).reshape(CTAS, STAGES, SLOTS).astype(np.int64)
+    if os.environ.get("STAGE_TRACE_OUT"):  # the raw stamps, for a closer look
+        np.save(f"{os.environ['STAGE_TRACE_OUT']}_T{tokens}.npy", trace)
     for cta in range(CTAS):
         s = trace[cta][: int((trace[cta][:, 1] > 0).sum())]
         print(f"CTA {cta}: {len(s)} stages, {(s[-1, 5] - s[0, 0]) / CLOCK_MHZ:.1f} us first stamp to last")
