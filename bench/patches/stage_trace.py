@@ -60,7 +60,7 @@ def trace(tokens: int, w: ref.ExpertWeights) -> None:
             lib = driver.lib()
             driver.check(lib.cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), kern.module,
                                                   b"megamoe_stage_trace"), "cuModuleGetGlobal")
-            driver.check(lib.cuMemsetD8_v2(dptr.value, 0, size.value), "cuMemsetD8")
+            driver.check(lib.cuMemsetD8_v2(dptr, ctypes.c_ubyte(0), size), "cuMemsetD8")
         _, tl = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, check_inputs=False, timeline=True)
     torch.cuda.synchronize()
     print(f"gpt-oss T={tokens}, engine narrow: timeline span {tl.span_us:.1f} us")
