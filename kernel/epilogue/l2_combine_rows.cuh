@@ -61,9 +61,11 @@ __device__ __forceinline__ L2Lane l2_lane(const WorkItem& wi, int wg) {
 // item's epilogue (its `written - computed` 1.7 us of 13, bench/NOTES.md v49). Loaded once the
 // item's first stage is in: the pull wrote w_route and dst_rows during this launch, before the
 // item's gate, which the TMA thread passed before it filled that stage (whose full barrier the
-// caller waited on). Raw bits, widened in l2_epilogue after the caller's mainloop (bias_bits).
+// caller waited on). Raw bits, widened in l2_epilogue after the caller's mainloop (bias_bits): no
+// instruction before the mainloop reads a loaded value (the two biases or'ed into one word there
+// stalled every L2 item's start for a load's latency under the weight stream, bench/NOTES.md v60).
 struct L2Operands {
-  uint32_t bias;  // b2 (bias_bits) of the thread's rows g (low half) and g + 8; 0 past H
+  uint32_t bias_lo, bias_hi;  // b2 (bias_bits) of the thread's rows g and g + 8; 0 past H
   float wr[2];  // w_route of token columns 2t, 2t + 1; 0 past the valid rows
   int row;  // dst_rows of the thread's store vector (its column wtid / 8); -1: none
 };
@@ -71,9 +73,12 @@ struct L2Operands {
 template <int kRows, typename Act>
 __device__ __forceinline__ L2Operands l2_operands(const GemmParams& p, const WorkItem& wi) {
   const L2Lane l = l2_lane<kRows>(wi, ptx::thread_idx() / 128 - 1);
-  L2Operands o{0u, {0.0f, 0.0f}, -1};
+  L2Operands o{0u, 0u, {0.0f, 0.0f}, -1};
   if constexpr (Act::kOai) {
-    if (l.h < p.n_out) o.bias = bias_bits(p, wi.expert, l.h) | bias_bits(p, wi.expert, l.h + 8) << 16;
+    if (l.h < p.n_out) {
+      o.bias_lo = bias_bits(p, wi.expert, l.h);
+      o.bias_hi = bias_bits(p, wi.expert, l.h + 8);
+    }
 #pragma unroll
     for (int c = 0; c < 2; ++c)
       if (2 * l.t + c < wi.valid) o.wr[c] = p.w_route[wi.row0 + 2 * l.t + c];
@@ -88,7 +93,8 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
                                             uint8_t* s_epi_wg, int wg, L2Operands ops = {}) {
   static_assert(!kEarly || N == 8, "l2_operands holds one chunk of 8 tokens");
   if constexpr (kEarly) {  // their first uses (the widening, the row's address) after the mainloop
-    ptx::fence_operand(ops.bias);
+    ptx::fence_operand(ops.bias_lo);
+    ptx::fence_operand(ops.bias_hi);
     ptx::fence_operand(ops.wr[0]);
     ptx::fence_operand(ops.wr[1]);
     ptx::fence_operand(reinterpret_cast<uint32_t&>(ops.row));
@@ -103,8 +109,8 @@ __device__ __forceinline__ void l2_epilogue(const GemmParams& p, const WorkItem&
   const uint32_t st_s = ptx::smem_addr(st) + (wq * 16 + g) * 2;
   float b_lo = 0.0f, b_hi = 0.0f;  // b2 of the thread's two hidden rows (SPEC §8 D8)
   if constexpr (Act::kOai && kEarly) {
-    b_lo = __uint_as_float(ops.bias << 16);
-    b_hi = __uint_as_float(ops.bias & 0xFFFF0000u);
+    b_lo = __uint_as_float(ops.bias_lo << 16);
+    b_hi = __uint_as_float(ops.bias_hi << 16);
   } else if constexpr (Act::kOai) {
     if (l.h < hidden) {  // b2 has H rows; the padding's are never written
       b_lo = bias_or_neg_zero(p, wi.expert, l.h);

@@ -80,15 +80,18 @@ __device__ __forceinline__ int64_t handoff_channel(const GemmParams& p, const Wo
   return ch0 + ctid % 128 / 32 * 8 + ctid % 32 / 4;
 }
 
-// SPEC §8's b1 of the thread's gate and up channel (bias_or_neg_zero's -0.0 without; 0 and never
-// added where the group is not real), loaded before the item's mainloop, so that their latency
-// hides under it (after it, the loads stalled every consumer warp at each item's end: ncu, NOTES v37).
+// SPEC §8's b1 of the thread's gate and up channel as raw bf16 bits (bias_bits: 0x8000, -0.0, without
+// b1; 0 and never added where the group is not real), loaded before the item's mainloop, so that
+// their latency hides under it (after it, the loads stalled every consumer warp at each item's end:
+// ncu, NOTES v37), and widened by l1_stage_handoff after it: widened here, the loads' first use came
+// before the mainloop, and every item began with a load's latency under the weight stream
+// (bench/NOTES.md v60).
 template <int kRows>
-__device__ __forceinline__ float2 handoff_bias(const GemmParams& p, const WorkItem& wi) {
+__device__ __forceinline__ uint2 handoff_bias(const GemmParams& p, const WorkItem& wi) {
   bool real;
   const int64_t ch = handoff_channel<kRows>(p, wi, real);
-  if (!real) return make_float2(0.0f, 0.0f);
-  return make_float2(bias_or_neg_zero(p, wi.expert, ch), bias_or_neg_zero(p, wi.expert, p.n_out / 2 + ch));
+  if (!real) return make_uint2(0u, 0u);
+  return make_uint2(bias_bits(p, wi.expert, ch), bias_bits(p, wi.expert, p.n_out / 2 + ch));
 }
 
 // The narrow engine's consumers after an L1 item part's mainloop: D5's dump (debug), SPEC §8's b1
@@ -97,7 +100,7 @@ __device__ __forceinline__ float2 handoff_bias(const GemmParams& p, const WorkIt
 // buffer's use) and one arrival a thread; the first consumer thread also writes the item part.
 template <int kRows, typename Act, bool kDebug>
 __device__ __forceinline__ void l1_stage_handoff(const GemmParams& p, const WorkItem& wi, const float (&acc)[4],
-                                                 float2 bias, L1Handoff& h, uint32_t parity, int tl_item) {
+                                                 uint2 bias_raw, L1Handoff& h, uint32_t parity, int tl_item) {
   const int ctid = ptx::thread_idx() - 128;
   const int wg = ctid / 128;
   const int wq = ctid % 128 / 32;
@@ -116,6 +119,9 @@ __device__ __forceinline__ void l1_stage_handoff(const GemmParams& p, const Work
       }
     }
   }
+  ptx::fence_operand(bias_raw.x);   // the loads' first use: after the mainloop (handoff_bias)
+  ptx::fence_operand(bias_raw.y);
+  const float2 bias = make_float2(__uint_as_float(bias_raw.x << 16), __uint_as_float(bias_raw.y << 16));
   ptx::mbar_wait(&h.empty, parity ^ 1, kWaitEmpty, -1, p.err);
   const uint32_t tile = ptx::smem_addr(h.tile);
 #pragma unroll

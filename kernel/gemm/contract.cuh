@@ -459,9 +459,9 @@ enum TimelinePhase : int {
   kTlPhases = 11,
 };
 enum TimelineItemStamp : int {
-  kTlItemTaken = 0,  // the TMA thread starts the item
+  kTlItemTaken = 0,  // the TMA thread starts the item (the narrow engine: its token side, producer warp 3)
   kTlItemGated = 1,  // its gate passed: its pool rows (L1) or their L1 tiles (L2) are there
-  kTlItemIssued = 2,  // its last stage issued (the ring then holds the rest of the item)
+  kTlItemIssued = 2,  // its last stage issued (the ring then holds the rest of the item; narrow: the token side's)
   kTlItemComputed = 3,  // the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)
   kTlItemWritten = 4,  // its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)
   kTlItemReady = 5,  // prefill engine: its first stage landed, as the consumers see it (the later warpgroup)

@@ -159,10 +159,11 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
       ptx::mbar_init(&sm.ring.empty[s], 128 * Cfg::kWGs);   // every consumer thread (producer.cuh says why)
       if constexpr (Cfg::Ring::kSteps)
-        ptx::mbar_init(sm.ring.template x_full<Cfg::kStages>(s), 1);   // the TMA thread's expect_tx
+        ptx::mbar_init(sm.ring.template x_full<Cfg::kStages>(s), 1);   // the token side's expect_tx (issue_token_side)
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
-    init_item_queue(*sm.queue, Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs);   // every reading warp
+    // Every reading warp: the scale warps, the consumers' and (kSplitIssue) the token side's.
+    init_item_queue(*sm.queue, Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs + (Cfg::Ring::kSplitIssue ? 1 : 0));
     if constexpr (Cfg::kEpilogueWarp) {
       for (int b = 0; b < 2; ++b) {
         ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);   // every consumer thread
@@ -204,7 +205,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   };
   if constexpr (kEarly) load_row_bases();
   constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarp;
-  float2 bias{};
+  uint2 bias{};   // raw bf16 bits (handoff_bias)
   if constexpr (kHandoff && Act::kOai) bias = handoff_bias<Cfg::kRows>(*ctx.p, wi);
   // The narrow engine's L2 items: D8's global operands, once the item's first stage is in
   // (l2_combine_rows.cuh L2Operands).

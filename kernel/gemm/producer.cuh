@@ -2,7 +2,9 @@
 // consumers drain.
 //   warp 0, lane 0: 2-D TMA of the activation tile (the item's token tile x 128 B, 128-byte
 //                   swizzle: 8-row boxes for tiles up to 32 tokens, 64-row boxes above), 1-D bulk
-//                   copies of the packed FP4 weights and their scale bytes;
+//                   copies of the packed FP4 weights and their scale bytes; in the fused narrow
+//                   engine's ring (StageRing::kSplitIssue) the weights only, and warp 3's lane 0
+//                   the rest (issue_token_side);
 //   warps 1 .. 3:   the activation scales of the stage as fp32, in the order the consumers read
 //                   them (see StageRing::scale_index), so a consumer promotes with one fp32 FMA
 //                   per accumulator and no scale arithmetic (one to three warps, by the tile; the
@@ -10,7 +12,7 @@
 //                   kRawScaleWords, or for an item that folds its weight scales the four fp32
 //                   scales with the expert base, in the stage's weight slot: Ring::fold_scales).
 // A stage's full barrier expects 1 + 32 kScaleWarps arrivals (the TMA thread's expect_tx, every
-// lane of the scale warps) plus the transaction bytes (in the fused narrow engine, for an item of at
+// lane of the scale warps; kSplitIssue: and the token side's expect_tx) plus the transaction bytes (in the fused narrow engine, for an item of at
 // most two tokens, without the activation tile's: it lands on the stage's x_full barrier, which the
 // scale warp waits on before it builds the step tiles; StageRing); the empty barrier is released by every
 // consumer thread. Every thread that wrote or read a stage's scales arrives itself, so its arrive
@@ -50,7 +52,16 @@ struct StageRing {
   // Warps that stage the token scales (warps 1 .. kScaleWarps of the producer warpgroup): enough
   // that a lane holds at most three tokens' scale words within the producer's 40 registers.
   static constexpr int kScaleWarps = kMaxN <= 32 ? 1 : kMaxN <= 64 ? 2 : 3;
-  static constexpr int kFullArrivals = 1 + 32 * kScaleWarps;   // the TMA thread (expect_tx) + the scale warps' lanes
+  // The fused narrow engine's ring (kSteps) is filled by two issuing threads: the TMA thread copies
+  // the weights, and waits for no gate (they do not depend on the tokens); warp 3's lane 0 the
+  // token side (the item's gate, then each stage's activation tile and weight scale bytes:
+  // issue_token_side). One thread issuing both, each stage's copies and each item's gate were in
+  // series (a stage trace, bench/NOTES.md v60: the TMA thread paced the ring); split, T = 8 / 64 on
+  // an H100 with half the weight bytes copied (an H200-like ratio of stream to work) took 10 / 25 us
+  // less.
+  static constexpr bool kSplitIssue = kSteps;
+  // The TMA thread's expect_tx, every lane of the scale warps (kSplitIssue: and the token side's).
+  static constexpr int kFullArrivals = 1 + 32 * kScaleWarps + (kSplitIssue ? 1 : 0);
   static constexpr bool kRawScaleWords = false;            // the scales as fp32 (the prefill ring's k32: bytes)
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "swizzle atoms and bulk copies stay aligned");
 
@@ -291,6 +302,58 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
   }
 }
 
+// Ring::kSplitIssue: warp 3 fills each stage's token side, its lane 0 issuing: after the item's gate
+// (the pull's rows, or the L1 tiles of an L2 item; the timeline's `gated` stamp), each stage's
+// activation tile (onto x_full for a step part, whose step tiles the scale warp builds from it; else
+// onto full) and weight scale bytes (onto full), once the stage is empty. The items come from the
+// TMA thread's queue, as the scale warp's do. The timeline's item stamps are this thread's (taken,
+// gated, issued: in that order here; the TMA thread, which waits for no gate, may issue an item's
+// weights before its gate opens).
+template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kTwo, bool kPartial, int kBlock>
+__device__ __forceinline__ void issue_token_side(const GemmParams& pa, const GemmParams& pb, const Ring& r,
+                                                 const Schedule& sched, RingCursor& cur, int lane, ItemQueue& queue) {
+  const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
+  for (int item = blockIdx.x; item < num_items; item = take_item(queue, 3)) {
+    if (lane == 0) {
+      int local = item;
+      const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
+      const int num_kb = p.k / kBlockK;
+      const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p));
+      timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
+      wait_token_block(p, item_wi);
+      timeline::item_stamp(kTlItemGated);
+      const bool steps = step_part(item_wi.valid);
+      const int parts = item_parts<kMaxN, kBlock>(item_wi);
+      for (int part = 0; part < parts; ++part) {
+        const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
+        const uint8_t* wsf_base =
+            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
+        const bool wide = wi.tile >= kChunkN;
+        const int box = wide ? kChunkN : 8;
+        const int boxes = wi.tile / box;
+        const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
+        const int rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
+        for (int kb = 0; kb < num_kb; ++kb) {
+          const int stage = cur.stage;
+          ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
+          // A fuller part's tile lands on the full barrier, and x_full gets a plain arrival, so that
+          // each of its phases is one use of the stage.
+          uint64_t* x_bar = steps ? r.template x_full<kStages>(stage) : &r.full[stage];
+          ptx::mbar_arrive_expect_tx(r.template x_full<kStages>(stage), steps ? wi.tile * kBlockK : 0);
+          ptx::mbar_arrive_expect_tx(&r.full[stage], (steps ? 0 : wi.tile * kBlockK) + rows * 4);
+          for (int b = 0; b < boxes; ++b)
+            ptx::tma_load_2d(r.x + stage * Ring::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box, x_bar);
+          ptx::bulk_g2s(r.wsf + stage * Ring::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
+                        &r.full[stage]);
+          cur.advance<kStages>();
+        }
+      }
+      timeline::item_stamp(kTlItemIssued);
+    }
+    __syncwarp();
+  }
+}
+
 // The producer warpgroup's part of a launch's items (blocks of kRows weight rows): layer pa's, or
 // with kTwo pa's then pb's (the fused kernel). The TMA thread claims the items in the dynamic order
 // (scheduler.cuh; the counter is pa's item_counter) and posts them to `queue` for the scale warps
@@ -302,6 +365,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
                                              const StageRing<kMaxN, kRows, kPerK32>& r, const Schedule& sched,
                                              RingCursor& cur, ItemQueue* queue) {
   using R = StageRing<kMaxN, kRows, kPerK32>;
+  static_assert(!R::kSplitIssue || (R::kScaleWarps == 1 && kTwo), "warp 3 is free (warp 2: the fused epilogue warp)");
   const int warp = (threadIdx.x / 32) % 4;
   const int lane = threadIdx.x % 32;
   if (warp == 0 && lane == 0) {
@@ -318,9 +382,11 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
       const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p));
-      timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
-      wait_token_block(p, item_wi);
-      timeline::item_stamp(kTlItemGated);
+      if constexpr (!R::kSplitIssue) {   // (kSplitIssue: the token side's gate and item stamps)
+        timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
+        wait_token_block(p, item_wi);
+        timeline::item_stamp(kTlItemGated);
+      }
       const int parts = item_parts<kMaxN, kBlock>(item_wi);
       for (int part = 0; part < parts; ++part) {
         const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
@@ -340,29 +406,29 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
             post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
-          // Step-major columns: a step part's token tile has a barrier of its own, which the scale
-          // warp waits on before it builds the step tiles from it (the full barrier then waits for
-          // its arrival); a fuller part's lands on the full barrier, as without them, and x_full
-          // gets a plain arrival, so that each of its phases is one use of the stage.
-          const bool steps = R::kSteps && step_part(item_wi.valid);
-          uint64_t* x_bar = steps ? r.template x_full<kStages>(stage) : &r.full[stage];
-          if constexpr (R::kSteps)
-            ptx::mbar_arrive_expect_tx(r.template x_full<kStages>(stage), steps ? wi.tile * kBlockK : 0);
-          ptx::mbar_arrive_expect_tx(&r.full[stage], (steps ? 0 : wi.tile * kBlockK) + rows * (kBlockK / 2 + 4));
-          for (int b = 0; b < boxes; ++b)
-            ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box, x_bar);
+          if constexpr (R::kSplitIssue) {   // the weights only: issue_token_side fills the rest
+            ptx::mbar_arrive_expect_tx(&r.full[stage], rows * (kBlockK / 2));
+          } else {
+            ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + rows * (kBlockK / 2 + 4));
+            for (int b = 0; b < boxes; ++b)
+              ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
+                               &r.full[stage]);
+          }
           ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, rows * (kBlockK / 2),
                         &r.full[stage]);
-          ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
-                        &r.full[stage]);
+          if constexpr (!R::kSplitIssue)
+            ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
+                          &r.full[stage]);
           cur.advance<kStages>();
         }
       }
-      timeline::item_stamp(kTlItemIssued);
+      if constexpr (!R::kSplitIssue) timeline::item_stamp(kTlItemIssued);
       item = last_posted(*queue);
     }
     timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
+  } else if (R::kSplitIssue && warp == 3) {
+    issue_token_side<kMaxN, kRows, kStages, kPerK32, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, lane, *queue);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
     stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, warp, lane,
                                                                                   *queue);

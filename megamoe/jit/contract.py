@@ -344,9 +344,9 @@ TIMELINE_PHASES = (
     ("combined", "the CTA's combine and cleanup done"),
 )
 TIMELINE_ITEM_STAMPS = (
-    ("taken", "the TMA thread starts the item"),
+    ("taken", "the TMA thread starts the item (the narrow engine: its token side, producer warp 3)"),
     ("gated", "its gate passed: its pool rows (L1) or their L1 tiles (L2) are there"),
-    ("issued", "its last stage issued (the ring then holds the rest of the item)"),
+    ("issued", "its last stage issued (the ring then holds the rest of the item; narrow: the token side's)"),
     ("computed", "the consumers' mainloop of it done (its last part's; the later of the consumer warpgroups)"),
     ("written", "its epilogue done: the consumers' (swap-AB, narrow), the epilogue warps' (prefill; the later)"),
     ("ready", "prefill engine: its first stage landed, as the consumers see it (the later warpgroup)"),
