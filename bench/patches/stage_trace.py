@@ -1,14 +1,18 @@
 """The ring's stage trace (timing only): which role of the narrow engine paces a T-token gpt-oss call.
 
     python -c "from pathlib import Path; from bench.ab import prepare_tree; \
-        prepare_tree('bench/patches/v59_stage_trace_timing_only.patch', Path('/tmp/trace'))"
+        prepare_tree('bench/patches/v60_stage_trace_timing_only.patch', Path('/tmp/trace'))"
     cp bench/patches/stage_trace.py /tmp/trace/ && cd /tmp/trace && PYTHONPATH=$PWD python stage_trace.py 8,1
 
-The patch's timeline build stamps `clock64` (one SM, one clock) at six points of every ring stage in
+The patch's timeline build stamps `clock64` (one SM, one clock) at points of every ring stage in
 CTAs 0-3, indexed by the role's running stage count: the TMA thread before its empty wait (0) and
 after the stage's copies (1); the scale warp past the token tile's barrier (2) and after its arrival
-(3, items of at most two tokens only); consumer thread 128 before (4) and past (5) the full barrier.
-Tokens: a comma list (8,1); STAGE_TRACE_WEIGHTS=FILE keeps the drawn weights for the next run.
+(3, items of at most two tokens only); consumer thread 128 before (4) and past (5) the full barrier;
+the token side (producer warp 3) before its empty wait (6) and after its copies (7); and at an
+item's end, on its last stage, consumer thread 128 after the mainloop (8), after the epilogue or
+L1 handoff (9), past the next item's post (10) and at the next item's run_item (11; on the item's
+stage before its first). Tokens: a comma list (8,1); STAGE_TRACE_WEIGHTS=FILE keeps the drawn
+weights for the next run; STAGE_TRACE_OUT=PREFIX saves the raw stamps (PREFIX_T8.npy, ...).
 This prints, per CTA, the medians and sums of the gaps between them: a consumer that waits at the
 full barrier is paced by the stream; a TMA thread that waits at the empty barrier, by the consumers.
 """
@@ -29,7 +33,7 @@ from megamoe.jit import driver
 from megamoe.launchers import FusedLauncher
 from megamoe.moe import MegaMoE
 
-CTAS, STAGES, SLOTS = 4, 512, 8  # the patch's kTraceCtas, kTraceStages, kTraceSlots
+CTAS, STAGES, SLOTS = 4, 512, 16  # the patch's kTraceCtas, kTraceStages, kTraceSlots
 CLOCK_MHZ = 1980  # cycles a µs (the H100's and H200's SM clock)
 
 
@@ -58,8 +62,10 @@ def trace(tokens: int, w: ref.ExpertWeights) -> None:
             torch.cuda.synchronize()
             dptr, size = ctypes.c_uint64(), ctypes.c_size_t()
             lib = driver.lib()
-            driver.check(lib.cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), kern.module,
-                                                  b"megamoe_stage_trace"), "cuModuleGetGlobal")
+            driver.check(
+                lib.cuModuleGetGlobal_v2(ctypes.byref(dptr), ctypes.byref(size), kern.module, b"megamoe_stage_trace"),
+                "cuModuleGetGlobal",
+            )
             driver.check(lib.cuMemsetD8_v2(dptr, ctypes.c_ubyte(0), size), "cuMemsetD8")
         _, tl = layer(inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights, check_inputs=False, timeline=True)
     torch.cuda.synchronize()
@@ -80,6 +86,11 @@ def trace(tokens: int, w: ref.ExpertWeights) -> None:
             ("consumer past full, stage n-1 -> n", np.diff(s[:, 5])),
             ("copies issued, stage n-1 -> n", np.diff(s[:, 1])),
         ]
+        if (s[:, 7] > 0).any():  # the narrow engine's token side (producer warp 3), v60
+            gaps += [
+                ("token side: empty wait + copies", s[:, 7] - s[:, 6]),
+                ("token copies -> scale warp past x_full", s[:, 2] - s[:, 7]),
+            ]
         for name, v in gaps:
             v = v[np.abs(v) < 10**8]  # an unstamped slot (not a step part) reads 0
             if len(v):

@@ -159,15 +159,15 @@ __device__ __forceinline__ void gemm_setup(int* err) {
       ptx::mbar_init(&sm.ring.full[s], Cfg::Ring::kFullArrivals);
       ptx::mbar_init(&sm.ring.empty[s], 128 * Cfg::kWGs);   // every consumer thread (producer.cuh says why)
       if constexpr (Cfg::Ring::kSteps)
-        ptx::mbar_init(sm.ring.template x_full<Cfg::kStages>(s), 1);   // the token side's expect_tx (issue_token_side)
+        ptx::mbar_init(sm.ring.template x_full<Cfg::kStages>(s), 1);  // the token side's expect_tx (issue_token_side)
     }
     ptx::mbar_init(sm.done, 4 * Cfg::kWGs);
     // Every reading warp: the scale warps, the consumers' and (kSplitIssue) the token side's.
     init_item_queue(*sm.queue, Cfg::Ring::kScaleWarps + 4 * Cfg::kWGs + (Cfg::Ring::kSplitIssue ? 1 : 0));
     if constexpr (Cfg::kEpilogueWarp) {
       for (int b = 0; b < 2; ++b) {
-        ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);   // every consumer thread
-        ptx::mbar_init(&sm.handoff[b].empty, 32);               // the epilogue warp's lanes
+        ptx::mbar_init(&sm.handoff[b].full, 128 * Cfg::kWGs);  // every consumer thread
+        ptx::mbar_init(&sm.handoff[b].empty, 32);  // the epilogue warp's lanes
       }
     }
     ptx::fence_mbar_init();
@@ -205,7 +205,7 @@ __device__ __forceinline__ void run_item(const Ctx& ctx, RingCursor& cur, const 
   };
   if constexpr (kEarly) load_row_bases();
   constexpr bool kHandoff = kLayer == 1 && Cfg::kEpilogueWarp;
-  uint2 bias{};   // raw bf16 bits (handoff_bias)
+  uint2 bias{};  // raw bf16 bits (handoff_bias)
   if constexpr (kHandoff && Act::kOai) bias = handoff_bias<Cfg::kRows>(*ctx.p, wi);
   // The narrow engine's L2 items: D8's global operands, once the item's first stage is in
   // (l2_combine_rows.cuh L2Operands).
@@ -261,8 +261,8 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   constexpr bool kTwo = kLayerB != 0;
   const GemmSmem<Cfg> sm;
   const int ctid = ptx::thread_idx();
-  const int wg = ctid / 128 - 1;     // weight rows [64 wg, 64 wg + 64) of the CTA tile
-  const int wq = ctid / 32 % 4;      // warp within the warpgroup: rows 16 wq .. 16 wq + 15
+  const int wg = ctid / 128 - 1;  // weight rows [64 wg, 64 wg + 64) of the CTA tile
+  const int wq = ctid / 32 % 4;  // warp within the warpgroup: rows 16 wq .. 16 wq + 15
   const int clane = ctid % 32;
   ConsumerCtx<kMaxN, Cfg::kRows, Cfg::kStages, kPerK32> ctx;
   ctx.ring = sm.ring;
@@ -272,7 +272,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
   ctx.lane = clane;
   ctx.t = clane % 4;
   int item = blockIdx.x;
-  int taken = 0;   // items taken from the queue
+  int taken = 0;  // items taken from the queue
   // Cfg::kEpilogueWarp: L1 tiles handed to the epilogue warp, and whether its loop still runs
   // (stopped at the CTA's first L2 item, or after its last item).
   int handoffs = 0;
@@ -301,7 +301,7 @@ __device__ __forceinline__ void run_consumer(const GemmParams& pa, const GemmPar
     }
   };
   while (item < launch_items<Cfg::kRows, kTwo, kPartial>(*GemmSmem<Cfg>().sched, pa, pb)) {
-    const int na = layer_items<Cfg::kRows, kPartial>(*GemmSmem<Cfg>().sched, pa);   // the branch is uniform
+    const int na = layer_items<Cfg::kRows, kPartial>(*GemmSmem<Cfg>().sched, pa);  // the branch is uniform
     if (!kTwo || item < na) {
       run(std::integral_constant<int, kLayerA>{}, item);
     } else {

@@ -41,12 +41,12 @@ struct StageRing {
   // four step tiles of kStepTile bytes, the B operand of an item of at most two, which the scale
   // warp fills from it (stage_step_part).
   static constexpr bool kSteps = step_columns(kMaxN, kRows, kPerK32);
-  static constexpr int kXTile = kMaxN * kBlockK;           // e4m3 activations, 128B swizzled
-  static constexpr int kStepTile = 8 * 32;                 // 8 columns x 32 B, K-major, no swizzle
+  static constexpr int kXTile = kMaxN * kBlockK;  // e4m3 activations, 128B swizzled
+  static constexpr int kStepTile = 8 * 32;  // 8 columns x 32 B, K-major, no swizzle
   static constexpr int kX = kXTile + (kSteps ? 4 * kStepTile : 0);
-  static constexpr int kW = kRows * kBlockK / 2;          // packed FP4, kernel layout
-  static constexpr int kWsf = kRows * 4;                  // weight scale bytes [row][4]
-  static constexpr int kSxWords = (kPerK32 ? 4 : 1) * kMaxN;   // fp32 activation scales
+  static constexpr int kW = kRows * kBlockK / 2;  // packed FP4, kernel layout
+  static constexpr int kWsf = kRows * 4;  // weight scale bytes [row][4]
+  static constexpr int kSxWords = (kPerK32 ? 4 : 1) * kMaxN;  // fp32 activation scales
   static constexpr int kSx = kSxWords * 4;
   static constexpr int kStage = kX + kW + kWsf + kSx;
   // Warps that stage the token scales (warps 1 .. kScaleWarps of the producer warpgroup): enough
@@ -62,7 +62,7 @@ struct StageRing {
   static constexpr bool kSplitIssue = kSteps;
   // The TMA thread's expect_tx, every lane of the scale warps (kSplitIssue: and the token side's).
   static constexpr int kFullArrivals = 1 + 32 * kScaleWarps + (kSplitIssue ? 1 : 0);
-  static constexpr bool kRawScaleWords = false;            // the scales as fp32 (the prefill ring's k32: bytes)
+  static constexpr bool kRawScaleWords = false;  // the scales as fp32 (the prefill ring's k32: bytes)
   static_assert(kX % 1024 == 0 && kW % 1024 == 0, "swizzle atoms and bulk copies stay aligned");
 
   // The fp32 scale of token `tok` (k32 step `ks`) of an item with token tile `tile`: chunk c of
@@ -157,8 +157,8 @@ __device__ __forceinline__ void stage_step_part(const GemmParams& p, const Ring&
             *reinterpret_cast<const uint4*>(row + ((2 * s + c) ^ j) * 16);
       r.sx[cur.stage * Ring::kSxWords + 2 * s + j] = mine ? ue8m0_byte_to_float(word, s) : 0.0f;
     }
-    ptx::fence_proxy_async_smem();   // the tiles' generic writes before the wgmmas' async reads
-    ptx::mbar_arrive(&r.full[cur.stage]);   // every lane (producer.cuh's top)
+    ptx::fence_proxy_async_smem();  // the tiles' generic writes before the wgmmas' async reads
+    ptx::mbar_arrive(&r.full[cur.stage]);  // every lane (producer.cuh's top)
     cur.advance<kStages>();
   }
 }
@@ -256,7 +256,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
             // The folded scales lie where a later stage's bulk copy may write (an item that does
             // not fold): the async proxy's write must come after these.
             ptx::fence_proxy_async_smem();
-            ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
+            ptx::mbar_arrive(&r.full[cur.stage]);  // every lane: its own scales (see the top)
             cur.advance<kStages>();
           }
           continue;
@@ -285,7 +285,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
           if (tok < wi.tile) {
             const bool valid = tok < wi.valid;
             const int idx = R::scale_index(tok, 0, wi.tile);
-            if constexpr (R::kRawScaleWords) {   // the four k32 bytes of the token as one word
+            if constexpr (R::kRawScaleWords) {  // the four k32 bytes of the token as one word
               reinterpret_cast<uint32_t*>(sx)[idx] = valid ? word[m] : 0u;
             } else if constexpr (kPerK32) {
 #pragma unroll
@@ -295,7 +295,7 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
             }
           }
         }
-        ptx::mbar_arrive(&r.full[cur.stage]);   // every lane: its own scales (see the top)
+        ptx::mbar_arrive(&r.full[cur.stage]);  // every lane: its own scales (see the top)
         cur.advance<kStages>();
       }
     }
@@ -376,13 +376,13 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       ptx::prefetch_tma_desc(&pb.tmap_x64);
     }
     const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
-    int item = blockIdx.x;   // every role's first item; the TMA thread posts the later ones
+    int item = blockIdx.x;  // every role's first item; the TMA thread posts the later ones
     while (item < num_items) {
       int local = item;
       const GemmParams& p = item_layer<kRows, kTwo, kPartial>(local, sched, pa, pb);
       const int num_kb = p.k / kBlockK;
       const WorkItem item_wi = decode_item<kMaxN, kRows, kBlock>(local, sched, row_blocks<kRows, kPartial>(p));
-      if constexpr (!R::kSplitIssue) {   // (kSplitIssue: the token side's gate and item stamps)
+      if constexpr (!R::kSplitIssue) {  // (kSplitIssue: the token side's gate and item stamps)
         timeline::item_take(kTwo && &p == &pb ? 2 : 1, local);
         wait_token_block(p, item_wi);
         timeline::item_stamp(kTlItemGated);
@@ -403,10 +403,10 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
         const int rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
         for (int kb = 0; kb < num_kb; ++kb) {
           if (part == parts - 1 && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
-            post_item(*queue, claim_item(pa.item_counter));   // past the end: the roles' end
+            post_item(*queue, claim_item(pa.item_counter));  // past the end: the roles' end
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
-          if constexpr (R::kSplitIssue) {   // the weights only: issue_token_side fills the rest
+          if constexpr (R::kSplitIssue) {  // the weights only: issue_token_side fills the rest
             ptx::mbar_arrive_expect_tx(&r.full[stage], rows * (kBlockK / 2));
           } else {
             ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + rows * (kBlockK / 2 + 4));
