@@ -302,6 +302,49 @@ __device__ __forceinline__ void stage_token_scales(const GemmParams& pa, const G
   }
 }
 
+// The copies of an item part's stages, one definition for the threads that issue them (the TMA
+// thread, and in a kSplitIssue ring the token side): its weights and their scale bytes (K block kb
+// at kb times a block's stride), and its token tile's boxes (8 rows for the small tiles, 64 for the
+// chunked ones: only the tile's rows move). rows: the block's weight rows, kRows or what a partial
+// last block has; its weights and scale bytes are copied for those only.
+template <int kRows, bool kPartial>
+struct PartCopies {
+  const uint8_t* w;  // K block 0's weights: [expert][kb][n_rows / 16][1 KB], the block's kRows / 16
+  const uint8_t* wsf;  // K block 0's scale bytes: [expert][kb][n_rows][4]
+  const CUtensorMap* tmap;
+  int box, boxes, rows;
+
+  __device__ __forceinline__ PartCopies(const GemmParams& p, const WorkItem& wi, int num_kb) {
+    w = p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
+    wsf = p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
+    const bool wide = wi.tile >= kChunkN;
+    box = wide ? kChunkN : 8;
+    boxes = wi.tile / box;
+    tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
+    rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
+  }
+  __device__ __forceinline__ int weight_bytes() const {
+    return rows * (kBlockK / 2);
+  }
+  __device__ __forceinline__ int scale_bytes() const {
+    return rows * 4;
+  }
+  template <typename Ring>
+  __device__ __forceinline__ void weights(const GemmParams& p, const Ring& r, int stage, int kb) const {
+    ptx::bulk_g2s(r.w + stage * Ring::kW, w + static_cast<int64_t>(kb) * p.n_rows * 64, weight_bytes(), &r.full[stage]);
+  }
+  template <typename Ring>
+  __device__ __forceinline__ void scales(const GemmParams& p, const Ring& r, int stage, int kb) const {
+    ptx::bulk_g2s(r.wsf + stage * Ring::kWsf, wsf + static_cast<int64_t>(kb) * p.n_rows * 4, scale_bytes(),
+                  &r.full[stage]);
+  }
+  template <typename Ring>
+  __device__ __forceinline__ void token_tile(const Ring& r, int stage, int kb, int row0, uint64_t* bar) const {
+    for (int b = 0; b < boxes; ++b)
+      ptx::tma_load_2d(r.x + stage * Ring::kX + b * box * kBlockK, tmap, kb * kBlockK, row0 + b * box, bar);
+  }
+};
+
 // Ring::kSplitIssue: warp 3 fills each stage's token side, its lane 0 issuing: after the item's gate
 // (the pull's rows, or the L1 tiles of an L2 item; the timeline's `gated` stamp), each stage's
 // activation tile (onto x_full for a step part, whose step tiles the scale warp builds from it; else
@@ -326,13 +369,7 @@ __device__ __forceinline__ void issue_token_side(const GemmParams& pa, const Gem
       const int parts = item_parts<kMaxN, kBlock>(item_wi);
       for (int part = 0; part < parts; ++part) {
         const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
-        const uint8_t* wsf_base =
-            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
-        const bool wide = wi.tile >= kChunkN;
-        const int box = wide ? kChunkN : 8;
-        const int boxes = wi.tile / box;
-        const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
-        const int rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
+        const PartCopies<kRows, kPartial> src(p, wi, num_kb);
         for (int kb = 0; kb < num_kb; ++kb) {
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
@@ -340,11 +377,9 @@ __device__ __forceinline__ void issue_token_side(const GemmParams& pa, const Gem
           // each of its phases is one use of the stage.
           uint64_t* x_bar = steps ? r.template x_full<kStages>(stage) : &r.full[stage];
           ptx::mbar_arrive_expect_tx(r.template x_full<kStages>(stage), steps ? wi.tile * kBlockK : 0);
-          ptx::mbar_arrive_expect_tx(&r.full[stage], (steps ? 0 : wi.tile * kBlockK) + rows * 4);
-          for (int b = 0; b < boxes; ++b)
-            ptx::tma_load_2d(r.x + stage * Ring::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box, x_bar);
-          ptx::bulk_g2s(r.wsf + stage * Ring::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
-                        &r.full[stage]);
+          ptx::mbar_arrive_expect_tx(&r.full[stage], (steps ? 0 : wi.tile * kBlockK) + src.scale_bytes());
+          src.token_tile(r, stage, kb, wi.row0, x_bar);
+          src.scales(p, r, stage, kb);
           cur.advance<kStages>();
         }
       }
@@ -390,35 +425,20 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
       const int parts = item_parts<kMaxN, kBlock>(item_wi);
       for (int part = 0; part < parts; ++part) {
         const WorkItem wi = item_part<kMaxN, kBlock>(item_wi, part);
-        const uint8_t* w_base =
-            p.w + ((static_cast<int64_t>(wi.expert) * num_kb) * (p.n_rows / 16) + wi.n_block * (kRows / 16)) * 1024;
-        const uint8_t* wsf_base =
-            p.w_sf + (static_cast<int64_t>(wi.expert) * num_kb * p.n_rows + wi.n_block * kRows) * 4;
-        // Boxes of 8 rows for the small tiles, of 64 for the chunked ones: only the tile's rows move.
-        const bool wide = wi.tile >= kChunkN;
-        const int box = wide ? kChunkN : 8;
-        const int boxes = wi.tile / box;
-        const CUtensorMap* tmap = wide ? &p.tmap_x64 : &p.tmap_x8;
-        // The block's weight rows: kRows, or what a partial last block has.
-        const int rows = kPartial ? min(kRows, p.n_rows - wi.n_block * kRows) : kRows;
+        const PartCopies<kRows, kPartial> src(p, wi, num_kb);
         for (int kb = 0; kb < num_kb; ++kb) {
           if (part == parts - 1 && kb == (num_kb > kClaimAhead ? num_kb - kClaimAhead : 0))
             post_item(*queue, claim_item(pa.item_counter));  // past the end: the roles' end
           const int stage = cur.stage;
           ptx::mbar_wait(&r.empty[stage], cur.phase ^ 1, kWaitEmpty, stage, p.err);
           if constexpr (R::kSplitIssue) {  // the weights only: issue_token_side fills the rest
-            ptx::mbar_arrive_expect_tx(&r.full[stage], rows * (kBlockK / 2));
+            ptx::mbar_arrive_expect_tx(&r.full[stage], src.weight_bytes());
           } else {
-            ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + rows * (kBlockK / 2 + 4));
-            for (int b = 0; b < boxes; ++b)
-              ptx::tma_load_2d(r.x + stage * R::kX + b * box * kBlockK, tmap, kb * kBlockK, wi.row0 + b * box,
-                               &r.full[stage]);
+            ptx::mbar_arrive_expect_tx(&r.full[stage], wi.tile * kBlockK + src.weight_bytes() + src.scale_bytes());
+            src.token_tile(r, stage, kb, wi.row0, &r.full[stage]);
           }
-          ptx::bulk_g2s(r.w + stage * R::kW, w_base + static_cast<int64_t>(kb) * p.n_rows * 64, rows * (kBlockK / 2),
-                        &r.full[stage]);
-          if constexpr (!R::kSplitIssue)
-            ptx::bulk_g2s(r.wsf + stage * R::kWsf, wsf_base + static_cast<int64_t>(kb) * p.n_rows * 4, rows * 4,
-                          &r.full[stage]);
+          src.weights(p, r, stage, kb);
+          if constexpr (!R::kSplitIssue) src.scales(p, r, stage, kb);
           cur.advance<kStages>();
         }
       }
