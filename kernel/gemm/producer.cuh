@@ -12,14 +12,15 @@
 //                   kRawScaleWords, or for an item that folds its weight scales the four fp32
 //                   scales with the expert base, in the stage's weight slot: Ring::fold_scales).
 // A stage's full barrier expects 1 + 32 kScaleWarps arrivals (the TMA thread's expect_tx, every
-// lane of the scale warps; kSplitIssue: and the token side's expect_tx) plus the transaction bytes (in the fused narrow engine, for an item of at
-// most two tokens, without the activation tile's: it lands on the stage's x_full barrier, which the
-// scale warp waits on before it builds the step tiles; StageRing); the empty barrier is released by every
-// consumer thread. Every thread that wrote or read a stage's scales arrives itself, so its arrive
-// releases its own accesses. One lane arriving after __syncwarp is ordered as well, but
-// compute-sanitizer's racecheck credits an arrive with the arriving thread's accesses only and
-// reported the other 31 lanes' as hazards (kernel/probes/warp_publish.cu; bench/NOTES.md v28:
-// none on any target since). Either way it is one SYNCS.ARRIVE a warp; the time did not move.
+// lane of the scale warps; kSplitIssue: and the token side's expect_tx) plus the transaction bytes
+// (in the fused narrow engine, for an item of at most two tokens, without the activation tile's: it
+// lands on the stage's x_full barrier, which the scale warp waits on before it builds the step
+// tiles; StageRing); the empty barrier is released by every consumer thread. Every thread that
+// wrote or read a stage's scales arrives itself, so its arrive releases its own accesses. One lane
+// arriving after __syncwarp is ordered as well, but compute-sanitizer's racecheck credits an arrive
+// with the arriving thread's accesses only and reported the other 31 lanes' as hazards
+// (kernel/probes/warp_publish.cu; bench/NOTES.md v28: none on any target since). Either way it is
+// one SYNCS.ARRIVE a warp; the time did not move.
 #pragma once
 
 #include <cstdint>
