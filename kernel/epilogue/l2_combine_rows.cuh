@@ -61,9 +61,10 @@ __device__ __forceinline__ L2Lane l2_lane(const WorkItem& wi, int wg) {
 // item's epilogue (its `written - computed` 1.7 us of 13, bench/NOTES.md v49). Loaded once the
 // item's first stage is in: the pull wrote w_route and dst_rows during this launch, before the
 // item's gate, which the ring's token side (producer.cuh issue_token_side) passed before it filled
-// that stage (whose full barrier the caller waited on). Raw bits, widened in l2_epilogue after the caller's mainloop (bias_bits): no
-// instruction before the mainloop reads a loaded value (the two biases or'ed into one word there
-// stalled every L2 item's start for a load's latency under the weight stream, bench/NOTES.md v60).
+// that stage (whose full barrier the caller waited on). Raw bits, widened in l2_epilogue after the
+// caller's mainloop (bias_bits): no instruction before the mainloop reads a loaded value (the two
+// biases or'ed into one word there stalled every L2 item's start for a load's latency under the
+// weight stream, bench/NOTES.md v60).
 struct L2Operands {
   uint32_t bias_lo, bias_hi;  // b2 (bias_bits) of the thread's rows g and g + 8; 0 past H
   float wr[2];  // w_route of token columns 2t, 2t + 1; 0 past the valid rows

@@ -353,7 +353,7 @@ struct PartCopies {
 // TMA thread's queue, as the scale warp's do. The timeline's item stamps are this thread's (taken,
 // gated, issued: in that order here; the TMA thread, which waits for no gate, may issue an item's
 // weights before its gate opens).
-template <int kMaxN, int kRows, int kStages, bool kPerK32, typename Ring, bool kTwo, bool kPartial, int kBlock>
+template <int kMaxN, int kRows, int kStages, typename Ring, bool kTwo, bool kPartial, int kBlock>
 __device__ __forceinline__ void issue_token_side(const GemmParams& pa, const GemmParams& pb, const Ring& r,
                                                  const Schedule& sched, RingCursor& cur, int lane, ItemQueue& queue) {
   const int num_items = launch_items<kRows, kTwo, kPartial>(sched, pa, pb);
@@ -449,7 +449,7 @@ __device__ __forceinline__ void run_producer(const GemmParams& pa, const GemmPar
     timeline::stamp(kTlIssued);
     retire_claims(pa.item_counter);
   } else if (R::kSplitIssue && warp == 3) {
-    issue_token_side<kMaxN, kRows, kStages, kPerK32, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, lane, *queue);
+    issue_token_side<kMaxN, kRows, kStages, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, lane, *queue);
   } else if (warp >= 1 && warp <= R::kScaleWarps) {
     stage_token_scales<kMaxN, kRows, kStages, kPerK32, R, kTwo, kPartial, kBlock>(pa, pb, r, sched, cur, warp, lane,
                                                                                   *queue);
