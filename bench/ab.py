@@ -140,6 +140,7 @@ def main(argv=None) -> None:
         sys.exit("bench.ab needs a CUDA GPU (it times the layer on the device)")
     from megamoe import reference as ref
 
+    from .gemm import card
     from .layer import LAYER_TOP_K, SEED, layer_config, layer_floor, progress, shape_weights
 
     work = Path(tempfile.mkdtemp(prefix="megamoe-ab-"))
@@ -151,7 +152,13 @@ def main(argv=None) -> None:
         inputs[str(tokens)] = ref.make_inputs(cfg, tokens, seed=SEED, distribution="uniform")[0]  # bench.layer's
         counts = ref.send_counts(inputs[str(tokens)].topk_idx, cfg.num_experts)
         floors[tokens] = layer_floor(
-            cfg.hidden, cfg.intermediate, tokens, LAYER_TOP_K[args.shape], int((counts > 0).sum()), int(counts.sum())
+            cfg.hidden,
+            cfg.intermediate,
+            tokens,
+            LAYER_TOP_K[args.shape],
+            int((counts > 0).sum()),
+            int(counts.sum()),
+            card(),
         ).us
     data = work / "data.pt"
     torch.save(dict(weights=weights, inputs=inputs), data)
@@ -194,6 +201,7 @@ def format_table(args, runs, floors, work: Path) -> str:
     variant's, = or !=; its conformance with --check), then the floor."""
     import torch
 
+    from .gemm import card
     from .layer import markdown_table
 
     head = ["T", *args.variants, "floor"]
@@ -218,7 +226,8 @@ def format_table(args, runs, floors, work: Path) -> str:
     out = markdown_table(head, lines)
     legend = (
         f"{args.shape}, engine {args.engine}, promotion {args.promotion}{', predecoded' if args.predecoded else ''}: "
-        "us per call (CUDA-graph replay), one value a round; = / != : y against the first variant's, bit for bit"
+        "us per call (CUDA-graph replay), one value a round; = / != : y against the first variant's, bit for bit; "
+        f"floor at the {card().name}'s limits"
     )
     return legend + "\n" + "\n".join(out)
 

@@ -17,15 +17,17 @@ Columns:
   prep         the Python time per launch of the same call prepared (PreparedGemm), us
   fp8_rw       torch._scaled_grouped_mm, FP8 weights and activations with row-wise fp32 scales
   bf16         torch._grouped_mm, BF16
-  floor        max(weight+scale bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s)
-  hbm%         weight+scale bytes / our fast time / 4.8 TB/s
-  TF/s, pk%    our fast mode's TFLOP/s, and as a share of 1979
+  floor        max(weight+scale bytes / HBM, FLOPs / peak): the limits of the card it runs on (card():
+               H200 4.8 TB/s, H100 SXM 3.35 TB/s; both 1979 dense FP8 TFLOP/s)
+  hbm%         weight+scale bytes / our fast time / HBM
+  TF/s, pk%    our fast mode's TFLOP/s, and as a share of the card's peak
   x_fp8        torch FP8 row-wise time / our fast time
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -33,8 +35,36 @@ import time
 
 import torch
 
-HBM = 4.8e12
-PEAK = 1979e12
+
+@dataclasses.dataclass(frozen=True)
+class Card:
+    """The datasheet limits a floor is taken at: HBM bytes/s and dense FP8 FLOP/s."""
+
+    name: str  # as torch.cuda.get_device_name() reports it
+    hbm: float
+    peak: float
+
+
+# The cards this project times on. The H100 SXM computes as fast as the H200 (the same 1980 MHz
+# boost clock and SM count) but reads its HBM3 at 3.35 TB/s, not 4.8: a memory-bound call's floor
+# there is 1.43x the H200's, so a ratio to the floor must use the card's own limits.
+H200 = Card("NVIDIA H200", 4.8e12, 1979e12)
+H100 = Card("NVIDIA H100 80GB HBM3", 3.35e12, 1979e12)
+CARDS = (H200, H100)
+
+
+def card(name: str | None = None) -> Card:
+    """The limits of the card named (torch's name; default: this process's GPU). A card not in CARDS
+    gets the H200's limits, said on stderr, so that its ratios are not read as its own."""
+    if name is None:
+        name = torch.cuda.get_device_name()
+    for c in CARDS:
+        if name == c.name:
+            return c
+    print(f"bench: no limits known for {name!r}; floors at the H200's (4.8 TB/s, 1979 TFLOP/s)", file=sys.stderr)
+    return H200
+
+
 SHAPES = {"dsv3": (7168, 2048), "v4flash": (4096, 2048)}
 E = 32  # local experts (--experts)
 ALIGN = 64
@@ -185,6 +215,7 @@ def main() -> None:
     dev = torch.device("cuda")
     promotions = args.promotions.split(",")
     read_tbs, copy_tbs = hbm_read_tbs(dev)
+    lim = card()
     rows = []
     for shape in args.shapes.split(","):
         H, inter = SHAPES[shape]
@@ -291,8 +322,8 @@ def main() -> None:
                         host_prepared=res.get("prep"),
                         fp8=fp8_t,
                         bf16=bf16_t,
-                        floor=max(wbytes / HBM, flops / PEAK) * 1e6,
-                        hbm=wbytes / (fast * 1e-6) / HBM,
+                        floor=max(wbytes / lim.hbm, flops / lim.peak) * 1e6,
+                        hbm=wbytes / (fast * 1e-6) / lim.hbm,
                         tflops=flops / (fast * 1e-6) / 1e12,
                         x_fp8=fp8_t / fast,
                     )
@@ -304,12 +335,14 @@ def main() -> None:
     print()
     print("time in us, CUDA-graph replays; eager / host: the fast mode launched from Python (host = Python time")
     print("per launch; prep = the same for the call prepared: prepare_l1_gemm / prepare_l2_gemm);")
-    print("hbm% = weight+scale bytes / fast time / 4.8 TB/s; pk% = TFLOP/s / 1979;")
+    print(
+        f"{lim.name}: hbm% = weight+scale bytes / fast time / {lim.hbm / 1e12:g} TB/s; pk% = TFLOP/s / {lim.peak / 1e12:g};"
+    )
     print("k128 takes its activations already rebased per K128 (rebase_k128, not timed); * = the prefill path")
     print("of that promotion (predecode pass + tokens-as-M GEMM, both timed)")
     print(
         f"{E} experts, {args.weights} weights; this GPU's memory in the same run: {read_tbs:.2f} TB/s read (fp32 sum of 1 GiB, "
-        f"{100 * read_tbs * 1e12 / HBM:.0f} % of 4.8), {copy_tbs:.2f} TB/s read + write (copy)"
+        f"{100 * read_tbs * 1e12 / lim.hbm:.0f} % of {lim.hbm / 1e12:g}), {copy_tbs:.2f} TB/s read + write (copy)"
     )
     print(
         f"{'shape':8} {'GEMM':4} {'routing':7} {'tok/exp':>7} {'max_e':>5} {'k32':>9} {'k128':>9} {'eager':>8} "
@@ -321,13 +354,20 @@ def main() -> None:
             f"{r['shape']:8} {r['layer']:4} {r['routing']:7} {r['m']:7d} {r['max_expert']:5d} "
             f"{f(r['k32']) + ('*' if r.get('prefill_k32') else ''):>9} "
             f"{f(r['k128']) + ('*' if r.get('prefill') else ''):>9} {f(r['eager']):>8} {f(r['host']):>5} {f(r.get('host_prepared')):>5} {f(r['fp8']):>8} {f(r['bf16']):>8} "
-            f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / PEAK:5.1f} "
+            f"{r['floor']:7.1f} {100 * r['hbm']:6.1f} {r['tflops']:7.1f} {100 * r['tflops'] * 1e12 / lim.peak:5.1f} "
             f"{r['x_fp8']:6.2f}"
         )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(
-                dict(experts=E, weights=args.weights, hbm_read_tbs=read_tbs, hbm_copy_tbs=copy_tbs, rows=rows),
+                dict(
+                    experts=E,
+                    weights=args.weights,
+                    card=dataclasses.asdict(lim),
+                    hbm_read_tbs=read_tbs,
+                    hbm_copy_tbs=copy_tbs,
+                    rows=rows,
+                ),
                 fh,
                 indent=1,
             )

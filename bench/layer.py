@@ -24,7 +24,8 @@ the whole layer (no host launch cost). Columns, per (shape, T):
   torch        naive torch FP8: gather, torch._scaled_grouped_mm (row-wise FP8, power-of-two row
                scales) for L1, SwiGLU with the routing weight and row-wise FP8 requantisation,
                _scaled_grouped_mm for L2, combine, us
-  floor        max(bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s): bytes = FP4 weights + scale bytes of the
+  floor        max(bytes / HBM, FLOPs / peak) at the limits of the card it runs on (bench.gemm.card: the
+               H200's 4.8 TB/s, the H100 SXM's 3.35; both 1979 TFLOP/s): bytes = FP4 weights + scale bytes of the
                experts that receive a token (both layers) + the layer's own traffic (x and its scales
                read, topk_idx / topk_weights read, y written); FLOPs = 2 slots (H 2I + I H)
   fused/floor  the fused time over the floor;  x_unf, x_torch  unfused / fused, torch / fused
@@ -51,7 +52,7 @@ from megamoe.jit import build as jb
 from megamoe.jit import contract
 from megamoe.reference import formats as F
 
-from .gemm import ALIGN, E, HBM, PEAK, SHAPES, eager_us, graph_us
+from .gemm import ALIGN, E, H200, SHAPES, Card, card, eager_us, graph_us
 
 # bench/gemm.py times the GEMMs alone and names no top-k; DeepSeek-V3 routes top-8, and the V4-Flash
 # slice is given the same so that the two rows differ only in H.
@@ -129,18 +130,20 @@ class Floor:
     us: float
 
 
-def layer_floor(hidden: int, intermediate: int, tokens: int, top_k: int, active_experts: int, slots: int) -> Floor:
+def layer_floor(
+    hidden: int, intermediate: int, tokens: int, top_k: int, active_experts: int, slots: int, lim: Card = H200
+) -> Floor:
     """The layer's roofline. Weight bytes: each expert that receives a token reads its L1 (2I x H)
     and L2 (H x I) FP4 weights once, half a byte per element plus one UE8M0 byte per 32. The rest is
     what any implementation must move: x (1 byte) and its scales (1 per 32) read, topk_idx (int64)
     and topk_weights (fp32) read, y (bf16) written. The pool, the intermediate activations and the
-    combine buffer are left out: a fused layer may keep them on chip."""
+    combine buffer are left out: a fused layer may keep them on chip. The time is at lim's limits."""
     elems = 3 * hidden * intermediate  # 2I x H + H x I per expert
     weight_bytes = active_experts * (elems // 2 + elems // 32)
     layer_bytes = tokens * (hidden + hidden // 32 + top_k * (8 + 4) + 2 * hidden)
     hbm_bytes = weight_bytes + layer_bytes
     flops = 2 * slots * (hidden * 2 * intermediate + intermediate * hidden)
-    return Floor(hbm_bytes, flops, max(hbm_bytes / HBM, flops / PEAK) * 1e6)
+    return Floor(hbm_bytes, flops, max(hbm_bytes / lim.hbm, flops / lim.peak) * 1e6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,7 +469,7 @@ def bench_case(
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     counts = ref.send_counts(inp.topk_idx, E)
     active, slots = int((counts > 0).sum()), int(counts.sum())
-    floor = layer_floor(hidden, inter, tokens, top_k, active, slots)
+    floor = layer_floor(hidden, inter, tokens, top_k, active, slots, card())
     launches = launches_for(tokens)
 
     # An engine the fast mode does not run (the narrow one) leaves its column the layer's choice.
@@ -602,7 +605,7 @@ def format_table(rows: list[dict]) -> str:
 LEGEND = (
     "times in us per layer call, median of CUDA-graph replays;\n"
     "fused = the fused layer, exact GEMM mode (k32); fused-k128 = its fast mode; eng = their GEMM engines;\n"
-    "floor = max(bytes / 4.8 TB/s, FLOPs / 1979 TFLOP/s); fused/floor = fused time / floor;\n"
+    "floor = max(bytes / {hbm:g} TB/s, FLOPs / {peak:g} TFLOP/s), the {name}'s limits; fused/floor = fused time / floor;\n"
     "x_unf / x_torch = unfused k32 / torch time over fused; d_* = calc_diff of y against unfused k32's y;\n"
     "host = Python time per eager fused call (no input value checks), us"
 )
@@ -633,7 +636,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf", args.predecoded))
         del weights, kw, torch_layer
         torch.cuda.empty_cache()
-    print(LEGEND)
+    lim = card()
+    print(LEGEND.format(name=lim.name, hbm=lim.hbm / 1e12, peak=lim.peak / 1e12))
     if args.predecoded:
         print("--predecoded: the fused layers' weights decoded when they were made (prefill engine calls skip it)")
     print(format_table(rows))
@@ -641,8 +645,8 @@ def main(argv: list[str] | None = None) -> None:
         meta = dict(
             device=torch.cuda.get_device_name(),
             torch=torch.__version__,
-            hbm_bytes_per_s=HBM,
-            peak_flops=PEAK,
+            hbm_bytes_per_s=lim.hbm,
+            peak_flops=lim.peak,
             routings=sorted({r["routing"] for r in rows}),
             seed=SEED,
             date=time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -90,6 +90,26 @@ def test_the_floor_is_compute_bound_when_many_slots_share_few_experts():
     assert f.hbm_bytes / 4.8e12 < flops / 1979e12
 
 
+def test_the_floor_is_taken_at_the_limits_of_the_card_it_runs_on():
+    from bench.gemm import H100, H200, card
+
+    assert card("NVIDIA H200") is H200
+    assert card("NVIDIA H100 80GB HBM3") is H100
+    # Memory-bound: the H100's 3.35 TB/s makes the floor 4.8 / 3.35 of the H200's.
+    kw = dict(hidden=256, intermediate=128, tokens=4, top_k=2, active_experts=3, slots=8)
+    assert L.layer_floor(**kw, lim=H100).us == pytest.approx(L.layer_floor(**kw).us * 4.8 / 3.35)
+    # Compute-bound: the two cards' FP8 peaks are the same.
+    kw = dict(hidden=4096, intermediate=4096, tokens=4096, top_k=1, active_experts=1, slots=4096)
+    assert L.layer_floor(**kw, lim=H100).us == pytest.approx(L.layer_floor(**kw).us)
+
+
+def test_a_card_without_known_limits_gets_the_h200s_and_says_so(capsys):
+    from bench.gemm import H200, card
+
+    assert card("NVIDIA A100-SXM4-80GB") is H200
+    assert "no limits known for 'NVIDIA A100-SXM4-80GB'" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # Dispatch
 # ---------------------------------------------------------------------------------------------
