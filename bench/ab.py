@@ -146,7 +146,7 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="megamoe-ab-"))
     weights = shape_weights(args.shape).to("cpu")
     torch.cuda.empty_cache()  # the variants' processes get the device's memory
-    inputs, floors = {}, {}
+    inputs, floors, lim = {}, {}, card()
     for tokens in args.tokens:
         cfg = layer_config(args.shape, tokens)
         inputs[str(tokens)] = ref.make_inputs(cfg, tokens, seed=SEED, distribution="uniform")[0]  # bench.layer's
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
             LAYER_TOP_K[args.shape],
             int((counts > 0).sum()),
             int(counts.sum()),
-            card(),
+            lim,
         ).us
     data = work / "data.pt"
     torch.save(dict(weights=weights, inputs=inputs), data)
@@ -191,17 +191,16 @@ def main(argv=None) -> None:
                 # Each variant's numbers as they come: a run cut short still tells what it measured.
                 cells = [f"T {c['tokens']} {c['us']:.1f} us" + CHECKED[c["ok"]] for c in runs[i][-1]]
                 progress(f"round {r + 1}: {variant}: " + ", ".join(cells))
-    print(format_table(args, runs, floors, work))
+    print(format_table(args, runs, floors, work, lim.name))
     if args.out:
         Path(args.out).write_text(json.dumps(dict(variants=args.variants, runs=runs, floors=floors), indent=1))
 
 
-def format_table(args, runs, floors, work: Path) -> str:
+def format_table(args, runs, floors, work: Path, card_name: str) -> str:
     """One row per T: each variant's µs of every round (its first round's y against the first
-    variant's, = or !=; its conformance with --check), then the floor."""
+    variant's, = or !=; its conformance with --check), then the floor (at card_name's limits)."""
     import torch
 
-    from .gemm import card
     from .layer import markdown_table
 
     head = ["T", *args.variants, "floor"]
@@ -227,7 +226,7 @@ def format_table(args, runs, floors, work: Path) -> str:
     legend = (
         f"{args.shape}, engine {args.engine}, promotion {args.promotion}{', predecoded' if args.predecoded else ''}: "
         "us per call (CUDA-graph replay), one value a round; = / != : y against the first variant's, bit for bit; "
-        f"floor at the {card().name}'s limits"
+        f"floor at the {card_name}'s limits"
     )
     return legend + "\n" + "\n".join(out)
 

@@ -331,9 +331,9 @@ def test_bench_abs_table_has_every_rounds_time_the_bits_against_the_first_varian
     rows = [dict(tokens=1, us=51.25, ok=True), dict(tokens=8, us=137.6, ok=True)]
     other = [dict(tokens=1, us=50.0, ok=True), dict(tokens=8, us=120.0, ok=False)]
     runs = {0: [rows, rows], 1: [other, other], 2: ["exit 1: RuntimeError: git apply failed"] * 2}
-    text = ab.format_table(args, runs, {1: 11.0, 8: 55.1}, tmp_path)
+    text = ab.format_table(args, runs, {1: 11.0, 8: 55.1}, tmp_path, "NVIDIA H200")
     lines = text.splitlines()
-    assert "engine narrow" in lines[0]
+    assert "engine narrow" in lines[0] and "floor at the NVIDIA H200's limits" in lines[0]
     assert [c.strip() for c in lines[3].strip("|").split("|")] == [
         "1",
         "51.2 / 51.2 = ok",
