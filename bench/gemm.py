@@ -61,7 +61,8 @@ def card(name: str | None = None) -> Card:
     for c in CARDS:
         if name == c.name:
             return c
-    print(f"bench: no limits known for {name!r}; floors at the H200's (4.8 TB/s, 1979 TFLOP/s)", file=sys.stderr)
+    lim = f"{H200.hbm / 1e12:g} TB/s, {H200.peak / 1e12:g} TFLOP/s"
+    print(f"bench: no limits known for {name!r}; floors at the H200's ({lim})", file=sys.stderr)
     return H200
 
 
