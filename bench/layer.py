@@ -460,8 +460,9 @@ def bench_case(
     engine: str = "auto",
     routing: str = "uniform",
     predecoded: bool = False,
+    lim: Card = H200,
 ) -> dict:
-    """One row of the table: every column at (shape, T, routing) on the same inputs."""
+    """One row of the table: every column at (shape, T, routing) on the same inputs; the floor at lim's limits."""
     hidden, inter = LAYER_SHAPES[shape]
     top_k = LAYER_TOP_K[shape]
     cfg = layer_config(shape, tokens)
@@ -469,7 +470,7 @@ def bench_case(
     inputs = (inp.x, inp.x_sf, inp.topk_idx, inp.topk_weights)
     counts = ref.send_counts(inp.topk_idx, E)
     active, slots = int((counts > 0).sum()), int(counts.sum())
-    floor = layer_floor(hidden, inter, tokens, top_k, active, slots, card())
+    floor = layer_floor(hidden, inter, tokens, top_k, active, slots, lim)
     launches = launches_for(tokens)
 
     # An engine the fast mode does not run (the narrow one) leaves its column the layer's choice.
@@ -617,6 +618,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("bench.layer needs a CUDA GPU (it times the layer on the device)")
     from megamoe.jit.layout import transform_weights
 
+    lim = card()  # once: every row's floor and the legend
     rows = []
     for shape in args.shapes:
         weights = shape_weights(shape)
@@ -631,12 +633,13 @@ def main(argv: list[str] | None = None) -> None:
             torch_layer = RuntimeError(f"row-wise FP8 weights: {first_line(exc)}")
         torch.cuda.empty_cache()
         for tokens in args.tokens:
-            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "uniform", args.predecoded))
+            rows.append(
+                bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "uniform", args.predecoded, lim)
+            )
         for tokens in args.zipf_tokens:
-            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf", args.predecoded))
+            rows.append(bench_case(shape, tokens, weights, kw, torch_layer, args.engine, "zipf", args.predecoded, lim))
         del weights, kw, torch_layer
         torch.cuda.empty_cache()
-    lim = card()
     print(LEGEND.format(name=lim.name, hbm=lim.hbm / 1e12, peak=lim.peak / 1e12))
     if args.predecoded:
         print("--predecoded: the fused layers' weights decoded when they were made (prefill engine calls skip it)")
