@@ -1,6 +1,6 @@
 """Builds one of kernel/probes/<name>.cu with the kernel's own nvcc flags and runs it: the shared
 main of the probe benchmarks (python -m bench.wgmma_rate, bench.prefill_rate, bench.decode_rate,
-bench.exact_rate) and of bench.step_columns, a bit-for-bit check. Each probe prints one table; this needs a CUDA GPU and nvcc, both checked before
+bench.exact_rate) and of bench.step_columns and bench.exact_scale, bit-for-bit checks. Each probe prints one table; this needs a CUDA GPU and nvcc, both checked before
 anything is compiled (a probe takes minutes to build, and without a GPU its table cannot come)."""
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 
 from megamoe.jit.build import find_nvcc, probe_command
+
+# Every kernel/probes/<name>.cu that `python -m bench.<name>` builds and runs with run_probe.
+PROBES = ("wgmma_rate", "prefill_rate", "decode_rate", "exact_rate", "step_columns", "exact_scale")
 
 
 def run_probe(name: str, doc: str | None = None, argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from bench import probe, sass_stage
 from megamoe.jit import build as jb
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBES = ["wgmma_rate", "prefill_rate", "decode_rate", "exact_rate"]
+PROBES = probe.PROBES
 
 
 def _no_compiling(monkeypatch):
@@ -29,7 +29,7 @@ def _no_compiling(monkeypatch):
 
 
 @pytest.mark.parametrize("name", PROBES)
-def test_a_rate_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, monkeypatch, capsys):
+def test_a_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, monkeypatch, capsys):
     _no_compiling(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     module = importlib.import_module(f"bench.{name}")
@@ -38,7 +38,7 @@ def test_a_rate_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, m
 
 
 @pytest.mark.parametrize("name", PROBES)
-def test_a_rate_probe_answers_help_with_its_description_and_exit_0(name):
+def test_a_probe_answers_help_with_its_description_and_exit_0(name):
     run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"usage: python -m bench.{name} [-h]")

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench.probe import PROBES
 from megamoe import gemm as G
 from megamoe import heuristics
 from megamoe.jit import build as jb
@@ -62,8 +63,8 @@ def test_all_specialisations_compile_without_spills_or_serialised_wgmma(built):
     assert not bad, "ptxas:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("probe", ["wgmma_rate", "prefill_rate", "decode_rate", "exact_rate", "step_columns"])
-def test_the_rate_probes_compile_without_spills(tmp_path, probe):
+@pytest.mark.parametrize("probe", PROBES)
+def test_the_probes_compile_without_spills(tmp_path, probe):
     """kernel/probes/<probe>.cu (python -m bench.<probe>) builds with the kernel's flags, so that a
     GPU session can run it as it is, and without spills: a probe that spills measures the spills."""
     import subprocess
