@@ -17,7 +17,6 @@ from bench import probe, sass_stage
 from megamoe.jit import build as jb
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBES = probe.PROBES
 
 
 def _no_compiling(monkeypatch):
@@ -28,7 +27,7 @@ def _no_compiling(monkeypatch):
     monkeypatch.setattr(jb, "build", compile_)
 
 
-@pytest.mark.parametrize("name", PROBES)
+@pytest.mark.parametrize("name", probe.PROBES)
 def test_a_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, monkeypatch, capsys):
     _no_compiling(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -37,7 +36,7 @@ def test_a_probe_without_a_gpu_says_so_in_one_line_before_compiling(name, monkey
     assert capsys.readouterr().err == f"bench.{name}: needs a CUDA GPU, and torch sees none on this machine\n"
 
 
-@pytest.mark.parametrize("name", PROBES)
+@pytest.mark.parametrize("name", probe.PROBES)
 def test_a_probe_answers_help_with_its_description_and_exit_0(name):
     run = subprocess.run([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -34,21 +34,11 @@ __global__ void __launch_bounds__(128, 1) exact_scale_kernel(Tally tally) {
       __syncthreads();
 
       // The same codes through both decodes: table[s][q] (the values), words[s][q] (x 2^-6).
-      uint32_t table[4][4], words[4][4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t a = 0, e = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint32_t r = mix(seed + 0x51ED27u * (tid * 64 + s * 16 + q * 4 + b));
-            a |= static_cast<uint32_t>(fp4_byte(kind, r, 0)) << (8 * b);
-            e |= static_cast<uint32_t>(fp4_byte(kind, r, 1)) << (8 * b);
-          }
-          table[s][q] = a;
-          words[s][q] = e;
-        }
+      uint32_t table[4][4] = {}, words[4][4] = {};
+      for_weight_bytes(seed, tid, [&](int s, int q, int b, uint32_t r) {
+        table[s][q] |= static_cast<uint32_t>(fp4_byte(kind, r, 0)) << (8 * b);
+        words[s][q] |= static_cast<uint32_t>(fp4_byte(kind, r, 1)) << (8 * b);
+      });
 
       float want[4][4], got[4][4];
       const uint32_t lo = ptx::smem_desc_sw128_lo(x_tile);

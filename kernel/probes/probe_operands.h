@@ -56,6 +56,18 @@ __device__ __forceinline__ uint8_t fp4_byte(int kind, uint32_t r, int decode) {
   return kind == 4 || (r & 8) ? static_cast<uint8_t>(m | 0x80) : m;
 }
 
+// The random bits of thread tid's weight bytes: put(s, q, b, r) for byte b of register q of k32 step
+// s of its wgmma A fragments, r drawn from seed (each probe makes its FP4 codes from r: fp4_byte).
+template <typename Put>
+__device__ __forceinline__ void for_weight_bytes(uint32_t seed, int tid, Put put) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) put(s, q, b, mix(seed + 0x51ED27u * (tid * 64 + s * 16 + q * 4 + b)));
+}
+
 // Thread tid's 8 bytes of the 128-byte swizzled token tile of 8 tokens (token tid / 16, bytes 8 (tid
 // % 16) ..), kind `kind` from seed: written to tile, and returned in xb.
 __device__ __forceinline__ void write_token_tile(uint8_t* tile, int tid, int kind, uint32_t seed, uint8_t (&xb)[8]) {

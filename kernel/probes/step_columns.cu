@@ -20,11 +20,6 @@
 
 using namespace megamoe;
 
-// The weights: the table decode's bytes.
-__device__ __forceinline__ uint8_t w_byte(int kind, uint32_t r) {
-  return fp4_byte(kind, r, 0);
-}
-
 __global__ void __launch_bounds__(128, 1) step_columns_kernel(Tally tally) {
   __shared__ __align__(1024) uint8_t x_ref[8 * 128];   // today's token tile: 8 tokens x 128 B, 128-byte swizzle
   __shared__ __align__(256) uint8_t steps[4 * 256];    // tile s: 8 rows x 32 B as two core matrices
@@ -51,18 +46,11 @@ __global__ void __launch_bounds__(128, 1) step_columns_kernel(Tally tally) {
       ptx::fence_proxy_async_smem();
       __syncthreads();
 
-      uint32_t a[4][4];
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t w = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b)
-            w |= static_cast<uint32_t>(w_byte(kind, mix(seed + 0x51ED27u * (tid * 64 + s * 16 + q * 4 + b))))
-                 << (8 * b);
-          a[s][q] = w;
-        }
+      // The weights: the table decode's bytes.
+      uint32_t a[4][4] = {};
+      for_weight_bytes(seed, tid, [&](int s, int q, int b, uint32_t r) {
+        a[s][q] |= static_cast<uint32_t>(fp4_byte(kind, r, 0)) << (8 * b);
+      });
 
       float ref[4][4], d[4];
       const uint32_t ref_lo = ptx::smem_desc_sw128_lo(x_ref);
